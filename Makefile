@@ -1,0 +1,57 @@
+# The two commands a newcomer needs:  `make run`  and  `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+WORKERS ?= 3
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
+export JOBQUEUE_REAPER_INTERVAL_SECONDS ?= 5
+
+.PHONY: run test venv install install-dev migrate lint check clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+migrate: install
+	$(BIN)/python manage.py migrate --noinput
+
+# Runs the service on SQLite (var/jobqueue.sqlite3) unless DATABASE_URL says otherwise:
+# migrates, collects static files, prints demo credentials, then serves with gunicorn while
+# the reaper loops beside it. Ctrl-C stops both.
+run: migrate
+	$(BIN)/python manage.py collectstatic --noinput -v0
+	$(BIN)/python manage.py bootstrap_demo
+	@echo "Serving on http://$(HOST):$(PORT)/  (API under /v1/, admin under /admin/)"
+	@set -m; \
+	$(BIN)/python manage.py reap_claims --loop & REAPER=$$!; \
+	trap 'kill -TERM $$REAPER 2>/dev/null; wait $$REAPER 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/gunicorn config.wsgi:application --bind $(HOST):$(PORT) --workers $(WORKERS) \
+	  --access-logfile - --graceful-timeout 10
+
+# Installs the test tools and runs the whole suite twice: on SQLite, then on PostgreSQL
+# (TEST_DATABASE_URL; pytest creates and drops its own test_* database there).
+test: install-dev
+	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
+	DATABASE_URL= $(BIN)/pytest -m "not postgres_only" $(PYTEST_ARGS)
+	DATABASE_URL="$(TEST_DATABASE_URL)" $(BIN)/pytest $(PYTEST_ARGS)
+
+lint: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/python manage.py makemigrations --check --dry-run
+
+clean:
+	rm -rf $(VENV) var/*.sqlite3* var/static

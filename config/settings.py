@@ -1,0 +1,160 @@
+"""Settings, all from the environment (django-environ).
+
+Deployment needs at least DATABASE_URL, DJANGO_SECRET_KEY, DJANGO_ALLOWED_HOSTS and
+DJANGO_DEBUG. Without DATABASE_URL the service runs on an embedded SQLite file under var/.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(environ.Env().str("JOBQUEUE_VAR_DIR", default=str(BASE_DIR / "var")))
+
+env = environ.Env(
+    DJANGO_DEBUG=(bool, False),
+    DJANGO_ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "[::1]", "testserver"]),
+)
+
+DEBUG = env("DJANGO_DEBUG")
+SECRET_KEY = env.str(
+    "DJANGO_SECRET_KEY",
+    # Only good for a laptop: a deployment sets its own.
+    default="insecure-dev-key-change-me-0123456789abcdefghijklmnopqrstuvwxyz",
+)
+ALLOWED_HOSTS = env("DJANGO_ALLOWED_HOSTS")
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "jobqueue",
+    "agents",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+# --- Database ---------------------------------------------------------------------------
+# PostgreSQL in production (several stateless API replicas); SQLite as the embedded default.
+DATABASES = {
+    "default": env.db(
+        "DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'jobqueue.sqlite3'}"
+    )
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (API server, reaper, tests) share one file: WAL lets readers go on
+    # while one writer writes, IMMEDIATE takes the write lock at BEGIN so that a
+    # read-then-write transaction can never be upgraded into a deadlock, and the busy
+    # timeout makes a waiting writer queue instead of failing.
+    _db.setdefault("OPTIONS", {})
+    _db["OPTIONS"].setdefault("transaction_mode", "IMMEDIATE")
+    _db["OPTIONS"].setdefault("timeout", env.float("SQLITE_BUSY_TIMEOUT_SECONDS", 30.0))
+    _db["OPTIONS"].setdefault(
+        "init_command",
+        "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout="
+        + str(int(env.float("SQLITE_BUSY_TIMEOUT_SECONDS", 30.0) * 1000)),
+    )
+    # Tests use a real file (not :memory:) so that threads and processes share it.
+    _db["TEST"] = {"NAME": env.str("SQLITE_TEST_NAME", default=str(VAR_DIR / "test.sqlite3"))}
+else:
+    # Keep connections across requests, and check them before reuse so that a restarted
+    # database server costs one failed request at most, not a dead worker.
+    _db["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", 60)
+    _db["CONN_HEALTH_CHECKS"] = True
+    _db.setdefault("OPTIONS", {})
+    _db["OPTIONS"].setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", 5))
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env.str("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "static"))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if not DEBUG
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}
+
+# --- The job queue ----------------------------------------------------------------------
+# One dict for every lease and attempt default and bound. Durations in seconds.
+JOBQUEUE = {
+    # Lease given to a claim unless the job agent sets its own.
+    "DEFAULT_LEASE_SECONDS": env.int("JOBQUEUE_DEFAULT_LEASE_SECONDS", 60),
+    # Bounds for an agent's lease_seconds.
+    "MIN_LEASE_SECONDS": env.int("JOBQUEUE_MIN_LEASE_SECONDS", 5),
+    "MAX_LEASE_SECONDS": env.int("JOBQUEUE_MAX_LEASE_SECONDS", 3600),
+    # Attempts a job gets unless its agent or its producer says otherwise, and the bounds.
+    "DEFAULT_MAX_ATTEMPTS": env.int("JOBQUEUE_DEFAULT_MAX_ATTEMPTS", 3),
+    "MIN_MAX_ATTEMPTS": 1,
+    "MAX_MAX_ATTEMPTS": env.int("JOBQUEUE_MAX_MAX_ATTEMPTS", 100),
+    # The heartbeat interval suggested on claim is lease_seconds divided by this.
+    "HEARTBEAT_DIVISOR": env.int("JOBQUEUE_HEARTBEAT_DIVISOR", 3),
+    # Reaper: rows per transaction, and the loop's pause between sweeps.
+    "REAPER_BATCH_SIZE": env.int("JOBQUEUE_REAPER_BATCH_SIZE", 500),
+    "REAPER_INTERVAL_SECONDS": env.float("JOBQUEUE_REAPER_INTERVAL_SECONDS", 5.0),
+    # Operators are warned when the reaper has not run for longer than this.
+    "REAPER_STALE_AFTER_SECONDS": env.int("JOBQUEUE_REAPER_STALE_AFTER_SECONDS", 300),
+    # Upper bound on how many jobs one batch claim may take.
+    "MAX_CLAIM_BATCH": env.int("JOBQUEUE_MAX_CLAIM_BATCH", 100),
+    # Upper bound on a release's retry_after_seconds.
+    "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
+}

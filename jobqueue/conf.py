@@ -1,0 +1,21 @@
+from django.conf import settings
+
+DEFAULTS = {
+    "DEFAULT_LEASE_SECONDS": 60,
+    "MIN_LEASE_SECONDS": 5,
+    "MAX_LEASE_SECONDS": 3600,
+    "DEFAULT_MAX_ATTEMPTS": 3,
+    "MIN_MAX_ATTEMPTS": 1,
+    "MAX_MAX_ATTEMPTS": 100,
+    "HEARTBEAT_DIVISOR": 3,
+    "REAPER_BATCH_SIZE": 500,
+    "REAPER_INTERVAL_SECONDS": 5.0,
+    "REAPER_STALE_AFTER_SECONDS": 300,
+    "MAX_CLAIM_BATCH": 100,
+    "MAX_RETRY_AFTER_SECONDS": 86400,
+}
+
+
+def jobqueue_settings() -> dict:
+    """settings.JOBQUEUE over the defaults (read each call so tests can override)."""
+    return {**DEFAULTS, **getattr(settings, "JOBQUEUE", {})}

@@ -1,0 +1,62 @@
+"""The domain's errors. Each has a stable `code`; the HTTP edge maps them in one place."""
+
+
+class JobQueueError(Exception):
+    code = "jobqueue_error"
+    default_detail = "Job queue error."
+
+    def __init__(self, detail: str | None = None, **context):
+        self.detail = detail or self.default_detail
+        self.context = context
+        super().__init__(self.detail)
+
+
+class NotFound(JobQueueError):
+    code = "not_found"
+    default_detail = "Not found."
+
+
+class InvalidInput(JobQueueError):
+    """Input the lifecycle refuses before touching anything (bounds, unknown status)."""
+
+    code = "validation_error"
+    default_detail = "Invalid input."
+
+
+class Conflict(JobQueueError):
+    """A transition refused because of the job's or the claim's current state."""
+
+
+class JobNotClaimable(Conflict):
+    code = "job_not_claimable"
+    default_detail = "The job is not queued and due, or another agent claimed it first."
+
+
+class ClaimSuperseded(Conflict):
+    code = "claim_superseded"
+    default_detail = "This claim is no longer current: it was reaped, released, requeued or reclaimed."
+
+
+class LeaseExpired(Conflict):
+    code = "lease_expired"
+    default_detail = "The lease of this claim has expired; a heartbeat cannot revive it."
+
+
+class JobCancelled(Conflict):
+    code = "job_cancelled"
+    default_detail = "The job was cancelled."
+
+
+class JobFinished(Conflict):
+    code = "job_finished"
+    default_detail = "The job has already reached a terminal status."
+
+
+class InvalidTransition(Conflict):
+    code = "invalid_transition"
+    default_detail = "This transition is not allowed from the job's current status."
+
+
+class IdempotencyKeyReused(JobQueueError):
+    code = "idempotency_key_reused"
+    default_detail = "This Idempotency-Key was already used with a different request body."

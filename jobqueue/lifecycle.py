@@ -1,0 +1,772 @@
+"""The job lifecycle: the only code that moves a job between statuses.
+
+One function per transition. Each puts its guards (status, claim_id, expiry) in the WHERE of
+the statement that writes, checks the row count, and appends a JobEvent in the same
+transaction. Every time comes from the database's clock.
+
+Lock order, to stay free of deadlocks on PostgreSQL: a transaction that touches both tables
+locks the `job` row first and the `job_claim` row second. Heartbeats lock only the claim row;
+the reaper takes job rows with SKIP LOCKED, so it never waits on a report in flight.
+
+SQLite runs every write transaction as BEGIN IMMEDIATE (see config/settings.py), so writers
+are serialized; the same conditional updates and row counts keep the rules there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from . import states
+from .conf import jobqueue_settings
+from .exceptions import (
+    ClaimSuperseded,
+    IdempotencyKeyReused,
+    InvalidInput,
+    InvalidTransition,
+    JobCancelled,
+    JobFinished,
+    JobNotClaimable,
+    LeaseExpired,
+    NotFound,
+)
+from .models import Job, JobAgent, JobClaim, JobEvent
+
+# --- results -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimGrant:
+    """What a successful claim hands to the agent (and only to it)."""
+
+    job: Job
+    claim_id: uuid.UUID
+    attempt: int
+    lease_seconds: int
+    claimed_at: dt.datetime
+    claim_expires_at: dt.datetime
+    heartbeat_interval_seconds: int
+    server_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    job_id: uuid.UUID
+    claim_expires_at: dt.datetime
+    server_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    requeued: int = 0
+    expired: int = 0
+    batches: int = 0
+
+    @property
+    def reaped(self) -> int:
+        return self.requeued + self.expired
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def agent_actor(job_agent_id) -> str:
+    return f"agent:{job_agent_id}"
+
+
+def _scoped_jobs(workspace_id=None, job_agent_id=None):
+    qs = Job.objects.all()
+    if workspace_id is not None:
+        qs = qs.filter(workspace_id=workspace_id)
+    if job_agent_id is not None:
+        qs = qs.filter(job_agent_id=job_agent_id)
+    return qs
+
+
+def _fetch_job(job_id, *, workspace_id=None, job_agent_id=None) -> Job:
+    try:
+        return _scoped_jobs(workspace_id, job_agent_id).get(id=job_id)
+    except (Job.DoesNotExist, ValueError, TypeError) as exc:
+        raise NotFound("No such job.") from exc
+
+
+def _event(job_id, kind, *, attempt=0, actor="", claim_id=None, **detail) -> JobEvent:
+    return JobEvent(
+        job_id=job_id, kind=kind, attempt=attempt, actor=actor, claim_id=claim_id, detail=detail
+    )
+
+
+def _db_now() -> dt.datetime:
+    from .db import db_now
+
+    return db_now()
+
+
+def lease_for(job_agent: JobAgent) -> int:
+    conf = jobqueue_settings()
+    lease = job_agent.effective_lease_seconds
+    return max(conf["MIN_LEASE_SECONDS"], min(conf["MAX_LEASE_SECONDS"], int(lease)))
+
+
+def heartbeat_interval_for(lease_seconds: int) -> int:
+    return max(1, lease_seconds // max(1, jobqueue_settings()["HEARTBEAT_DIVISOR"]))
+
+
+def validate_lease_seconds(value) -> int | None:
+    if value is None:
+        return None
+    conf = jobqueue_settings()
+    if not isinstance(value, int) or isinstance(value, bool) or not (
+        conf["MIN_LEASE_SECONDS"] <= value <= conf["MAX_LEASE_SECONDS"]
+    ):
+        raise InvalidInput(
+            f"lease_seconds must be an integer from {conf['MIN_LEASE_SECONDS']} "
+            f"to {conf['MAX_LEASE_SECONDS']}.",
+            field="lease_seconds",
+        )
+    return value
+
+
+def validate_max_attempts(value) -> int | None:
+    if value is None:
+        return None
+    conf = jobqueue_settings()
+    if not isinstance(value, int) or isinstance(value, bool) or not (
+        conf["MIN_MAX_ATTEMPTS"] <= value <= conf["MAX_MAX_ATTEMPTS"]
+    ):
+        raise InvalidInput(
+            f"max_attempts must be an integer from {conf['MIN_MAX_ATTEMPTS']} "
+            f"to {conf['MAX_MAX_ATTEMPTS']}.",
+            field="max_attempts",
+        )
+    return value
+
+
+# --- agents ------------------------------------------------------------------------------
+
+
+def create_job_agent(*, workspace, name: str, lease_seconds=None, max_attempts=None) -> JobAgent:
+    name = (name or "").strip()
+    if not name:
+        raise InvalidInput("name must not be empty.", field="name")
+    agent = JobAgent(
+        workspace=workspace,
+        name=name,
+        lease_seconds=validate_lease_seconds(lease_seconds),
+        max_attempts=validate_max_attempts(max_attempts),
+    )
+    try:
+        with transaction.atomic():
+            agent.save()
+    except IntegrityError as exc:
+        raise InvalidInput("A job agent with this name already exists.", field="name") from exc
+    return agent
+
+
+# --- create and dispatch -----------------------------------------------------------------
+
+
+def _fingerprint(payload: dict) -> str:
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_job(
+    *,
+    workspace,
+    job_agent: JobAgent,
+    job_agent_config: dict | None = None,
+    dispatch_context: dict | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    delay_seconds: int | None = None,
+    external_id: str = "",
+    idempotency_key: str | None = None,
+    hold: bool = False,
+    actor: str = "",
+) -> tuple[Job, bool]:
+    """Create a job (queued, or pending when `hold`). Returns (job, created).
+
+    With an idempotency key, a replay of the same request returns the first job and
+    created=False; the same key with different content raises IdempotencyKeyReused.
+    """
+    if job_agent.workspace_id != workspace.id:
+        raise NotFound("No such job agent.")
+    max_attempts = validate_max_attempts(max_attempts) or job_agent.effective_max_attempts
+    if delay_seconds is not None and (
+        not isinstance(delay_seconds, int) or delay_seconds < 0 or delay_seconds > 10**8
+    ):
+        raise InvalidInput("delay_seconds must be a non-negative integer.", field="delay_seconds")
+    fingerprint = ""
+    if idempotency_key is not None:
+        if not idempotency_key or len(idempotency_key) > 255:
+            raise InvalidInput("Idempotency-Key must be 1 to 255 characters.", field="idempotency_key")
+        fingerprint = _fingerprint(
+            {
+                "job_agent": str(job_agent.id),
+                "job_agent_config": job_agent_config or {},
+                "dispatch_context": dispatch_context or {},
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "delay_seconds": delay_seconds,
+                "external_id": external_id,
+                "hold": hold,
+            }
+        )
+        existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _idempotent_replay(existing, fingerprint), False
+
+    job = Job(
+        workspace=workspace,
+        job_agent=job_agent,
+        status=states.PENDING if hold else states.QUEUED,
+        job_agent_config=job_agent_config or {},
+        dispatch_context=dispatch_context or {},
+        priority=priority,
+        max_attempts=max_attempts,
+        initial_max_attempts=max_attempts,
+        external_id=external_id or "",
+        idempotency_key=idempotency_key,
+        idempotency_fingerprint=fingerprint,
+    )
+    if delay_seconds:
+        from .db import NowPlusSeconds
+
+        job.available_at = NowPlusSeconds(delay_seconds)
+    try:
+        with transaction.atomic():
+            job.save(force_insert=True)
+            _event(job.id, JobEvent.CREATED, actor=actor, status=job.status).save()
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _idempotent_replay(existing, fingerprint), False
+    if delay_seconds:
+        job.refresh_from_db(fields=["available_at"])
+    return job, True
+
+
+def _idempotent_replay(existing: Job, fingerprint: str) -> Job:
+    if existing.idempotency_fingerprint != fingerprint:
+        raise IdempotencyKeyReused()
+    return existing
+
+
+def dispatch_job(job_id, *, workspace_id=None, actor: str = "") -> Job:
+    """pending -> queued (the producer releases its hold)."""
+    with transaction.atomic():
+        n = (
+            _scoped_jobs(workspace_id)
+            .filter(id=job_id, status=states.PENDING)
+            .update(status=states.QUEUED, available_at=Now(), updated_at=Now())
+        )
+        if n == 1:
+            job = Job.objects.get(id=job_id)
+            _event(job.id, JobEvent.DISPATCHED, attempt=job.attempt, actor=actor).save()
+            return job
+    job = _fetch_job(job_id, workspace_id=workspace_id)
+    raise InvalidTransition(f"Only a pending job can be dispatched; this one is {job.status}.")
+
+
+# --- claim -------------------------------------------------------------------------------
+
+
+def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
+    """Lock up to `limit` claimable candidates and claim them. Caller holds atomic()."""
+    from .db import Now as DbNow
+
+    locked = list(
+        candidates.filter(job_agent_id=job_agent.id)
+        .claimable()
+        .in_claim_order()
+        .annotate(db_now=DbNow())
+        .select_for_update(skip_locked=True, of=("self",))[:limit]
+    )
+    if not locked:
+        return []
+    now = locked[0].db_now
+    lease = lease_for(job_agent)
+    expires = now + dt.timedelta(seconds=lease)
+    interval = heartbeat_interval_for(lease)
+    actor = agent_actor(job_agent.id)
+    grants, claims, events = [], [], []
+    for job in locked:
+        claim_id = uuid.uuid4()
+        # The row is locked (PostgreSQL) or the database is write-locked (SQLite), so
+        # these values are current; the guard still goes in the WHERE of the write.
+        n = Job.objects.filter(id=job.id, status=states.QUEUED).update(
+            status=states.IN_PROGRESS,
+            attempt=F("attempt") + 1,
+            last_claim_id=claim_id,
+            started_at=now,
+            updated_at=now,
+        )
+        if n != 1:  # pragma: no cover - impossible while the lock is held
+            raise JobNotClaimable()
+        job.status = states.IN_PROGRESS
+        job.attempt += 1
+        job.last_claim_id = claim_id
+        job.started_at = now
+        job.updated_at = now
+        claims.append(
+            JobClaim(
+                job_id=job.id,
+                job_agent_id=job_agent.id,
+                claim_id=claim_id,
+                attempt=job.attempt,
+                lease_seconds=lease,
+                claimed_at=now,
+                claim_expires_at=expires,
+            )
+        )
+        events.append(
+            _event(
+                job.id,
+                JobEvent.CLAIMED,
+                attempt=job.attempt,
+                actor=actor,
+                claim_id=claim_id,
+                lease_seconds=lease,
+            )
+        )
+        grants.append(
+            ClaimGrant(
+                job=job,
+                claim_id=claim_id,
+                attempt=job.attempt,
+                lease_seconds=lease,
+                claimed_at=now,
+                claim_expires_at=expires,
+                heartbeat_interval_seconds=interval,
+                server_time=now,
+            )
+        )
+    JobClaim.objects.bulk_create(claims)
+    JobEvent.objects.bulk_create(events)
+    return grants
+
+
+def claim_job(job_agent: JobAgent, job_id) -> ClaimGrant:
+    """Claim the named job for this agent: at most once, whoever races for it."""
+    try:
+        job_uuid = uuid.UUID(str(job_id))
+    except ValueError as exc:
+        raise NotFound("No such job.") from exc
+    with transaction.atomic():
+        grants = _claim(job_agent, Job.objects.filter(id=job_uuid), 1)
+    if grants:
+        return grants[0]
+    # Tell "not yours / not there" (404) from "not claimable now" (409).
+    _fetch_job(job_uuid, job_agent_id=job_agent.id)
+    raise JobNotClaimable()
+
+
+def claim_next_jobs(job_agent: JobAgent, limit: int = 1) -> list[ClaimGrant]:
+    """Claim up to `limit` of this agent's claimable jobs, in claim order (SKIP LOCKED)."""
+    max_batch = jobqueue_settings()["MAX_CLAIM_BATCH"]
+    if not isinstance(limit, int) or isinstance(limit, bool) or not (1 <= limit <= max_batch):
+        raise InvalidInput(f"limit must be an integer from 1 to {max_batch}.", field="limit")
+    with transaction.atomic():
+        return _claim(job_agent, Job.objects.all(), limit)
+
+
+def claim_next_job(job_agent: JobAgent) -> ClaimGrant | None:
+    grants = claim_next_jobs(job_agent, 1)
+    return grants[0] if grants else None
+
+
+# --- refusals ----------------------------------------------------------------------------
+
+
+def _refuse(job_id, claim_id, operation: str, *, workspace_id=None, job_agent_id=None,
+            heartbeat: bool = False, actor: str = ""):
+    """Explain why a write carrying `claim_id` changed nothing, record it, and raise."""
+    job = _fetch_job(job_id, workspace_id=workspace_id, job_agent_id=job_agent_id)
+    if job.status == states.CANCELLED:
+        exc = JobCancelled()
+    elif job.status in states.TERMINAL:
+        exc = JobFinished()
+    elif heartbeat and JobClaim.objects.filter(
+        job_id=job.id, claim_id=claim_id, claim_expires_at__lte=Now()
+    ).exists():
+        exc = LeaseExpired()
+    else:
+        exc = ClaimSuperseded()
+    _event(
+        job.id,
+        JobEvent.STALE_WRITE_REFUSED,
+        attempt=job.attempt,
+        actor=actor,
+        claim_id=claim_id,
+        operation=operation,
+        code=exc.code,
+    ).save()
+    raise exc
+
+
+def _as_uuid(value, field="claim_id") -> uuid.UUID:
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise InvalidInput(f"{field} must be a UUID.", field=field) from exc
+
+
+# --- heartbeat ---------------------------------------------------------------------------
+
+_HEARTBEAT_SQL = {
+    "postgresql": (
+        "UPDATE job_claim SET claim_expires_at = STATEMENT_TIMESTAMP() "
+        "+ make_interval(secs => lease_seconds), heartbeat_at = STATEMENT_TIMESTAMP() "
+        "WHERE job_id = %s AND claim_id = %s AND claim_expires_at > STATEMENT_TIMESTAMP() "
+        "{scope}RETURNING claim_expires_at, STATEMENT_TIMESTAMP()"
+    ),
+    "sqlite": (
+        "UPDATE job_claim SET claim_expires_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', "
+        "lease_seconds || ' seconds'), heartbeat_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW') "
+        "WHERE job_id = %s AND claim_id = %s "
+        "AND claim_expires_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW') "
+        "{scope}RETURNING claim_expires_at, STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
+    ),
+}
+
+
+def heartbeat(job_id, claim_id, *, job_agent_id=None, workspace_id=None) -> HeartbeatResult:
+    """Extend the lease to now() + lease_seconds. Writes only job_claim, one statement.
+
+    Refused (and nothing written) unless claim_id is current and its lease has not expired:
+    a heartbeat never revives an expired lease, even before the reaper runs.
+    """
+    claim_uuid = _as_uuid(claim_id)
+    try:
+        job_uuid = uuid.UUID(str(job_id))
+    except ValueError as exc:
+        raise NotFound("No such job.") from exc
+    vendor = connection.vendor
+    params = [_db_uuid(job_uuid), _db_uuid(claim_uuid)]
+    scope = ""
+    if job_agent_id is not None:
+        scope = "AND job_agent_id = %s "
+        params.append(_db_uuid(_as_uuid(job_agent_id, "job_agent_id")))
+    sql = _HEARTBEAT_SQL["postgresql" if vendor == "postgresql" else "sqlite"].format(scope=scope)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        _refuse(
+            job_uuid,
+            claim_uuid,
+            "heartbeat",
+            workspace_id=workspace_id,
+            job_agent_id=job_agent_id,
+            heartbeat=True,
+            actor=agent_actor(job_agent_id) if job_agent_id else "",
+        )
+    expires, now = (_parse_db_datetime(v) for v in row)
+    if workspace_id is not None and not Job.objects.filter(
+        id=job_uuid, workspace_id=workspace_id
+    ).exists():  # pragma: no cover - agents are scoped to their workspace already
+        raise NotFound("No such job.")
+    return HeartbeatResult(job_id=job_uuid, claim_expires_at=expires, server_time=now)
+
+
+def _db_uuid(value: uuid.UUID):
+    # Django stores UUIDs as char(32) hex on SQLite and as uuid on PostgreSQL.
+    return value if connection.vendor == "postgresql" else value.hex
+
+
+def _parse_db_datetime(value) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    return dt.datetime.fromisoformat(value).replace(tzinfo=dt.timezone.utc)
+
+
+# --- status reports and release ------------------------------------------------------------
+
+
+def report_status(
+    job_id,
+    claim_id,
+    status: str,
+    *,
+    message: str | None = None,
+    result=None,
+    external_id: str | None = None,
+    job_agent_id=None,
+    workspace_id=None,
+) -> Job:
+    """Record progress (status in_progress) or end the job (a terminal status).
+
+    Accepted with the current claim_id, even after the lease's expiry, as long as the reaper
+    has not taken the claim. A retried identical terminal report returns the same job.
+    """
+    claim_uuid = _as_uuid(claim_id)
+    if status not in states.REPORTABLE:
+        raise InvalidInput(
+            "status must be one of: " + ", ".join(sorted(states.REPORTABLE)) + ".", field="status"
+        )
+    actor = agent_actor(job_agent_id) if job_agent_id else ""
+    fields = {"updated_at": Now()}
+    if message is not None:
+        fields["message"] = message
+    if result is not None:
+        fields["result"] = result
+    if external_id is not None:
+        fields["external_id"] = external_id
+    guard = Q(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_uuid)
+    with transaction.atomic():
+        qs = _scoped_jobs(workspace_id, job_agent_id).filter(guard)
+        if status == states.IN_PROGRESS:
+            n = qs.update(**fields)
+            kind = JobEvent.PROGRESS_REPORTED
+        else:
+            n = qs.update(status=status, completed_at=Now(), **fields)
+            if n == 1:
+                # The job row is ours (locked); its claim row goes with it.
+                deleted, _ = JobClaim.objects.filter(job_id=job_id, claim_id=claim_uuid).delete()
+                if deleted != 1:  # pragma: no cover - would break invariant 2
+                    raise ClaimSuperseded()
+            kind = JobEvent.STATUS_REPORTED
+        if n == 1:
+            job = Job.objects.get(id=job_id)
+            _event(
+                job.id,
+                kind,
+                attempt=job.attempt,
+                actor=actor,
+                claim_id=claim_uuid,
+                status=status,
+                has_result=result is not None,
+            ).save()
+            return job
+    # Nothing changed. A retried terminal report after a lost response is a success.
+    job = _fetch_job(job_id, workspace_id=workspace_id, job_agent_id=job_agent_id)
+    if status in states.TERMINAL and job.status == status and job.last_claim_id == claim_uuid:
+        return job
+    _refuse(job.id, claim_uuid, "status", workspace_id=workspace_id,
+            job_agent_id=job_agent_id, actor=actor)
+
+
+def release_job(
+    job_id,
+    claim_id,
+    *,
+    reason: str = "",
+    retry_after_seconds: int | None = None,
+    job_agent_id=None,
+    workspace_id=None,
+) -> Job:
+    """Give the job back: in_progress -> queued (whatever its attempt), claim removed."""
+    from .db import NowPlusSeconds
+
+    claim_uuid = _as_uuid(claim_id)
+    limit = jobqueue_settings()["MAX_RETRY_AFTER_SECONDS"]
+    if retry_after_seconds is not None and (
+        not isinstance(retry_after_seconds, int)
+        or isinstance(retry_after_seconds, bool)
+        or not 0 <= retry_after_seconds <= limit
+    ):
+        raise InvalidInput(
+            f"retry_after_seconds must be an integer from 0 to {limit}.",
+            field="retry_after_seconds",
+        )
+    actor = agent_actor(job_agent_id) if job_agent_id else ""
+    with transaction.atomic():
+        n = (
+            _scoped_jobs(workspace_id, job_agent_id)
+            .filter(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_uuid)
+            .update(
+                status=states.QUEUED,
+                available_at=NowPlusSeconds(retry_after_seconds or 0),
+                updated_at=Now(),
+            )
+        )
+        if n == 1:
+            deleted, _ = JobClaim.objects.filter(job_id=job_id, claim_id=claim_uuid).delete()
+            if deleted != 1:  # pragma: no cover - would break invariant 2
+                raise ClaimSuperseded()
+            job = Job.objects.get(id=job_id)
+            _event(
+                job.id,
+                JobEvent.RELEASED,
+                attempt=job.attempt,
+                actor=actor,
+                claim_id=claim_uuid,
+                reason=(reason or "")[:500],
+                retry_after_seconds=retry_after_seconds or 0,
+            ).save()
+            return job
+    _refuse(job_id, claim_uuid, "release", workspace_id=workspace_id,
+            job_agent_id=job_agent_id, actor=actor)
+
+
+# --- operator transitions ------------------------------------------------------------------
+
+
+def cancel_job(job_id, *, actor: str = "", reason: str = "", workspace_id=None) -> Job:
+    """Any non-terminal job -> cancelled. Supersedes a live claim. Cancelling a cancelled
+    job returns it unchanged; any other terminal job raises JobFinished."""
+    with transaction.atomic():
+        n = (
+            _scoped_jobs(workspace_id)
+            .filter(id=job_id, status__in=states.ACTIVE)
+            .update(status=states.CANCELLED, completed_at=Now(), updated_at=Now())
+        )
+        if n == 1:
+            superseded, _ = JobClaim.objects.filter(job_id=job_id).delete()
+            job = Job.objects.get(id=job_id)
+            _event(
+                job.id,
+                JobEvent.CANCELLED,
+                attempt=job.attempt,
+                actor=actor,
+                claim_id=job.last_claim_id if superseded else None,
+                reason=(reason or "")[:500],
+                superseded_claim=bool(superseded),
+            ).save()
+            return job
+    job = _fetch_job(job_id, workspace_id=workspace_id)
+    if job.status == states.CANCELLED:
+        return job
+    raise JobFinished(f"The job is already {job.status}.")
+
+
+def requeue_job(job_id, *, actor: str = "", reason: str = "", workspace_id=None) -> Job:
+    """Any non-pending job -> queued now, with as many further attempts as it was created
+    with. Supersedes a live claim: the old holder's claim_id stops working."""
+    with transaction.atomic():
+        n = (
+            _scoped_jobs(workspace_id)
+            .filter(id=job_id)
+            .exclude(status=states.PENDING)
+            .update(
+                status=states.QUEUED,
+                available_at=Now(),
+                completed_at=None,
+                max_attempts=F("attempt") + F("initial_max_attempts"),
+                updated_at=Now(),
+            )
+        )
+        if n == 1:
+            superseded, _ = JobClaim.objects.filter(job_id=job_id).delete()
+            job = Job.objects.get(id=job_id)
+            _event(
+                job.id,
+                JobEvent.REQUEUED,
+                attempt=job.attempt,
+                actor=actor,
+                claim_id=job.last_claim_id if superseded else None,
+                reason=(reason or "")[:500],
+                superseded_claim=bool(superseded),
+                max_attempts=job.max_attempts,
+            ).save()
+            return job
+    _fetch_job(job_id, workspace_id=workspace_id)
+    raise InvalidTransition("A pending job cannot be requeued; dispatch it instead.")
+
+
+def mark_failed(job_id, *, actor: str = "", reason: str = "", workspace_id=None) -> Job:
+    """Operator: end a non-terminal job as `failure`, superseding any claim."""
+    with transaction.atomic():
+        n = (
+            _scoped_jobs(workspace_id)
+            .filter(id=job_id, status__in=states.ACTIVE)
+            .update(
+                status=states.FAILURE,
+                completed_at=Now(),
+                updated_at=Now(),
+                message=(reason or "Marked failed by an operator.")[:2000],
+            )
+        )
+        if n == 1:
+            superseded, _ = JobClaim.objects.filter(job_id=job_id).delete()
+            job = Job.objects.get(id=job_id)
+            _event(
+                job.id,
+                JobEvent.STATUS_REPORTED,
+                attempt=job.attempt,
+                actor=actor,
+                claim_id=job.last_claim_id if superseded else None,
+                status=states.FAILURE,
+                reason=(reason or "")[:500],
+                superseded_claim=bool(superseded),
+            ).save()
+            return job
+    job = _fetch_job(job_id, workspace_id=workspace_id)
+    raise JobFinished(f"The job is already {job.status}.")
+
+
+# --- reaper ------------------------------------------------------------------------------
+
+
+def reap_expired_claims_once(batch_size: int) -> ReapResult:
+    """One bounded batch: expired claims -> queued, or expired on the last attempt.
+
+    Job rows are taken with SKIP LOCKED (a job whose report is in flight is left for the
+    next sweep, and reapers running at once split the work); the claim rows are then
+    locked and re-checked for expiry, so a heartbeat that got there first wins.
+    """
+    with transaction.atomic():
+        job_ids = list(
+            Job.objects.filter(status=states.IN_PROGRESS, claim__claim_expires_at__lt=Now())
+            .order_by()
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("id", flat=True)[:batch_size]
+        )
+        if not job_ids:
+            return ReapResult()
+        expired_claims = list(
+            JobClaim.objects.filter(job_id__in=job_ids, claim_expires_at__lt=Now())
+            .select_for_update(of=("self",))
+            .select_related("job")
+            .only("job_id", "claim_id", "attempt", "job__attempt", "job__max_attempts")
+        )
+        if not expired_claims:
+            return ReapResult(batches=1)
+        ids = [c.job_id for c in expired_claims]
+        JobClaim.objects.filter(job_id__in=ids).delete()
+        to_expire = [c.job_id for c in expired_claims if c.job.attempt >= c.job.max_attempts]
+        to_requeue = [c.job_id for c in expired_claims if c.job.attempt < c.job.max_attempts]
+        requeued = expired = 0
+        if to_requeue:
+            requeued = Job.objects.filter(id__in=to_requeue, status=states.IN_PROGRESS).update(
+                status=states.QUEUED, available_at=Now(), updated_at=Now()
+            )
+        if to_expire:
+            expired = Job.objects.filter(id__in=to_expire, status=states.IN_PROGRESS).update(
+                status=states.EXPIRED,
+                completed_at=Now(),
+                updated_at=Now(),
+                message="Lease expired on the last attempt.",
+            )
+        if requeued != len(to_requeue) or expired != len(to_expire):  # pragma: no cover
+            raise RuntimeError("reaper: job rows changed under their locks")
+        JobEvent.objects.bulk_create(
+            _event(
+                c.job_id,
+                JobEvent.EXPIRED if c.job_id in set(to_expire) else JobEvent.REAPED,
+                attempt=c.attempt,
+                actor="reaper",
+                claim_id=c.claim_id,
+            )
+            for c in expired_claims
+        )
+        return ReapResult(requeued=requeued, expired=expired, batches=1)
+
+
+def count_expired_claims() -> dict:
+    """What a sweep would do now, without doing it (for --dry-run and the admin)."""
+    qs = JobClaim.objects.filter(claim_expires_at__lt=Now(), job__status=states.IN_PROGRESS)
+    total = qs.count()
+    last = qs.filter(job__attempt__gte=F("job__max_attempts")).count()
+    return {"would_requeue": total - last, "would_expire": last}

@@ -1,0 +1,44 @@
+import json
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from jobqueue import lifecycle
+from jobqueue.exceptions import InvalidInput
+from jobqueue.management.commands.create_workspace import _credential_issuer
+from jobqueue.models import Workspace
+
+
+class Command(BaseCommand):
+    help = "Create a job agent in a workspace and print its id (and, once, its token)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name")
+        parser.add_argument("--workspace", required=True, help="workspace id")
+        parser.add_argument("--lease-seconds", type=int, default=None)
+        parser.add_argument("--max-attempts", type=int, default=None)
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, *args, **opts):
+        try:
+            workspace = Workspace.objects.get(id=opts["workspace"])
+        except (Workspace.DoesNotExist, ValidationError) as exc:
+            raise CommandError(f"no workspace with id {opts['workspace']!r}") from exc
+        try:
+            agent = lifecycle.create_job_agent(
+                workspace=workspace,
+                name=opts["name"],
+                lease_seconds=opts["lease_seconds"],
+                max_attempts=opts["max_attempts"],
+            )
+        except InvalidInput as exc:
+            raise CommandError(exc.detail) from exc
+        out = {"job_agent_id": str(agent.id), "workspace_id": str(workspace.id)}
+        issue_token = _credential_issuer("issue_agent_token")
+        if issue_token:
+            out["token"] = issue_token(agent)
+        if opts["json"]:
+            self.stdout.write(json.dumps(out))
+        else:
+            for key, value in out.items():
+                self.stdout.write(f"{key}: {value}")

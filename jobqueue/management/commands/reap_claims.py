@@ -1,0 +1,81 @@
+import json
+import signal
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from jobqueue import reaper
+from jobqueue.conf import jobqueue_settings
+
+
+class Command(BaseCommand):
+    help = (
+        "Return jobs whose lease expired to the queue (or end them as expired on their last "
+        "attempt). One sweep by default; --loop keeps sweeping until SIGTERM or SIGINT."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--batch-size", type=int, default=None,
+                            help="claims per transaction (default: JOBQUEUE REAPER_BATCH_SIZE)")
+        parser.add_argument("--max-batches", type=int, default=None,
+                            help="stop a sweep after this many batches")
+        parser.add_argument("--loop", action="store_true", help="sweep until stopped")
+        parser.add_argument("--interval", type=float, default=None,
+                            help="seconds between sweeps with --loop")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="count what would be reaped; change nothing")
+        parser.add_argument("--json", action="store_true", help="one JSON object per sweep")
+
+    def handle(self, *args, **opts):
+        batch_size = opts["batch_size"]
+        if batch_size is not None and batch_size < 1:
+            raise CommandError("--batch-size must be at least 1")
+        if opts["max_batches"] is not None and opts["max_batches"] < 1:
+            raise CommandError("--max-batches must be at least 1")
+        interval = opts["interval"]
+        if interval is None:
+            interval = jobqueue_settings()["REAPER_INTERVAL_SECONDS"]
+        if interval <= 0:
+            raise CommandError("--interval must be positive")
+
+        if not opts["loop"]:
+            try:
+                result = reaper.sweep(batch_size=batch_size, max_batches=opts["max_batches"],
+                                      dry_run=opts["dry_run"])
+            except Exception as exc:  # noqa: BLE001 - turned into a clear exit status
+                raise CommandError(f"reap failed: {type(exc).__name__}: {exc}") from exc
+            self._print(result, opts["json"])
+            return
+
+        if opts["dry_run"]:
+            raise CommandError("--dry-run cannot be combined with --loop")
+        stopping = {"flag": False}
+
+        def stop(signum, frame):
+            stopping["flag"] = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.stderr.write(f"reaper looping every {interval}s (SIGTERM to stop)")
+        reaper.run_forever(
+            interval=interval,
+            batch_size=batch_size,
+            max_batches=opts["max_batches"],
+            should_stop=lambda: stopping["flag"],
+            on_result=lambda r: (r.requeued or r.expired or opts["json"])
+            and self._print(r, opts["json"]),
+            on_error=lambda e: self.stderr.write(f"reap failed, will retry: {e}"),
+        )
+        self.stderr.write("reaper stopped")
+
+    def _print(self, result, as_json):
+        if as_json:
+            self.stdout.write(json.dumps(result.as_dict()))
+        else:
+            verb = "would requeue" if result.dry_run else "requeued"
+            verb2 = "would expire" if result.dry_run else "expired"
+            self.stdout.write(
+                f"{verb} {result.requeued}, {verb2} {result.expired} "
+                f"in {result.batches} batch(es), {result.duration_seconds:.3f}s"
+            )
+        sys.stdout.flush()

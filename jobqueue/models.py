@@ -1,0 +1,252 @@
+"""The job queue's tables.
+
+`job` is the queue and the state machine; `job_claim` holds the lease of each in-progress job
+(heartbeats write only there); `job_event` is the append-only timeline; `reaper_run` records
+each sweep. Table names follow the RFC so that the SQL in docs and tests reads as it does there.
+"""
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from . import states
+
+
+class Workspace(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "workspace"
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class JobAgent(models.Model):
+    TYPE_HTTP_PULL = "http-pull"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="job_agents")
+    name = models.CharField(max_length=200)
+    type = models.CharField(max_length=32, default=TYPE_HTTP_PULL, editable=False)
+    # None means "the service default" (settings.JOBQUEUE); bounds are checked on save paths.
+    lease_seconds = models.PositiveIntegerField(null=True, blank=True)
+    max_attempts = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    # Written at most every few seconds per process by the HTTP edge, never per heartbeat.
+    last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        db_table = "job_agent"
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="job_agent_name_unique"),
+        ]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def effective_lease_seconds(self) -> int:
+        from .conf import jobqueue_settings
+
+        return self.lease_seconds or jobqueue_settings()["DEFAULT_LEASE_SECONDS"]
+
+    @property
+    def effective_max_attempts(self) -> int:
+        from .conf import jobqueue_settings
+
+        return self.max_attempts or jobqueue_settings()["DEFAULT_MAX_ATTEMPTS"]
+
+
+class JobQuerySet(models.QuerySet):
+    def claimable(self):
+        """Queued and due, by the database's clock."""
+        return self.filter(status=states.QUEUED, available_at__lte=Now())
+
+    def in_claim_order(self):
+        return self.order_by("-priority", "available_at", "created_at")
+
+    def active(self):
+        return self.filter(status__in=states.ACTIVE)
+
+    def finished(self):
+        return self.filter(status__in=states.TERMINAL)
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="jobs")
+    job_agent = models.ForeignKey(JobAgent, on_delete=models.PROTECT, related_name="jobs")
+    status = models.CharField(max_length=16, choices=states.CHOICES, default=states.QUEUED)
+    job_agent_config = models.JSONField(default=dict, blank=True)
+    # The execution snapshot. May hold secrets: it leaves the service only in a claim response.
+    dispatch_context = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    message = models.TextField(blank=True, default="")
+    external_id = models.CharField(max_length=255, blank=True, default="")
+    # attempt counts claims; never goes down. max_attempts is the reaper's limit.
+    attempt = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    # What an operator requeue grants again: the attempts the job had when created.
+    initial_max_attempts = models.PositiveIntegerField()
+    priority = models.IntegerField(default=0)
+    available_at = models.DateTimeField(db_default=Now())
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # sha256 of the producer's request body, to tell a replay from a reuse of the key.
+    idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    # The fencing token of the latest claim. Kept on the job so that a retried terminal
+    # report with the claim that finished it can be recognised; never shown to anyone.
+    last_claim_id = models.UUIDField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = "job"
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=sorted(states.ALL)), name="job_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status__in=sorted(states.TERMINAL), completed_at__isnull=False)
+                    | (~Q(status__in=sorted(states.TERMINAL)) & Q(completed_at__isnull=True))
+                ),
+                name="job_completed_at_iff_terminal",
+            ),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="job_max_attempts_min"),
+            models.UniqueConstraint(
+                fields=["workspace", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_idempotency_key_unique",
+            ),
+        ]
+        indexes = [
+            # Serves claim-next and the queued poll: only claimable rows, in claim order.
+            models.Index(
+                "job_agent",
+                models.F("priority").desc(),
+                "available_at",
+                "created_at",
+                condition=Q(status=states.QUEUED),
+                name="job_claim_order_idx",
+            ),
+            models.Index(fields=["workspace", "-created_at"], name="job_workspace_created_idx"),
+            models.Index(fields=["workspace", "status"], name="job_workspace_status_idx"),
+            models.Index(
+                fields=["workspace", "external_id"],
+                condition=~Q(external_id=""),
+                name="job_external_id_idx",
+            ),
+        ]
+
+    def __str__(self):
+        return f"job {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in states.TERMINAL
+
+
+class JobClaim(models.Model):
+    """The lease of one in-progress job. Narrow on purpose: heartbeats update only this row.
+
+    claim_expires_at is deliberately not indexed, so that a heartbeat is a heap-only (HOT)
+    update; the table holds only in-flight jobs, which the reaper scans.
+    """
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="claim"
+    )
+    job_agent = models.ForeignKey(JobAgent, on_delete=models.CASCADE, related_name="claims")
+    claim_id = models.UUIDField(default=uuid.uuid4, editable=False)
+    attempt = models.PositiveIntegerField()
+    lease_seconds = models.PositiveIntegerField()
+    claimed_at = models.DateTimeField(db_default=Now())
+    claim_expires_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "job_claim"
+
+    def __str__(self):
+        return f"claim on {self.job_id} (attempt {self.attempt})"
+
+
+class JobEvent(models.Model):
+    """Append-only timeline. `detail` never holds dispatch_context, results or tokens."""
+
+    CREATED = "created"
+    DISPATCHED = "dispatched"
+    CLAIMED = "claimed"
+    RELEASED = "released"
+    REAPED = "reaped"
+    EXPIRED = "expired"
+    PROGRESS_REPORTED = "progress_reported"
+    STATUS_REPORTED = "status_reported"
+    CANCELLED = "cancelled"
+    REQUEUED = "requeued"
+    STALE_WRITE_REFUSED = "stale_write_refused"
+    KINDS = [
+        (CREATED, "created"),
+        (DISPATCHED, "dispatched"),
+        (CLAIMED, "claimed"),
+        (RELEASED, "released"),
+        (REAPED, "reaped (requeued)"),
+        (EXPIRED, "expired"),
+        (PROGRESS_REPORTED, "progress reported"),
+        (STATUS_REPORTED, "status reported"),
+        (CANCELLED, "cancelled"),
+        (REQUEUED, "requeued"),
+        (STALE_WRITE_REFUSED, "stale write refused"),
+    ]
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=32, choices=KINDS)
+    attempt = models.PositiveIntegerField(default=0)
+    # "agent:<id>", "operator:<username>", "producer:<...>", "reaper".
+    actor = models.CharField(max_length=200, blank=True, default="")
+    # The claim this event concerns, for audits of fencing (never exposed over the API).
+    claim_id = models.UUIDField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "job_event"
+        ordering = ["id"]
+        indexes = [models.Index(fields=["kind", "-created_at"], name="job_event_kind_idx")]
+
+    def __str__(self):
+        return f"{self.kind} on {self.job_id}"
+
+
+class ReaperRun(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    started_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_seconds = models.FloatField(null=True, blank=True)
+    batches = models.PositiveIntegerField(default=0)
+    requeued = models.PositiveIntegerField(default=0)
+    expired = models.PositiveIntegerField(default=0)
+    dry_run = models.BooleanField(default=False)
+    error = models.TextField(blank=True, default="")
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "reaper_run"
+        ordering = ["-started_at"]
+
+    def __str__(self):
+        return f"reaper run {self.id}"

@@ -1,0 +1,132 @@
+"""The reaper: returns jobs whose lease expired to the queue, or ends them as `expired`.
+
+One sweep runs bounded batches until nothing is left or `max_batches` is reached; each
+sweep is recorded as a ReaperRun so that operators can see when the reaper last ran.
+Several reapers may run at once: batches take job rows with SKIP LOCKED.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from django.db import close_old_connections
+from django.db.models.functions import Now
+
+from . import lifecycle
+from .conf import jobqueue_settings
+from .models import ReaperRun
+
+log = logging.getLogger("jobqueue.reaper")
+
+
+@dataclass
+class SweepResult:
+    requeued: int = 0
+    expired: int = 0
+    batches: int = 0
+    duration_seconds: float = 0.0
+    dry_run: bool = False
+    run_id: int | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "requeued": self.requeued,
+            "expired": self.expired,
+            "batches": self.batches,
+            "duration_seconds": round(self.duration_seconds, 6),
+            "dry_run": self.dry_run,
+            "run_id": self.run_id,
+        }
+
+
+def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
+          dry_run: bool = False, record: bool = True) -> SweepResult:
+    """Reap every expired claim, `batch_size` per transaction, at most `max_batches`."""
+    batch_size = batch_size or jobqueue_settings()["REAPER_BATCH_SIZE"]
+    started = time.monotonic()
+    result = SweepResult(dry_run=dry_run)
+    if dry_run:
+        counts = lifecycle.count_expired_claims()
+        result.requeued = counts["would_requeue"]
+        result.expired = counts["would_expire"]
+    else:
+        while max_batches is None or result.batches < max_batches:
+            batch = lifecycle.reap_expired_claims_once(batch_size)
+            if batch.batches == 0:
+                break
+            result.batches += 1
+            result.requeued += batch.requeued
+            result.expired += batch.expired
+            if batch.reaped < batch_size:
+                break
+    result.duration_seconds = time.monotonic() - started
+    if record:
+        run = ReaperRun.objects.create(
+            finished_at=Now(),
+            duration_seconds=result.duration_seconds,
+            batches=result.batches,
+            requeued=0 if dry_run else result.requeued,
+            expired=0 if dry_run else result.expired,
+            dry_run=dry_run,
+            host=socket.gethostname()[:255],
+            pid=os.getpid(),
+        )
+        result.run_id = run.id
+    if result.requeued or result.expired:
+        log.info(
+            "reaper %s: requeued=%d expired=%d batches=%d in %.3fs",
+            "would reap" if dry_run else "reaped",
+            result.requeued,
+            result.expired,
+            result.batches,
+            result.duration_seconds,
+        )
+    return result
+
+
+def run_forever(*, interval: float, batch_size: int | None, max_batches: int | None,
+                should_stop, on_result=None, on_error=None) -> None:
+    """Sweep every `interval` seconds until should_stop() is true.
+
+    A database outage does not end the loop: the error is logged, the connection is
+    dropped, and the next sweep tries again after a backoff.
+    """
+    backoff = interval
+    while not should_stop():
+        close_old_connections()
+        try:
+            result = sweep(batch_size=batch_size, max_batches=max_batches)
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
+            log.warning("reaper sweep failed (%s: %s); retrying", type(exc).__name__, exc)
+            if on_error:
+                on_error(exc)
+            _drop_connection()
+            backoff = min(max(backoff * 2, interval), 60.0)
+            _sleep(backoff, should_stop)
+            continue
+        backoff = interval
+        if on_result:
+            on_result(result)
+        _sleep(interval, should_stop)
+
+
+def _drop_connection():
+    from django.db import connection
+
+    try:
+        connection.close()
+    except Exception:  # noqa: BLE001 - it is already broken
+        connection.connection = None
+
+
+def _sleep(seconds: float, should_stop) -> None:
+    deadline = time.monotonic() + seconds
+    while not should_stop():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.2))
