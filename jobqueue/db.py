@@ -1,5 +1,7 @@
 """Database-clock expressions. Lease arithmetic never uses the app server's clock."""
 
+from datetime import UTC
+
 from django.db.models import DateTimeField, Func, IntegerField
 from django.db.models.functions import Now
 
@@ -46,9 +48,9 @@ def db_now():
             return cursor.fetchone()[0]
         cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
         raw = cursor.fetchone()[0]
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.fromisoformat(raw).replace(tzinfo=timezone.utc)
+    return datetime.fromisoformat(raw).replace(tzinfo=UTC)
 
 
 __all__ = ["Now", "NowPlusSeconds", "db_now"]

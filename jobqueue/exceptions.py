@@ -34,7 +34,9 @@ class JobNotClaimable(Conflict):
 
 class ClaimSuperseded(Conflict):
     code = "claim_superseded"
-    default_detail = "This claim is no longer current: it was reaped, released, requeued or reclaimed."
+    default_detail = (
+        "This claim is no longer current: it was reaped, released, requeued or reclaimed."
+    )
 
 
 class LeaseExpired(Conflict):

@@ -24,7 +24,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from . import states
+from . import observe, states
 from .conf import jobqueue_settings
 from .exceptions import (
     ClaimSuperseded,
@@ -207,7 +207,9 @@ def create_job(
     fingerprint = ""
     if idempotency_key is not None:
         if not idempotency_key or len(idempotency_key) > 255:
-            raise InvalidInput("Idempotency-Key must be 1 to 255 characters.", field="idempotency_key")
+            raise InvalidInput(
+                "Idempotency-Key must be 1 to 255 characters.", field="idempotency_key"
+            )
         fingerprint = _fingerprint(
             {
                 "job_agent": str(job_agent.id),
@@ -254,6 +256,7 @@ def create_job(
         return _idempotent_replay(existing, fingerprint), False
     if delay_seconds:
         job.refresh_from_db(fields=["available_at"])
+    observe.emit("created", job_agent_id=job_agent.id)
     return job, True
 
 
@@ -366,6 +369,7 @@ def claim_job(job_agent: JobAgent, job_id) -> ClaimGrant:
     with transaction.atomic():
         grants = _claim(job_agent, Job.objects.filter(id=job_uuid), 1)
     if grants:
+        observe.emit("claimed", job_agent_id=job_agent.id, count=1)
         return grants[0]
     # Tell "not yours / not there" (404) from "not claimable now" (409).
     _fetch_job(job_uuid, job_agent_id=job_agent.id)
@@ -378,7 +382,10 @@ def claim_next_jobs(job_agent: JobAgent, limit: int = 1) -> list[ClaimGrant]:
     if not isinstance(limit, int) or isinstance(limit, bool) or not (1 <= limit <= max_batch):
         raise InvalidInput(f"limit must be an integer from 1 to {max_batch}.", field="limit")
     with transaction.atomic():
-        return _claim(job_agent, Job.objects.all(), limit)
+        grants = _claim(job_agent, Job.objects.all(), limit)
+    if grants:
+        observe.emit("claimed", job_agent_id=job_agent.id, count=len(grants))
+    return grants
 
 
 def claim_next_job(job_agent: JobAgent) -> ClaimGrant | None:
@@ -412,6 +419,7 @@ def _refuse(job_id, claim_id, operation: str, *, workspace_id=None, job_agent_id
         operation=operation,
         code=exc.code,
     ).save()
+    observe.emit("refused", operation=operation, code=exc.code)
     raise exc
 
 
@@ -458,6 +466,9 @@ def heartbeat(job_id, claim_id, *, job_agent_id=None, workspace_id=None) -> Hear
     if job_agent_id is not None:
         scope = "AND job_agent_id = %s "
         params.append(_db_uuid(_as_uuid(job_agent_id, "job_agent_id")))
+    if workspace_id is not None:
+        scope += "AND job_id IN (SELECT id FROM job WHERE workspace_id = %s) "
+        params.append(_db_uuid(_as_uuid(workspace_id, "workspace_id")))
     sql = _HEARTBEAT_SQL["postgresql" if vendor == "postgresql" else "sqlite"].format(scope=scope)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -473,10 +484,7 @@ def heartbeat(job_id, claim_id, *, job_agent_id=None, workspace_id=None) -> Hear
             actor=agent_actor(job_agent_id) if job_agent_id else "",
         )
     expires, now = (_parse_db_datetime(v) for v in row)
-    if workspace_id is not None and not Job.objects.filter(
-        id=job_uuid, workspace_id=workspace_id
-    ).exists():  # pragma: no cover - agents are scoped to their workspace already
-        raise NotFound("No such job.")
+    observe.emit("heartbeat", job_agent_id=job_agent_id)
     return HeartbeatResult(job_id=job_uuid, claim_expires_at=expires, server_time=now)
 
 
@@ -487,8 +495,8 @@ def _db_uuid(value: uuid.UUID):
 
 def _parse_db_datetime(value) -> dt.datetime:
     if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-    return dt.datetime.fromisoformat(value).replace(tzinfo=dt.timezone.utc)
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    return dt.datetime.fromisoformat(value).replace(tzinfo=dt.UTC)
 
 
 # --- status reports and release ------------------------------------------------------------
@@ -548,6 +556,10 @@ def report_status(
                 status=status,
                 has_result=result is not None,
             ).save()
+            if kind == JobEvent.PROGRESS_REPORTED:
+                observe.emit("progress", job_agent_id=job.job_agent_id)
+            else:
+                observe.emit("reported", job_agent_id=job.job_agent_id, status=status)
             return job
     # Nothing changed. A retried terminal report after a lost response is a success.
     job = _fetch_job(job_id, workspace_id=workspace_id, job_agent_id=job_agent_id)
@@ -605,6 +617,7 @@ def release_job(
                 reason=(reason or "")[:500],
                 retry_after_seconds=retry_after_seconds or 0,
             ).save()
+            observe.emit("released", job_agent_id=job.job_agent_id)
             return job
     _refuse(job_id, claim_uuid, "release", workspace_id=workspace_id,
             job_agent_id=job_agent_id, actor=actor)
@@ -634,6 +647,7 @@ def cancel_job(job_id, *, actor: str = "", reason: str = "", workspace_id=None) 
                 reason=(reason or "")[:500],
                 superseded_claim=bool(superseded),
             ).save()
+            observe.emit("cancelled")
             return job
     job = _fetch_job(job_id, workspace_id=workspace_id)
     if job.status == states.CANCELLED:
@@ -670,6 +684,7 @@ def requeue_job(job_id, *, actor: str = "", reason: str = "", workspace_id=None)
                 superseded_claim=bool(superseded),
                 max_attempts=job.max_attempts,
             ).save()
+            observe.emit("requeued")
             return job
     _fetch_job(job_id, workspace_id=workspace_id)
     raise InvalidTransition("A pending job cannot be requeued; dispatch it instead.")
@@ -701,6 +716,7 @@ def mark_failed(job_id, *, actor: str = "", reason: str = "", workspace_id=None)
                 reason=(reason or "")[:500],
                 superseded_claim=bool(superseded),
             ).save()
+            observe.emit("reported", job_agent_id=job.job_agent_id, status=states.FAILURE)
             return job
     job = _fetch_job(job_id, workspace_id=workspace_id)
     raise JobFinished(f"The job is already {job.status}.")
@@ -761,7 +777,8 @@ def reap_expired_claims_once(batch_size: int) -> ReapResult:
             )
             for c in expired_claims
         )
-        return ReapResult(requeued=requeued, expired=expired, batches=1)
+    observe.emit("reaped", requeued=requeued, expired=expired)
+    return ReapResult(requeued=requeued, expired=expired, batches=1)
 
 
 def count_expired_claims() -> dict:
