@@ -285,17 +285,22 @@ def dispatch_job(job_id, *, workspace_id=None, actor: str = "") -> Job:
 # --- claim -------------------------------------------------------------------------------
 
 
-def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
-    """Lock up to `limit` claimable candidates and claim them. Caller holds atomic()."""
-    from .db import Now as DbNow
-
-    locked = list(
-        candidates.filter(job_agent_id=job_agent.id)
+def claim_candidates(job_agent: JobAgent, candidates=None):
+    """The locking query of every claim: this agent's claimable jobs in claim order,
+    SKIP LOCKED, with the database's clock alongside. Served by job_claim_order_idx."""
+    qs = Job.objects.all() if candidates is None else candidates
+    return (
+        qs.filter(job_agent_id=job_agent.id)
         .claimable()
         .in_claim_order()
-        .annotate(db_now=DbNow())
-        .select_for_update(skip_locked=True, of=("self",))[:limit]
+        .annotate(db_now=Now())
+        .select_for_update(skip_locked=True, of=("self",))
     )
+
+
+def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
+    """Lock up to `limit` claimable candidates and claim them. Caller holds atomic()."""
+    locked = list(claim_candidates(job_agent, candidates)[:limit])
     if not locked:
         return []
     now = locked[0].db_now
@@ -497,6 +502,167 @@ def _parse_db_datetime(value) -> dt.datetime:
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
     return dt.datetime.fromisoformat(value).replace(tzinfo=dt.UTC)
+
+
+# --- batch heartbeat -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeartbeatOutcome:
+    """One claim's answer in a batch heartbeat: renewed with its new expiry, or why not."""
+
+    job_id: uuid.UUID
+    renewed: bool
+    claim_expires_at: dt.datetime | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchHeartbeatResult:
+    server_time: dt.datetime
+    results: list[HeartbeatOutcome]
+
+
+# Lock the live claims in job_id order (the reaper locks claims in the same order), then
+# renew them; every guard is repeated in the WHERE of the UPDATE. Touches only job_claim.
+_HEARTBEAT_MANY_SQL_PG = (
+    "WITH req(job_id, claim_id) AS (SELECT * FROM unnest(%s::uuid[], %s::uuid[])), "
+    "locked AS (SELECT c.job_id FROM job_claim c JOIN req ON req.job_id = c.job_id "
+    "AND req.claim_id = c.claim_id WHERE c.job_agent_id = %s "
+    "AND c.claim_expires_at > STATEMENT_TIMESTAMP() {scope}"
+    "ORDER BY c.job_id FOR UPDATE OF c) "
+    "UPDATE job_claim c SET claim_expires_at = STATEMENT_TIMESTAMP() "
+    "+ make_interval(secs => c.lease_seconds), heartbeat_at = STATEMENT_TIMESTAMP() "
+    "FROM locked, req WHERE c.job_id = locked.job_id AND req.job_id = c.job_id "
+    "AND req.claim_id = c.claim_id AND c.job_agent_id = %s "
+    "AND c.claim_expires_at > STATEMENT_TIMESTAMP() {scope}"
+    "RETURNING c.job_id, c.claim_expires_at, STATEMENT_TIMESTAMP()"
+)
+_SQLITE_NOW = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
+_HEARTBEAT_MANY_SQL_SQLITE = (
+    "UPDATE job_claim SET claim_expires_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', "
+    "lease_seconds || ' seconds'), heartbeat_at = " + _SQLITE_NOW + " "
+    "WHERE job_agent_id = %s AND claim_expires_at > " + _SQLITE_NOW + " "
+    "AND (job_id, claim_id) IN (VALUES {pairs}) {scope}"
+    "RETURNING job_id, claim_expires_at, " + _SQLITE_NOW
+)
+
+
+def _parse_heartbeat_batch(claims) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    limit = jobqueue_settings()["MAX_HEARTBEAT_BATCH"]
+    if not isinstance(claims, (list, tuple)) or not 1 <= len(claims) <= limit:
+        raise InvalidInput(f"claims must be a list of 1 to {limit} items.", field="claims")
+    pairs, seen = [], set()
+    for item in claims:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise InvalidInput("each claim must be a (job_id, claim_id) pair.", field="claims")
+        job_id = _as_uuid(item[0], "job_id")
+        claim_id = _as_uuid(item[1], "claim_id")
+        if job_id in seen:
+            raise InvalidInput(f"job {job_id} appears more than once.", field="claims")
+        seen.add(job_id)
+        pairs.append((job_id, claim_id))
+    return pairs
+
+
+def heartbeat_many(job_agent_id, claims, *, workspace_id=None) -> BatchHeartbeatResult:
+    """Renew many claims of one agent at once: `claims` is [(job_id, claim_id), ...].
+
+    One statement renews every claim that is current and unexpired (the single heartbeat's
+    guards, in the WHERE) and writes only job_claim. Each other claim is answered with
+    why not: lease_expired, claim_superseded, job_cancelled, job_finished or not_found (no
+    such job for this agent). Results keep the order of `claims`. Bad input (not a list,
+    too many items, a malformed UUID, a job twice) raises InvalidInput and changes nothing.
+    """
+    pairs = _parse_heartbeat_batch(claims)
+    agent_uuid = _as_uuid(job_agent_id, "job_agent_id")
+    ws_uuid = _as_uuid(workspace_id, "workspace_id") if workspace_id is not None else None
+    renewed: dict[uuid.UUID, dt.datetime] = {}
+    server_time = None
+    # Autocommit: the one statement is its own transaction, so the claim locks are held
+    # only while it runs, not while the refusals are explained.
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            scope = "AND c.job_id IN (SELECT id FROM job WHERE workspace_id = %s) "
+            scope = scope if ws_uuid else ""
+            sql = _HEARTBEAT_MANY_SQL_PG.format(scope=scope)
+            head = [[p[0] for p in pairs], [p[1] for p in pairs], agent_uuid]
+            params = head + ([ws_uuid] if ws_uuid else []) + [agent_uuid]
+            params += [ws_uuid] if ws_uuid else []
+        else:
+            scope = "AND job_id IN (SELECT id FROM job WHERE workspace_id = %s) " if ws_uuid else ""
+            sql = _HEARTBEAT_MANY_SQL_SQLITE.format(
+                pairs=", ".join(["(%s, %s)"] * len(pairs)), scope=scope
+            )
+            params = [agent_uuid.hex]
+            for job_id, claim_id in pairs:
+                params += [job_id.hex, claim_id.hex]
+            params += [ws_uuid.hex] if ws_uuid else []
+        cursor.execute(sql, params)
+        for job_id, expires, now in cursor.fetchall():
+            job_uuid = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
+            renewed[job_uuid] = _parse_db_datetime(expires)
+            server_time = _parse_db_datetime(now)
+    refused = [p for p in pairs if p[0] not in renewed]
+    codes = _explain_heartbeat_refusals(refused, agent_uuid, ws_uuid) if refused else {}
+    if server_time is None:
+        server_time = _db_now()
+    results = []
+    for job_id, _claim_id in pairs:
+        if job_id in renewed:
+            results.append(HeartbeatOutcome(job_id, True, claim_expires_at=renewed[job_id]))
+        else:
+            results.append(HeartbeatOutcome(job_id, False, code=codes[job_id]))
+    if renewed:
+        observe.emit("heartbeat", job_agent_id=agent_uuid, count=len(renewed))
+    for code in codes.values():
+        observe.emit("refused", operation="heartbeat", code=code)
+    return BatchHeartbeatResult(server_time=server_time, results=results)
+
+
+def _explain_heartbeat_refusals(refused, agent_uuid, ws_uuid) -> dict[uuid.UUID, str]:
+    """Why each claim was not renewed (the single heartbeat's rules), and record it."""
+    claim_of = dict(refused)
+    jobs = _scoped_jobs(ws_uuid, agent_uuid).filter(id__in=list(claim_of))
+    rows = {
+        row["id"]: row
+        for row in jobs.annotate(db_now=Now()).values(
+            "id", "status", "attempt", "claim__claim_id", "claim__claim_expires_at", "db_now"
+        )
+    }
+    codes, events = {}, []
+    actor = agent_actor(agent_uuid)
+    for job_id, claim_id in refused:
+        row = rows.get(job_id)
+        if row is None:
+            codes[job_id] = NotFound.code
+            continue
+        if row["status"] == states.CANCELLED:
+            code = JobCancelled.code
+        elif row["status"] in states.TERMINAL:
+            code = JobFinished.code
+        elif row["claim__claim_id"] == claim_id and (
+            _parse_db_datetime(row["claim__claim_expires_at"])
+            <= _parse_db_datetime(row["db_now"])
+        ):
+            code = LeaseExpired.code
+        else:
+            code = ClaimSuperseded.code
+        codes[job_id] = code
+        events.append(
+            _event(
+                job_id,
+                JobEvent.STALE_WRITE_REFUSED,
+                attempt=row["attempt"],
+                actor=actor,
+                claim_id=claim_id,
+                operation="heartbeat",
+                code=code,
+            )
+        )
+    if events:
+        JobEvent.objects.bulk_create(events)
+    return codes
 
 
 # --- status reports and release ------------------------------------------------------------

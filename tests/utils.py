@@ -1,0 +1,70 @@
+"""Helpers for tests that use real threads and processes."""
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from django.db import connection, connections
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def subprocess_database_url() -> str:
+    """A DATABASE_URL naming the database this test runs against (the test database)."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    user = s.get("USER") or "postgres"
+    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+    host = s.get("HOST") or "127.0.0.1"
+    port = s.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{s['NAME']}"
+
+
+def subprocess_env(**extra) -> dict:
+    env = dict(os.environ)
+    env["DATABASE_URL"] = subprocess_database_url()
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    env["PYTHONPATH"] = str(ROOT)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def spawn(*args, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def run_threads(target, n: int, *args) -> list:
+    """Run target(i, barrier, *args) in n threads started together; return results or raise
+    the first exception. Each thread closes its own database connection at the end."""
+    barrier = threading.Barrier(n)
+    results: list = [None] * n
+    errors: list = []
+
+    def wrap(i):
+        try:
+            results[i] = target(i, barrier, *args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+            barrier.abort()
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=wrap, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    if errors:
+        raise errors[0]
+    return results
