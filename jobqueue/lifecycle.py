@@ -891,7 +891,7 @@ def mark_failed(job_id, *, actor: str = "", reason: str = "", workspace_id=None)
 # --- reaper ------------------------------------------------------------------------------
 
 
-def reap_expired_claims_once(batch_size: int) -> ReapResult:
+def reap_expired_claims_once(batch_size: int, *, actor: str = "reaper") -> ReapResult:
     """One bounded batch: expired claims -> queued, or expired on the last attempt.
 
     Job rows are taken with SKIP LOCKED (a job whose report is in flight is left for the
@@ -938,7 +938,7 @@ def reap_expired_claims_once(batch_size: int) -> ReapResult:
                 c.job_id,
                 JobEvent.EXPIRED if c.job_id in set(to_expire) else JobEvent.REAPED,
                 attempt=c.attempt,
-                actor="reaper",
+                actor=actor,
                 claim_id=c.claim_id,
             )
             for c in expired_claims

@@ -44,8 +44,10 @@ class SweepResult:
 
 
 def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
-          dry_run: bool = False, record: bool = True) -> SweepResult:
-    """Reap every expired claim, `batch_size` per transaction, at most `max_batches`."""
+          dry_run: bool = False, record: bool = True, actor: str = "reaper") -> SweepResult:
+    """Reap every expired claim, `batch_size` per transaction, at most `max_batches`.
+
+    `actor` names who reaped in the job events ("operator:<username>" from the admin)."""
     batch_size = batch_size or jobqueue_settings()["REAPER_BATCH_SIZE"]
     started = time.monotonic()
     result = SweepResult(dry_run=dry_run)
@@ -55,7 +57,7 @@ def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
         result.expired = counts["would_expire"]
     else:
         while max_batches is None or result.batches < max_batches:
-            batch = lifecycle.reap_expired_claims_once(batch_size)
+            batch = lifecycle.reap_expired_claims_once(batch_size, actor=actor)
             if batch.batches == 0:
                 break
             result.batches += 1
