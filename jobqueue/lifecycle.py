@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, UUIDField, Value, When
 from django.db.models.functions import Now
 
 from . import observe, states
@@ -308,20 +308,29 @@ def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
     expires = now + dt.timedelta(seconds=lease)
     interval = heartbeat_interval_for(lease)
     actor = agent_actor(job_agent.id)
+    claim_ids = {job.id: uuid.uuid4() for job in locked}
+    # The rows are locked (PostgreSQL) or the database is write-locked (SQLite), so these
+    # values are current; the guard still goes in the WHERE of the one write for the batch.
+    last_claim_id = (
+        Value(claim_ids[locked[0].id])
+        if len(locked) == 1
+        else Case(
+            *(When(id=job_id, then=Value(cid)) for job_id, cid in claim_ids.items()),
+            output_field=UUIDField(),
+        )
+    )
+    n = Job.objects.filter(id__in=list(claim_ids), status=states.QUEUED).update(
+        status=states.IN_PROGRESS,
+        attempt=F("attempt") + 1,
+        last_claim_id=last_claim_id,
+        started_at=now,
+        updated_at=now,
+    )
+    if n != len(locked):  # pragma: no cover - impossible while the locks are held
+        raise JobNotClaimable()
     grants, claims, events = [], [], []
     for job in locked:
-        claim_id = uuid.uuid4()
-        # The row is locked (PostgreSQL) or the database is write-locked (SQLite), so
-        # these values are current; the guard still goes in the WHERE of the write.
-        n = Job.objects.filter(id=job.id, status=states.QUEUED).update(
-            status=states.IN_PROGRESS,
-            attempt=F("attempt") + 1,
-            last_claim_id=claim_id,
-            started_at=now,
-            updated_at=now,
-        )
-        if n != 1:  # pragma: no cover - impossible while the lock is held
-            raise JobNotClaimable()
+        claim_id = claim_ids[job.id]
         job.status = states.IN_PROGRESS
         job.attempt += 1
         job.last_claim_id = claim_id
@@ -909,6 +918,7 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = "reaper") -> ReapR
             return ReapResult()
         expired_claims = list(
             JobClaim.objects.filter(job_id__in=job_ids, claim_expires_at__lt=Now())
+            .order_by("job_id")  # claim rows in job_id order, as heartbeat_many locks them
             .select_for_update(of=("self",))
             .select_related("job")
             .only("job_id", "claim_id", "attempt", "job__attempt", "job__max_attempts")
