@@ -1,0 +1,110 @@
+"""The management commands, run as real processes where exit codes and signals matter."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from jobqueue import lifecycle, states
+from jobqueue.db import NowPlusSeconds
+from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun, Workspace
+from tests.factories import JobAgentFactory, claimed_job
+from tests.utils import ROOT, spawn, subprocess_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_create_workspace_and_job_agent_print_ids(capsys):
+    call_command("create_workspace", "acme", "--json")
+    out = json.loads(capsys.readouterr().out)
+    ws = Workspace.objects.get(id=out["workspace_id"])
+    assert ws.name == "acme"
+    call_command("create_job_agent", "--workspace", str(ws.id), "builder",
+                 "--lease-seconds", "30", "--max-attempts", "4", "--json")
+    out = json.loads(capsys.readouterr().out)
+    agent = JobAgent.objects.get(id=out["job_agent_id"])
+    assert (agent.name, agent.lease_seconds, agent.max_attempts) == ("builder", 30, 4)
+    assert agent.workspace_id == ws.id
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--workspace", "nope", "x"],
+        ["--workspace", "00000000-0000-0000-0000-000000000000", "x"],
+        ["--lease-seconds", "1", "x"],
+        ["--max-attempts", "0", "x"],
+    ],
+)
+def test_create_job_agent_rejects_bad_input(args):
+    ws = Workspace.objects.create(name="w")
+    if "--workspace" not in args:
+        args = ["--workspace", str(ws.id), *args]
+    with pytest.raises(CommandError):
+        call_command("create_job_agent", *args)
+    assert JobAgent.objects.count() == 0
+
+
+def test_reap_claims_once_json_and_dry_run(capsys):
+    job, _ = claimed_job()
+    JobClaim.objects.filter(job=job).update(claim_expires_at=NowPlusSeconds(-1))
+    call_command("reap_claims", "--dry-run", "--json")
+    assert json.loads(capsys.readouterr().out) | {"duration_seconds": 0} == {
+        "requeued": 1, "expired": 0, "batches": 0, "dry_run": True,
+        "run_id": ReaperRun.objects.get().id, "duration_seconds": 0,
+    }
+    assert Job.objects.get(id=job.id).status == states.IN_PROGRESS
+    call_command("reap_claims", "--batch-size", "10")
+    assert "requeued 1, expired 0" in capsys.readouterr().out
+    assert Job.objects.get(id=job.id).status == states.QUEUED
+
+
+def test_reap_claims_rejects_bad_options():
+    for args in (["--batch-size", "0"], ["--max-batches", "0"], ["--loop", "--dry-run"],
+                 ["--loop", "--interval", "0"]):
+        with pytest.raises(CommandError):
+            call_command("reap_claims", *args)
+
+
+def test_reap_claims_fails_with_clear_message_when_database_is_unreachable():
+    env = subprocess_env(
+        DATABASE_URL="postgres://nobody@127.0.0.1:1/none", DATABASE_CONNECT_TIMEOUT="2"
+    )
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "reap_claims"], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "reap failed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_reap_claims_loop_reaps_and_stops_gracefully_on_sigterm():
+    agent = JobAgentFactory(max_attempts=1)
+    job, _ = claimed_job(job_agent=agent)
+    JobClaim.objects.filter(job=job).update(claim_expires_at=NowPlusSeconds(-1))
+    proc = spawn("manage.py", "reap_claims", "--loop", "--interval", "0.2", "--json")
+    try:
+        deadline = time.monotonic() + 60
+        while Job.objects.get(id=job.id).status != states.EXPIRED:
+            assert time.monotonic() < deadline, "the loop did not reap"
+            time.sleep(0.1)
+        # A lease that expires while the loop runs is reaped on a later pass.
+        job2, _ = claimed_job(job_agent=agent)
+        JobClaim.objects.filter(job=job2).update(claim_expires_at=NowPlusSeconds(-1))
+        while Job.objects.get(id=job2.id).status != states.EXPIRED:
+            assert time.monotonic() < deadline, "the loop stopped reaping"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "reaper stopped" in err
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert sum(line["expired"] for line in lines) == 2
+    assert ReaperRun.objects.filter(expired=1).count() == 2
+    assert lifecycle.count_expired_claims() == {"would_requeue": 0, "would_expire": 0}
