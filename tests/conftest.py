@@ -9,6 +9,22 @@ def pytest_report_header(config):
     return f"database: {db['ENGINE'].rsplit('.', 1)[-1]} {db.get('NAME')}"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _static_files_without_collectstatic():
+    """Deployments use whitenoise's manifest storage, which needs `collectstatic` before any
+    page renders. Tests render the admin straight from the apps' static folders instead
+    (tests/ops checks collectstatic and the manifest storage for real)."""
+    from django.test import override_settings
+
+    with override_settings(
+        STORAGES={
+            "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+            "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+        }
+    ):
+        yield
+
+
 @pytest.fixture
 def is_postgres():
     return connection.vendor == "postgresql"

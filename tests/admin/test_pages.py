@@ -1,0 +1,196 @@
+"""Every admin page renders, and the job list's columns, filters and search work."""
+
+import pytest
+from django.urls import reverse
+
+from jobqueue import states
+from jobqueue.models import Job, ReaperRun
+from tests.factories import JobAgentFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def changelist_ids(response):
+    return {obj.pk for obj in response.context["cl"].result_list}
+
+
+def test_every_page_renders_for_an_operator(op_client, jobs, agent):
+    from agents import credentials
+
+    token, _ = credentials.create_agent_token(agent)
+    key, _ = credentials.create_workspace_api_key(agent.workspace)
+    run = ReaperRun.objects.first()
+    job = jobs["stuck"]
+    urls = [
+        reverse("admin:index"),
+        reverse("admin:app_list", args=["jobqueue"]),
+        reverse("admin:jobqueue_workspace_changelist"),
+        reverse("admin:jobqueue_workspace_add"),
+        reverse("admin:jobqueue_workspace_change", args=[agent.workspace_id]),
+        reverse("admin:jobqueue_jobagent_changelist"),
+        reverse("admin:jobqueue_jobagent_add"),
+        reverse("admin:jobqueue_jobagent_change", args=[agent.pk]),
+        reverse("admin:jobqueue_job_changelist"),
+        reverse("admin:jobqueue_job_change", args=[job.pk]),
+        reverse("admin:jobqueue_job_history", args=[job.pk]),
+        reverse("admin:jobqueue_job_recovery"),
+        reverse("admin:jobqueue_job_reap"),
+        reverse("admin:jobqueue_reaperrun_changelist"),
+        reverse("admin:jobqueue_reaperrun_change", args=[run.pk]),
+        reverse("admin:agents_agenttoken_changelist"),
+        reverse("admin:agents_agenttoken_add"),
+        reverse("admin:agents_agenttoken_change", args=[token.pk]),
+        reverse("admin:agents_workspaceapikey_changelist"),
+        reverse("admin:agents_workspaceapikey_add"),
+        reverse("admin:agents_workspaceapikey_change", args=[key.pk]),
+    ]
+    for url in urls:
+        response = op_client.get(url)
+        assert response.status_code == 200, url
+
+
+def test_job_list_columns(op_client, jobs):
+    response = op_client.get(reverse("admin:jobqueue_job_changelist"))
+    html = response.content.decode()
+    assert str(jobs["stuck"].id) in html
+    assert "1 / 3" in html  # attempt / max of a claimed job
+    assert "expires in" in html  # the healthy lease
+    assert "expired 30 s ago" in html or "expired 31 s ago" in html  # the stuck lease
+    assert "none yet" in html  # no heartbeat on a fresh claim
+    # The operator's tools are linked from the list.
+    assert reverse("admin:jobqueue_job_recovery") in html
+    assert reverse("admin:jobqueue_job_reap") in html
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("status__exact=queued", {"queued", "other"}),
+        ("status__exact=in_progress", {"healthy", "stuck"}),
+        ("status__exact=expired", {"dead"}),
+        ("status__exact=successful", {"done"}),
+        ("lease=healthy", {"healthy"}),
+        ("lease=expired", {"stuck"}),
+        ("lease=none", {"queued", "other", "dead", "done"}),
+    ],
+)
+def test_job_filters(op_client, jobs, query, expected):
+    response = op_client.get(reverse("admin:jobqueue_job_changelist") + "?" + query)
+    assert response.status_code == 200
+    assert changelist_ids(response) == {jobs[name].id for name in expected}
+
+
+def test_job_filter_expiring_soon(op_client, jobs):
+    from .conftest import expire_lease
+
+    # 10 s left of a 60 s lease: less than a third.
+    expire_lease(jobs["healthy"], seconds_ago=-10)
+    url = reverse("admin:jobqueue_job_changelist")
+    assert changelist_ids(op_client.get(url + "?lease=expiring")) == {jobs["healthy"].id}
+    assert changelist_ids(op_client.get(url + "?lease=healthy")) == set()
+
+
+def test_job_filters_by_agent_and_workspace(op_client, jobs, agent):
+    url = reverse("admin:jobqueue_job_changelist")
+    mine = {j.id for name, j in jobs.items() if name != "other"}
+    by_agent = op_client.get(url + f"?job_agent__id__exact={agent.id}")
+    assert changelist_ids(by_agent) == mine
+    by_ws = op_client.get(url + f"?workspace__id__exact={jobs['other'].workspace_id}")
+    assert changelist_ids(by_ws) == {jobs["other"].id}
+
+
+@pytest.mark.parametrize(
+    "term, expected",
+    [
+        ("idem-healthy", {"healthy"}),
+        ("ext-healthy", {"healthy"}),
+        ("no-such-thing", set()),
+        ("'; DROP TABLE job; --", set()),
+    ],
+)
+def test_job_search(op_client, jobs, term, expected):
+    response = op_client.get(reverse("admin:jobqueue_job_changelist"), {"q": term})
+    assert response.status_code == 200
+    assert changelist_ids(response) == {jobs[name].id for name in expected}
+
+
+def test_job_search_by_id(op_client, jobs):
+    job = jobs["dead"]
+    response = op_client.get(reverse("admin:jobqueue_job_changelist"), {"q": str(job.id)})
+    assert changelist_ids(response) == {job.id}
+
+
+def test_job_detail_shows_claim_timeline_and_context_keys(op_client, jobs):
+    job = jobs["stuck"]
+    html = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "<code>api_password</code>" in html  # the key, never the value
+    assert "expired 30 s ago" in html or "expired 31 s ago" in html  # the claim's lease
+    assert "jq-timeline" in html and "claimed" in html and "created" in html
+    # Read-only: no save button, no editable field.
+    assert 'name="_save"' not in html
+    assert 'name="status"' not in html
+    # The fencing token is never rendered.
+    job.refresh_from_db()
+    assert str(job.last_claim_id) not in html and job.last_claim_id.hex not in html
+
+
+def test_job_cannot_be_added_deleted_or_edited(op_client, jobs):
+    job = jobs["queued"]
+    assert op_client.get(reverse("admin:jobqueue_job_add")).status_code == 403
+    assert op_client.get(reverse("admin:jobqueue_job_delete", args=[job.pk])).status_code == 403
+    response = op_client.post(
+        reverse("admin:jobqueue_job_change", args=[job.pk]), {"status": "successful"}
+    )
+    assert response.status_code == 403
+    job.refresh_from_db()
+    assert job.status == states.QUEUED
+
+
+def test_agent_health_columns(op_client, jobs, agent):
+    response = op_client.get(reverse("admin:jobqueue_jobagent_changelist"))
+    row = next(a for a in response.context["cl"].result_list if a.pk == agent.pk)
+    assert row.in_flight_count == 2  # healthy + stuck
+    assert row.expired_day_count == 1  # the dead job's lease
+    html = response.content.decode()
+    assert "never" in html  # last seen: the agent never called the API in this test
+
+
+def test_agent_form_rejects_a_lease_out_of_bounds(op_client, agent):
+    response = op_client.post(
+        reverse("admin:jobqueue_jobagent_add"),
+        {"workspace": agent.workspace_id, "name": "too-long", "lease_seconds": 999999,
+         "tokens-TOTAL_FORMS": 0, "tokens-INITIAL_FORMS": 0},
+    )
+    assert response.status_code == 200
+    assert "lease_seconds must be an integer from" in response.content.decode()
+    assert not agent.workspace.job_agents.filter(name="too-long").exists()
+
+
+def test_agent_can_be_created_in_the_admin(op_client, agent):
+    response = op_client.post(
+        reverse("admin:jobqueue_jobagent_add"),
+        {"workspace": agent.workspace_id, "name": "new-agent", "lease_seconds": 30,
+         "tokens-TOTAL_FORMS": 0, "tokens-INITIAL_FORMS": 0},
+    )
+    assert response.status_code == 302
+    assert agent.workspace.job_agents.get(name="new-agent").effective_lease_seconds == 30
+
+
+def test_reaper_runs_are_read_only(op_client, jobs):
+    run = ReaperRun.objects.first()
+    url = reverse("admin:jobqueue_reaperrun_change", args=[run.pk])
+    html = op_client.get(url).content.decode()
+    assert 'name="_save"' not in html
+    assert op_client.post(url, {"requeued": 99}).status_code == 403
+    run.refresh_from_db()
+    assert run.requeued == 0 and run.expired == 1
+
+
+def test_list_pages_do_not_load_dispatch_context(op_client, jobs, django_assert_max_num_queries):
+    # A changelist with many jobs stays a bounded number of queries.
+    agent = JobAgentFactory()
+    for _ in range(30):
+        Job.objects.create(workspace=agent.workspace, job_agent=agent, max_attempts=1,
+                           initial_max_attempts=1)
+    with django_assert_max_num_queries(12):
+        assert op_client.get(reverse("admin:jobqueue_job_changelist")).status_code == 200
