@@ -46,7 +46,7 @@ run: migrate
 # (TEST_DATABASE_URL; pytest creates and drops its own test_* database there).
 test: install-dev
 	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
-	DATABASE_URL= $(BIN)/pytest -m "not postgres_only" $(PYTEST_ARGS)
+	env -u DATABASE_URL $(BIN)/pytest -m "not postgres_only" $(PYTEST_ARGS)
 	DATABASE_URL="$(TEST_DATABASE_URL)" $(BIN)/pytest $(PYTEST_ARGS)
 
 lint: install-dev

@@ -41,6 +41,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Refuses oversized /v1/ request bodies (413) before anything reads them.
+    "agents.middleware.RequestSizeLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -72,11 +74,8 @@ ASGI_APPLICATION = "config.asgi.application"
 
 # --- Database ---------------------------------------------------------------------------
 # PostgreSQL in production (several stateless API replicas); SQLite as the embedded default.
-DATABASES = {
-    "default": env.db(
-        "DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'jobqueue.sqlite3'}"
-    )
-}
+DATABASE_URL = env.str("DATABASE_URL", default="") or f"sqlite:///{VAR_DIR / 'jobqueue.sqlite3'}"
+DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (API server, reaper, tests) share one file: WAL lets readers go on
@@ -157,4 +156,46 @@ JOBQUEUE = {
     "MAX_CLAIM_BATCH": env.int("JOBQUEUE_MAX_CLAIM_BATCH", 100),
     # Upper bound on a release's retry_after_seconds.
     "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
+}
+
+# --- HTTP API (agents app) --------------------------------------------------------------
+# Largest request body the API accepts (bytes), with or without Content-Length: 413 beyond.
+JOBQUEUE["MAX_REQUEST_BYTES"] = env.int("JOBQUEUE_MAX_REQUEST_BYTES", 1024 * 1024)
+# Django's own cap (covers ASGI bodies without Content-Length) follows the API's.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(JOBQUEUE["MAX_REQUEST_BYTES"], 2621440)
+# A request authenticated by an agent token refreshes its agent's last_seen_at at most this
+# often per process (one UPDATE of job_agent, never of job).
+JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] = env.float("JOBQUEUE_AGENT_SEEN_WRITE_SECONDS", 15.0)
+
+# Throttle counters live in the default cache. The default LocMem cache is per process, so
+# with N server processes a client gets up to N times the rate; point CACHE_URL at a shared
+# cache (e.g. redis://...) for one fleet-wide counter.
+CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+
+REST_FRAMEWORK = {
+    "EXCEPTION_HANDLER": "agents.exceptions.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["agents.parsers.StrictJSONParser"],
+    # Per credential, "<n>/<s|m|h|d>"; "" or "none" disables. The defaults never slow a
+    # healthy fleet (one agent may make thousands of requests a second).
+    "DEFAULT_THROTTLE_RATES": {
+        "agent": env.str("JOBQUEUE_THROTTLE_AGENT_RATE", default="20000/s"),
+        "workspace": env.str("JOBQUEUE_THROTTLE_WORKSPACE_RATE", default="20000/s"),
+    },
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "jobqueue API",
+    "DESCRIPTION": "Pull-based job agents: poll, claim with a lease, heartbeat, report. "
+    "See docs/api.md.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "PATH_CONVERTER_OVERRIDES": {"anyid": "uuid"},
+    "SCHEMA_PATH_PREFIX": r"/v1/",
 }
