@@ -196,6 +196,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "PATH_CONVERTER_OVERRIDES": {"anyid": "uuid"},
+    # agents/urls.py matches ids loosely (a malformed one is a JSON 404); they are UUIDs.
+    "PATH_CONVERTER_OVERRIDES": {"anyid": {"type": "string", "format": "uuid"}},
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "jobqueue.states.CHOICES",
+        "ReportedStatusEnum": ["cancelled", "failure", "in_progress", "successful"],
+    },
     "SCHEMA_PATH_PREFIX": r"/v1/",
 }

@@ -1,0 +1,139 @@
+"""The API's one error mapping: every error body is {"code", "detail"[, "fields"]}.
+
+Domain errors (jobqueue.exceptions) and DRF's own errors are mapped here and nowhere else.
+Nothing from the request body is echoed into an error, so a secret sent in a request never
+comes back in an error response.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions as drf
+from rest_framework import status
+from rest_framework.response import Response
+
+from jobqueue import exceptions as domain
+
+log = logging.getLogger("agents.api")
+
+DOMAIN_STATUS = {
+    domain.NotFound: status.HTTP_404_NOT_FOUND,
+    domain.InvalidInput: status.HTTP_400_BAD_REQUEST,
+    domain.Conflict: status.HTTP_409_CONFLICT,
+    domain.IdempotencyKeyReused: status.HTTP_422_UNPROCESSABLE_ENTITY,
+}
+
+# DRF exception class -> stable code (the ones whose DRF default_code differs from ours).
+DRF_CODES = {
+    drf.ValidationError: "validation_error",
+    drf.ParseError: "validation_error",
+    drf.NotAuthenticated: "not_authenticated",
+    drf.AuthenticationFailed: "authentication_failed",
+    drf.PermissionDenied: "permission_denied",
+    drf.NotFound: "not_found",
+    drf.MethodNotAllowed: "method_not_allowed",
+    drf.NotAcceptable: "not_acceptable",
+    drf.UnsupportedMediaType: "unsupported_media_type",
+    drf.Throttled: "throttled",
+}
+
+
+class PayloadTooLarge(drf.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The request body is too large."
+    default_code = "payload_too_large"
+
+
+def error_body(code: str, detail: str, fields: dict | None = None) -> dict:
+    body = {"code": code, "detail": str(detail)}
+    if fields:
+        body["fields"] = fields
+    return body
+
+
+def _flatten(detail) -> list[str]:
+    if isinstance(detail, dict):
+        return [f"{key}: {msg}" for key, value in detail.items() for msg in _flatten(value)]
+    if isinstance(detail, (list, tuple)):
+        return [msg for item in detail for msg in _flatten(item)]
+    return [str(detail)]
+
+
+def _fields(detail) -> dict:
+    """DRF's nested error detail -> {"field": ["msg", ...]}."""
+    if isinstance(detail, dict):
+        return {str(key): _flatten(value) for key, value in detail.items()}
+    return {"non_field_errors": _flatten(detail)}
+
+
+def _domain_response(exc: domain.JobQueueError) -> Response:
+    code = exc.code
+    http_status = next(
+        (st for cls, st in DOMAIN_STATUS.items() if isinstance(exc, cls)),
+        status.HTTP_400_BAD_REQUEST,
+    )
+    fields = None
+    if isinstance(exc, domain.InvalidInput) and exc.context.get("field"):
+        fields = {exc.context["field"]: [exc.detail]}
+    return Response(error_body(code, exc.detail, fields), status=http_status)
+
+
+def _drf_code(exc: drf.APIException) -> str:
+    for cls in type(exc).__mro__:
+        if cls in DRF_CODES:
+            return DRF_CODES[cls]
+    return exc.default_code if isinstance(exc.default_code, str) else "error"
+
+
+def exception_handler(exc, context):
+    """DRF's EXCEPTION_HANDLER. Returns None (a 500) only for real server faults."""
+    if isinstance(exc, domain.JobQueueError):
+        return _domain_response(exc)
+    if isinstance(exc, Http404):
+        exc = drf.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = drf.PermissionDenied()
+    if not isinstance(exc, drf.APIException):
+        return None
+
+    headers = {}
+    auth_header = getattr(exc, "auth_header", None)
+    if auth_header:
+        headers["WWW-Authenticate"] = auth_header
+    wait = getattr(exc, "wait", None)
+    if isinstance(exc, drf.Throttled) and wait is not None:
+        headers["Retry-After"] = str(max(1, int(wait + 0.999)))
+
+    code = _drf_code(exc)
+    if isinstance(exc, drf.ValidationError):
+        body = error_body(code, "Invalid input.", _fields(exc.detail))
+    elif isinstance(exc, drf.ParseError):
+        body = error_body(code, str(exc.detail))
+    elif isinstance(exc, drf.Throttled):
+        body = error_body(code, "Too many requests; retry after the Retry-After seconds.")
+    else:
+        detail = exc.detail if isinstance(exc.detail, str) else " ".join(_flatten(exc.detail))
+        body = error_body(code, detail)
+    return Response(body, status=exc.status_code, headers=headers)
+
+
+# --- Django-level handlers (URLs that match no view), JSON under /v1/ --------------------
+
+
+def not_found_view(request, exception=None):
+    if request.path.startswith("/v1/"):
+        return JsonResponse(error_body("not_found", "Not found."), status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def server_error_view(request):
+    if request.path.startswith("/v1/"):
+        return JsonResponse(error_body("server_error", "Internal server error."), status=500)
+    from django.views.defaults import server_error
+
+    return server_error(request)

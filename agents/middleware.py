@@ -1,0 +1,77 @@
+"""Request size cap for the HTTP API, enforced before anything reads the body.
+
+`JOBQUEUE["MAX_REQUEST_BYTES"]` (env `JOBQUEUE_MAX_REQUEST_BYTES`, default 1 MiB) bounds every
+request body under /v1/. A declared Content-Length above it is refused at once. A chunked body
+(no Content-Length) is read here, at most one byte past the cap, when the server marks its
+input as terminated (gunicorn does: `wsgi.input_terminated`); the body read is then handed on
+with its real length. A server that cannot tell where a chunked body ends gets 411.
+"""
+
+from __future__ import annotations
+
+import io
+
+from django.core.handlers.wsgi import LimitedStream
+from django.http import JsonResponse
+
+from jobqueue.conf import jobqueue_settings
+
+API_PREFIX = "/v1/"
+DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+
+
+def max_request_bytes() -> int:
+    return int(jobqueue_settings().get("MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES))
+
+
+def _error(status: int, code: str, detail: str) -> JsonResponse:
+    return JsonResponse({"code": code, "detail": detail}, status=status)
+
+
+def _too_large(cap: int) -> JsonResponse:
+    return _error(413, "payload_too_large", f"The request body is larger than {cap} bytes.")
+
+
+class RequestSizeLimitMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.path.startswith(API_PREFIX):
+            refusal = self._check(request)
+            if refusal is not None:
+                return refusal
+        return self.get_response(request)
+
+    def _check(self, request):
+        cap = max_request_bytes()
+        meta = request.META
+        raw_length = meta.get("CONTENT_LENGTH")
+        if raw_length not in (None, ""):
+            try:
+                length = int(raw_length)
+            except ValueError:
+                return _error(400, "validation_error", "Content-Length must be an integer.")
+            if length > cap:
+                return _too_large(cap)
+            return None
+        if "chunked" not in meta.get("HTTP_TRANSFER_ENCODING", "").lower():
+            return None
+        stream = meta.get("wsgi.input")
+        if stream is None or not meta.get("wsgi.input_terminated"):
+            return _error(
+                411, "length_required", "Send a Content-Length header with the request body."
+            )
+        chunks, size = [], 0
+        while size <= cap:
+            chunk = stream.read(min(65536, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > cap:
+            return _too_large(cap)
+        body = b"".join(chunks)
+        meta["CONTENT_LENGTH"] = str(len(body))
+        request._stream = LimitedStream(io.BytesIO(body), len(body))
+        return None

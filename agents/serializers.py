@@ -1,0 +1,340 @@
+"""Request validation and response shapes of the HTTP API (see docs/api.md).
+
+`dispatch_context` appears in exactly one output shape, ClaimedJobSerializer, which only the
+claim views render. Every other job shape leaves it out (the detail shows its keys only).
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from jobqueue import states
+from jobqueue.models import JobAgent
+
+INT32_MAX = 2**31 - 1
+
+# --- jobs (output) -----------------------------------------------------------------------
+
+
+class JobSerializer(serializers.Serializer):
+    """The job object. Never carries dispatch_context."""
+
+    id = serializers.UUIDField()
+    workspace_id = serializers.UUIDField()
+    job_agent_id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=states.CHOICES)
+    job_agent_config = serializers.DictField()
+    result = serializers.JSONField(allow_null=True)
+    message = serializers.CharField(allow_blank=True)
+    external_id = serializers.CharField(allow_blank=True)
+    attempt = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    priority = serializers.IntegerField()
+    available_at = serializers.DateTimeField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    completed_at = serializers.DateTimeField(allow_null=True)
+    updated_at = serializers.DateTimeField()
+    idempotency_key = serializers.CharField(allow_null=True)
+
+    class Meta:
+        ref_name = "Job"
+
+
+class ClaimedJobSerializer(JobSerializer):
+    """The job as its claimer receives it: with the full dispatch_context."""
+
+    dispatch_context = serializers.DictField()
+
+    class Meta:
+        ref_name = "ClaimedJob"
+
+
+class JobListItemSerializer(serializers.Serializer):
+    """Lightweight poll item."""
+
+    id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=states.CHOICES)
+    attempt = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    priority = serializers.IntegerField()
+    available_at = serializers.DateTimeField()
+    created_at = serializers.DateTimeField()
+    external_id = serializers.CharField(allow_blank=True)
+
+    class Meta:
+        ref_name = "JobListItem"
+
+
+LIST_ITEM_FIELDS = ["id", "status", "attempt", "max_attempts", "priority", "available_at",
+                    "created_at", "external_id"]
+
+
+class ClaimStateSerializer(serializers.Serializer):
+    """The current lease, without its claim_id."""
+
+    attempt = serializers.IntegerField()
+    claimed_at = serializers.DateTimeField()
+    claim_expires_at = serializers.DateTimeField()
+    lease_seconds = serializers.IntegerField()
+    heartbeat_at = serializers.DateTimeField(allow_null=True)
+    lease_state = serializers.SerializerMethodField(
+        help_text="`active`, or `expired` (past its expiry, not yet reaped)."
+    )
+
+    class Meta:
+        ref_name = "ClaimState"
+
+    def get_lease_state(self, claim) -> str:
+        now = self.context.get("db_now")
+        return "expired" if now is not None and claim.claim_expires_at <= now else "active"
+
+
+class EventSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    attempt = serializers.IntegerField()
+    actor = serializers.CharField(allow_blank=True)
+    detail = serializers.DictField()
+    created_at = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "JobEvent"
+
+
+class JobDetailSerializer(JobSerializer):
+    dispatch_context_keys = serializers.SerializerMethodField()
+    claim = serializers.SerializerMethodField()
+    events = serializers.SerializerMethodField()
+
+    class Meta:
+        ref_name = "JobDetail"
+
+    def get_dispatch_context_keys(self, job) -> list[str]:
+        ctx = job.dispatch_context
+        return sorted(str(k) for k in ctx) if isinstance(ctx, dict) else []
+
+    @extend_schema_field(ClaimStateSerializer(allow_null=True))
+    def get_claim(self, job):
+        claim = self.context.get("claim")
+        return ClaimStateSerializer(claim, context=self.context).data if claim else None
+
+    @extend_schema_field(EventSerializer(many=True))
+    def get_events(self, job):
+        return EventSerializer(self.context.get("events", []), many=True).data
+
+
+# --- claims ------------------------------------------------------------------------------
+
+
+class ClaimInfoSerializer(serializers.Serializer):
+    claim_id = serializers.UUIDField(help_text="Fencing token: send it with every write.")
+    lease_seconds = serializers.IntegerField()
+    claim_expires_at = serializers.DateTimeField()
+    attempt = serializers.IntegerField()
+    heartbeat_interval_seconds = serializers.IntegerField(
+        help_text="Suggested heartbeat interval (lease_seconds / 3 by default)."
+    )
+    server_time = serializers.DateTimeField(help_text="The database's clock at the claim.")
+
+    class Meta:
+        ref_name = "ClaimInfo"
+
+
+class ClaimResponseSerializer(serializers.Serializer):
+    job = ClaimedJobSerializer()
+    claim = ClaimInfoSerializer(source="*")
+
+    class Meta:
+        ref_name = "ClaimResponse"
+
+
+class BatchClaimResponseSerializer(serializers.Serializer):
+    claims = ClaimResponseSerializer(many=True)
+
+    class Meta:
+        ref_name = "BatchClaimResponse"
+
+
+class ClaimNextInput(serializers.Serializer):
+    limit = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=10_000,
+        help_text="Batch claim: up to this many jobs (bounded by JOBQUEUE_MAX_CLAIM_BATCH); "
+        "the answer is then {\"claims\": [...]} and never 204.",
+    )
+
+    class Meta:
+        ref_name = "ClaimNextRequest"
+
+
+# --- agent writes ------------------------------------------------------------------------
+
+
+class HeartbeatInput(serializers.Serializer):
+    claim_id = serializers.UUIDField()
+
+    class Meta:
+        ref_name = "HeartbeatRequest"
+
+
+class HeartbeatResponseSerializer(serializers.Serializer):
+    job_id = serializers.UUIDField()
+    claim_expires_at = serializers.DateTimeField()
+    server_time = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "HeartbeatResponse"
+
+
+class StatusInput(serializers.Serializer):
+    claim_id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=sorted(states.REPORTABLE))
+    message = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    result = serializers.JSONField(required=False, allow_null=True)
+    external_id = serializers.CharField(
+        required=False, allow_blank=True, max_length=255, trim_whitespace=False
+    )
+
+    class Meta:
+        ref_name = "StatusReport"
+
+
+class ReleaseInput(serializers.Serializer):
+    claim_id = serializers.UUIDField()
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=500)
+    retry_after_seconds = serializers.IntegerField(
+        required=False, min_value=0, max_value=INT32_MAX,
+        help_text="Keep the job unclaimable this long (bounded by "
+        "JOBQUEUE_MAX_RETRY_AFTER_SECONDS).",
+    )
+
+    class Meta:
+        ref_name = "ReleaseRequest"
+
+
+# --- producer and operator -----------------------------------------------------------------
+
+
+class JobCreateInput(serializers.Serializer):
+    job_agent_id = serializers.UUIDField()
+    job_agent_config = serializers.DictField(required=False, default=dict)
+    dispatch_context = serializers.DictField(
+        required=False, default=dict,
+        help_text="Execution snapshot; may hold secrets. Returned only to the claimer.",
+    )
+    priority = serializers.IntegerField(
+        required=False, default=0, min_value=-INT32_MAX, max_value=INT32_MAX
+    )
+    max_attempts = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX
+    )
+    delay_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=10**8
+    )
+    external_id = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=255, trim_whitespace=False
+    )
+    hold = serializers.BooleanField(
+        required=False, default=False, help_text="Create as `pending`: dispatch it later."
+    )
+
+    class Meta:
+        ref_name = "JobCreate"
+
+
+class ReasonInput(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=500)
+
+    class Meta:
+        ref_name = "ReasonRequest"
+
+
+class HealthSerializer(serializers.Serializer):
+    last_seen_at = serializers.DateTimeField(allow_null=True)
+    jobs_in_flight = serializers.IntegerField()
+    leases_expired_24h = serializers.IntegerField()
+
+    class Meta:
+        ref_name = "JobAgentHealth"
+
+
+class JobAgentSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    type = serializers.CharField()
+    lease_seconds = serializers.IntegerField(source="effective_lease_seconds")
+    max_attempts = serializers.IntegerField(source="effective_max_attempts")
+    created_at = serializers.DateTimeField()
+    health = serializers.SerializerMethodField()
+
+    class Meta:
+        ref_name = "JobAgent"
+
+    @extend_schema_field(HealthSerializer)
+    def get_health(self, agent: JobAgent):
+        return HealthSerializer(
+            {
+                "last_seen_at": agent.last_seen_at,
+                "jobs_in_flight": getattr(agent, "jobs_in_flight", 0),
+                "leases_expired_24h": getattr(agent, "leases_expired_24h", 0),
+            }
+        ).data
+
+
+class JobAgentCreateInput(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    lease_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        help_text="Bounded by JOBQUEUE_MIN_LEASE_SECONDS..JOBQUEUE_MAX_LEASE_SECONDS.",
+    )
+    max_attempts = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        help_text="Bounded by 1..JOBQUEUE_MAX_MAX_ATTEMPTS.",
+    )
+
+    class Meta:
+        ref_name = "JobAgentCreate"
+
+
+class TokenCreateInput(serializers.Serializer):
+    name = serializers.CharField(required=False, default="default", max_length=200)
+
+    class Meta:
+        ref_name = "AgentTokenCreate"
+
+
+class TokenSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    token = serializers.CharField(help_text="The secret: shown once, stored hashed.")
+    created_at = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "AgentTokenIssued"
+
+
+# --- pages -------------------------------------------------------------------------------
+
+
+def page_of(item_serializer, name: str):
+    """A {"results", "next", "previous"} page serializer for the schema."""
+    return type(
+        name,
+        (serializers.Serializer,),
+        {
+            "results": item_serializer(many=True),
+            "next": serializers.URLField(allow_null=True),
+            "previous": serializers.URLField(allow_null=True),
+            "Meta": type("Meta", (), {"ref_name": name}),
+        },
+    )
+
+
+JobPage = page_of(JobSerializer, "JobPage")
+JobListItemPage = page_of(JobListItemSerializer, "JobListItemPage")
+JobAgentPage = page_of(JobAgentSerializer, "JobAgentPage")
+
+# The producer list leaves out what it never shows.
+JOB_LIST_DEFER = ["dispatch_context", "idempotency_fingerprint"]
