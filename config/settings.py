@@ -10,6 +10,7 @@ import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("JOBQUEUE_VAR_DIR", default=str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)  # the SQLite file, static files, metrics live here
 
 env = environ.Env(
     DJANGO_DEBUG=(bool, False),
