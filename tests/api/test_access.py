@@ -1,0 +1,214 @@
+"""The access matrix: who may call what. In-process client (the whole Django/DRF stack).
+
+Rules: another workspace's or another agent's objects answer 404 on every endpoint; an agent
+token gets 403 on producer/operator endpoints about its own agent and jobs (and where the path
+names no object); revoked and malformed credentials get 401 with WWW-Authenticate. A refused
+call changes nothing.
+"""
+
+import pytest
+
+from agents import credentials
+from agents.models import AgentToken
+from jobqueue import lifecycle
+from jobqueue.models import Job, JobAgent, JobEvent
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+UNUSED_CLAIM = "00000000-0000-4000-8000-000000000000"
+
+
+def endpoints(agent_id, job_id, claim_id, token_id):
+    """(name, method, path, body) for every endpoint, aimed at the given objects."""
+    return [
+        ("poll", "GET", f"job-agents/{agent_id}/jobs", None),
+        ("claim", "POST", f"job-agents/{agent_id}/jobs/{job_id}/claim", None),
+        ("claim_next", "POST", f"job-agents/{agent_id}/jobs/claim", None),
+        ("heartbeat", "POST", f"jobs/{job_id}/heartbeat", {"claim_id": claim_id}),
+        ("status", "PUT", f"jobs/{job_id}/status", {"claim_id": claim_id, "status": "failure"}),
+        ("release", "POST", f"jobs/{job_id}/release", {"claim_id": claim_id}),
+        ("list_jobs", "GET", "jobs", None),
+        ("create_job", "POST", "jobs", {"job_agent_id": str(agent_id)}),
+        ("get_job", "GET", f"jobs/{job_id}", None),
+        ("cancel", "POST", f"jobs/{job_id}/cancel", None),
+        ("requeue", "POST", f"jobs/{job_id}/requeue", None),
+        ("dispatch", "POST", f"jobs/{job_id}/dispatch", None),
+        ("list_agents", "GET", "job-agents", None),
+        ("create_agent", "POST", "job-agents", {"name": "intruder"}),
+        ("get_agent", "GET", f"job-agents/{agent_id}", None),
+        ("issue_token", "POST", f"job-agents/{agent_id}/tokens", {"name": "x"}),
+        ("revoke_token", "DELETE", f"job-agents/{agent_id}/tokens/{token_id}", None),
+    ]
+
+
+ENDPOINT_NAMES = [e[0] for e in endpoints("a", "j", "c", "t")]
+AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "release"}
+# Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
+NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "list_agents", "create_agent"}
+
+
+def _claimed(agent):
+    job = JobFactory(job_agent=agent, dispatch_context={"secret": "x"})
+    grant = lifecycle.claim_job(agent, job.id)
+    return job, str(grant.claim_id)
+
+
+def _snapshot():
+    return (
+        sorted(Job.objects.values_list("id", "status", "attempt", "updated_at")),
+        JobEvent.objects.count(),
+        JobAgent.objects.count(),
+        sorted(AgentToken.objects.values_list("id", "revoked_at")),
+    )
+
+
+def _call(caller, method, path, body):
+    return caller.request(method, path, json_body=body)
+
+
+@pytest.fixture
+def targets(world):
+    job_b, claim_b = _claimed(world.other_agent)
+    token_b = AgentToken.objects.filter(job_agent=world.other_agent).first()
+    job_y, claim_y = _claimed(world.other_workspace_agent)
+    token_y, _ = credentials.create_agent_token(world.other_workspace_agent)
+    job_a, claim_a = _claimed(world.agent)
+    token_a = AgentToken.objects.filter(job_agent=world.agent).first()
+    return {
+        "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id),
+        "y": endpoints(world.other_workspace_agent.id, job_y.id, claim_y, token_y.id),
+        "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id),
+    }
+
+
+@pytest.mark.parametrize("name", ENDPOINT_NAMES)
+def test_agent_token_cannot_reach_another_agent(world, targets, name):
+    _, method, path, body = next(e for e in targets["b"] if e[0] == name)
+    before = _snapshot()
+    r = _call(world.agent_caller(), method, path, body)
+    expected = 403 if name in NO_OBJECT_IN_PATH else 404
+    assert r.status_code == expected, (name, r.status_code, r.content)
+    assert r.json()["code"] == ("permission_denied" if expected == 403 else "not_found")
+    assert _snapshot() == before
+
+
+@pytest.mark.parametrize("name", sorted(set(ENDPOINT_NAMES) - AGENT_ENDPOINTS))
+def test_agent_token_is_forbidden_producer_endpoints_on_its_own_objects(world, targets, name):
+    _, method, path, body = next(e for e in targets["a"] if e[0] == name)
+    before = _snapshot()
+    r = _call(world.agent_caller(), method, path, body)
+    assert r.status_code == 403, (name, r.status_code, r.content)
+    assert r.json()["code"] == "permission_denied"
+    assert _snapshot() == before
+
+
+@pytest.mark.parametrize("name", ENDPOINT_NAMES)
+def test_workspace_key_cannot_reach_another_workspace(world, targets, name):
+    _, method, path, body = next(e for e in targets["y"] if e[0] == name)
+    before = _snapshot()
+    producer = world.producer()
+    # The other workspace in the path: 404 everywhere.
+    r = _call(producer, method, f"/v1/workspaces/{world.other_workspace.id}/{path}", body)
+    assert r.status_code == 404 and r.json()["code"] == "not_found", (name, r.content)
+    # Its own workspace in the path, the other workspace's objects: 404 (or, for a reference
+    # in the body, 400), and list endpoints show nothing of the other workspace.
+    r = _call(producer, method, path, body)
+    if name == "create_job":
+        assert r.status_code == 400 and "job_agent_id" in r.json()["fields"]
+    elif name in NO_OBJECT_IN_PATH:
+        assert r.status_code in (200, 201)
+        assert str(targets["y"][0][2].split("/")[1]) not in r.content.decode()
+    else:
+        assert r.status_code == 404 and r.json()["code"] == "not_found", (name, r.content)
+    if name != "create_agent":
+        assert _snapshot() == before
+
+
+def test_the_key_may_drive_its_own_agents(world, targets):
+    producer = world.producer()
+    agent_id = world.agent.id
+    job = JobFactory(job_agent=world.agent)
+    assert producer.get(f"job-agents/{agent_id}/jobs").status_code == 200
+    claim = producer.post(f"job-agents/{agent_id}/jobs/{job.id}/claim")
+    assert claim.status_code == 200
+    claim_id = claim.json()["claim"]["claim_id"]
+    assert producer.post(f"jobs/{job.id}/heartbeat", json={"claim_id": claim_id}).status_code \
+        == 200
+    done = producer.put(f"jobs/{job.id}/status", json={"claim_id": claim_id, "status": "failure"})
+    assert done.status_code == 200 and done.json()["status"] == "failure"
+
+
+def test_agent_token_works_on_its_own_agent_endpoints(world, targets):
+    caller = world.agent_caller()
+    for name, method, path, body in targets["a"]:
+        if name in AGENT_ENDPOINTS - {"claim", "release"}:
+            r = _call(caller, method, path, body)
+            assert r.status_code in (200, 204), (name, r.content)
+
+
+def test_agent_tokens_are_managed_by_the_key(world):
+    producer = world.producer()
+    issued = producer.post(f"job-agents/{world.agent.id}/tokens", json={"name": "ci"})
+    assert issued.status_code == 201
+    body = issued.json()
+    assert body["token"].startswith("jqa_") and body["name"] == "ci"
+    new_token = world.agent_caller(body["token"])
+    assert new_token.get(f"job-agents/{world.agent.id}/jobs").status_code == 200
+    # The stored row holds no secret.
+    row = AgentToken.objects.get(id=body["id"])
+    assert body["token"] not in (row.secret_hash, row.prefix)
+    revoked = producer.delete(f"job-agents/{world.agent.id}/tokens/{body['id']}")
+    assert revoked.status_code == 204
+    again = producer.delete(f"job-agents/{world.agent.id}/tokens/{body['id']}")
+    assert again.status_code == 204
+    r = new_token.get(f"job-agents/{world.agent.id}/jobs")
+    assert r.status_code == 401 and r.json()["code"] == "authentication_failed"
+    assert r.headers["WWW-Authenticate"].startswith("Bearer")
+    # The agent's other token still works.
+    assert world.agent_caller().get(f"job-agents/{world.agent.id}/jobs").status_code == 200
+
+
+def test_revoked_workspace_key_is_refused_at_once(world):
+    key = credentials.resolve_api_key(world.key)
+    assert world.producer().get("jobs").status_code == 200
+    credentials.revoke_workspace_api_key(key)
+    r = world.producer().get("jobs")
+    assert r.status_code == 401 and r.json()["code"] == "authentication_failed"
+    assert "WWW-Authenticate" in r.headers
+
+
+@pytest.mark.parametrize(
+    "headers, code",
+    [
+        ({}, "not_authenticated"),
+        ({"Authorization": "Bearer"}, "authentication_failed"),
+        ({"Authorization": "Bearer a b"}, "authentication_failed"),
+        ({"Authorization": "Bearer jqa_short_x"}, "authentication_failed"),
+        ({"Authorization": "Bearer jqa_000000000000_" + "x" * 43}, "authentication_failed"),
+        ({"Authorization": "Basic dXNlcjpwYXNz"}, "not_authenticated"),
+        ({"Authorization": "Token abc"}, "not_authenticated"),
+        ({"X-API-Key": ""}, "authentication_failed"),
+        ({"X-API-Key": "nonsense"}, "authentication_failed"),
+        ({"X-API-Key": "jqk_" + "x" * 300}, "authentication_failed"),
+    ],
+)
+def test_missing_and_malformed_credentials(world, headers, code):
+    caller = world.anonymous().with_headers(headers)
+    before = _snapshot()
+    for path in ("jobs", f"job-agents/{world.agent.id}/jobs"):
+        r = caller.get(path)
+        assert r.status_code == 401, (headers, r.content)
+        assert r.json()["code"] == code
+        assert r.headers.get("WWW-Authenticate")
+    r = caller.post(f"job-agents/{world.agent.id}/jobs/claim")
+    assert r.status_code == 401
+    assert _snapshot() == before
+
+
+def test_credentials_of_the_wrong_kind_are_refused(world):
+    swapped = world.anonymous().with_headers(
+        {"X-API-Key": world.token, "Authorization": f"Bearer {world.key}"}
+    )
+    r = swapped.get("jobs")
+    assert r.status_code == 401 and r.json()["code"] == "authentication_failed"
