@@ -1,0 +1,126 @@
+"""Secrets never reach admin HTML; credentials are shown once and can be revoked."""
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.urls import reverse
+
+from agents import credentials
+from agents.models import AgentToken, WorkspaceApiKey
+
+from .conftest import SECRET
+from .test_actions import run_action
+
+pytestmark = pytest.mark.django_db
+
+
+def test_dispatch_context_secret_never_appears_in_admin_html(op_client, jobs):
+    # Give every job some history first, so that history pages have entries.
+    run_action(op_client, "requeue_jobs", jobs["dead"])
+    run_action(op_client, "cancel_jobs", jobs["queued"])
+    op_client.post(reverse("admin:jobqueue_job_reap"))
+    pages = [
+        reverse("admin:jobqueue_job_changelist"),
+        reverse("admin:jobqueue_job_changelist") + "?lease=expired",
+        reverse("admin:jobqueue_job_recovery"),
+        reverse("admin:jobqueue_job_reap"),
+        reverse("admin:index"),  # recent actions
+    ]
+    for job in jobs.values():
+        pages.append(reverse("admin:jobqueue_job_change", args=[job.pk]))
+        pages.append(reverse("admin:jobqueue_job_history", args=[job.pk]))
+    for url in pages:
+        response = op_client.get(url)
+        assert response.status_code == 200, url
+        assert SECRET not in response.content.decode(), url
+    # Search does not look into dispatch_context (the term itself is echoed in the box).
+    found = op_client.get(reverse("admin:jobqueue_job_changelist"), {"q": SECRET})
+    assert list(found.context["cl"].result_list) == []
+    # Nor in any log entry.
+    assert not any(SECRET in str(e.change_message) for e in LogEntry.objects.all())
+
+
+def test_issue_an_agent_token_shown_once(op_client, agent):
+    url = reverse("admin:agents_agenttoken_add")
+    form = op_client.get(url + f"?job_agent={agent.pk}").content.decode()
+    assert f'value="{agent.pk}" selected' in form
+    response = op_client.post(url, {"job_agent": agent.pk, "name": "ci-runner"})
+    assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]
+    raw = response.context["secret"]
+    assert raw.startswith("jqa_") and raw in response.content.decode()
+    token = credentials.resolve_agent_token(raw)
+    assert token is not None and token.job_agent_id == agent.pk and token.name == "ci-runner"
+    # Stored hashed: nothing shows it again.
+    assert raw not in token.secret_hash
+    for page in [
+        reverse("admin:agents_agenttoken_changelist"),
+        reverse("admin:agents_agenttoken_change", args=[token.pk]),
+        reverse("admin:agents_agenttoken_history", args=[token.pk]),
+        reverse("admin:jobqueue_jobagent_change", args=[agent.pk]),
+        reverse("admin:index"),
+    ]:
+        html = op_client.get(page).content.decode()
+        assert raw not in html, page
+        assert raw.split("_")[2] not in html, page
+    assert token.prefix in op_client.get(
+        reverse("admin:jobqueue_jobagent_change", args=[agent.pk])
+    ).content.decode()
+    log = LogEntry.objects.get(object_id=str(token.pk))
+    assert "Issued by operator:olga" in log.get_change_message()
+    assert raw not in log.get_change_message()
+
+
+def test_issue_requires_an_agent(op_client):
+    response = op_client.post(reverse("admin:agents_agenttoken_add"), {"name": "x"})
+    assert response.status_code == 200 and "This field is required" in response.content.decode()
+    assert not AgentToken.objects.exists()
+
+
+def test_revoke_agent_token(op_client, agent):
+    token, raw = credentials.create_agent_token(agent)
+    response = op_client.post(
+        reverse("admin:agents_agenttoken_changelist"),
+        {"action": "revoke_selected", "_selected_action": [str(token.pk)], "index": 0},
+        follow=True,
+    )
+    assert "Revoked 1 credential(s)." in response.content.decode()
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    assert credentials.resolve_agent_token(raw) is None
+    assert "Revoked by operator:olga" in LogEntry.objects.get(
+        object_id=str(token.pk)
+    ).get_change_message()
+    active = op_client.get(reverse("admin:agents_agenttoken_changelist") + "?state=active")
+    assert list(active.context["cl"].result_list) == []
+
+
+def test_issue_and_revoke_workspace_api_key(op_client, agent):
+    response = op_client.post(
+        reverse("admin:agents_workspaceapikey_add"),
+        {"workspace": agent.workspace_id, "name": "producer"},
+    )
+    raw = response.context["secret"]
+    key = credentials.resolve_api_key(raw)
+    assert key.workspace_id == agent.workspace_id
+    op_client.post(
+        reverse("admin:agents_workspaceapikey_changelist"),
+        {"action": "revoke_selected", "_selected_action": [str(key.pk)], "index": 0},
+    )
+    assert credentials.resolve_api_key(raw) is None
+
+
+def test_view_only_staff_cannot_issue_or_revoke(viewer_client, agent):
+    token, raw = credentials.create_agent_token(agent)
+    assert viewer_client.get(reverse("admin:agents_agenttoken_add")).status_code == 403
+    response = viewer_client.post(
+        reverse("admin:agents_agenttoken_add"), {"job_agent": agent.pk, "name": "sneaky"}
+    )
+    assert response.status_code == 403
+    assert AgentToken.objects.count() == 1
+    viewer_client.post(
+        reverse("admin:agents_agenttoken_changelist"),
+        {"action": "revoke_selected", "_selected_action": [str(token.pk)], "index": 0},
+    )
+    assert credentials.resolve_agent_token(raw) is not None
+    assert viewer_client.get(reverse("admin:agents_workspaceapikey_add")).status_code == 403
+    assert not WorkspaceApiKey.objects.exists()
