@@ -4,7 +4,7 @@ answered by the view (a JSON 404), not by the resolver."""
 from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from . import views
+from . import batch_views, views
 
 
 class AnyId:
@@ -30,6 +30,7 @@ urlpatterns = [
     path(A + "jobs", views.AgentJobsView.as_view(), name="agent-jobs"),
     path(A + "jobs/claim", views.ClaimNextView.as_view(), name="agent-claim-next"),
     path(A + "jobs/<anyid:job_id>/claim", views.ClaimJobView.as_view(), name="agent-claim"),
+    path(A + "heartbeat", batch_views.BatchHeartbeatView.as_view(), name="agent-heartbeat"),
     path(J + "heartbeat", views.HeartbeatView.as_view(), name="job-heartbeat"),
     path(J + "status", views.StatusView.as_view(), name="job-status"),
     path(J + "release", views.ReleaseView.as_view(), name="job-release"),

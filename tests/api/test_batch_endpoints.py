@@ -1,0 +1,143 @@
+"""The batch endpoints: POST job-agents/{id}/jobs/claim {"limit": N} and
+POST job-agents/{id}/heartbeat, in-process and over a live server, on both backends."""
+
+import datetime as dt
+import uuid
+
+import pytest
+
+from jobqueue import lifecycle
+from jobqueue.db import NowPlusSeconds
+from jobqueue.models import Job, JobClaim, JobEvent
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _ts(value: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def batch_claim(caller, world, limit):
+    r = caller.post(f"job-agents/{world.agent.id}/jobs/claim", json={"limit": limit})
+    assert r.status_code == 200, r.text
+    return r.json()["claims"]
+
+
+def test_batch_claim_then_batch_heartbeat_over_http(live_world):
+    JobFactory.create_batch(5, job_agent=live_world.agent, dispatch_context={"k": "v"})
+    agent = live_world.agent_caller()
+    claims = batch_claim(agent, live_world, 3)
+    assert len(claims) == 3
+    assert len({c["job"]["id"] for c in claims}) == 3
+    assert all(c["job"]["dispatch_context"] == {"k": "v"} for c in claims)
+    assert all(c["claim"]["attempt"] == 1 for c in claims)
+    body = {"claims": [{"job_id": c["job"]["id"], "claim_id": c["claim"]["claim_id"]}
+                       for c in claims]}
+    r = agent.post(f"job-agents/{live_world.agent.id}/heartbeat", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert set(out) == {"server_time", "results"}
+    assert [x["job_id"] for x in out["results"]] == [c["job"]["id"] for c in claims]
+    for x, c in zip(out["results"], claims, strict=True):
+        assert set(x) == {"job_id", "renewed", "claim_expires_at"} and x["renewed"] is True
+        assert _ts(x["claim_expires_at"]) == _ts(out["server_time"]) + dt.timedelta(seconds=30)
+        assert _ts(x["claim_expires_at"]) >= _ts(c["claim"]["claim_expires_at"])
+        assert JobClaim.objects.get(job_id=x["job_id"]).claim_expires_at == _ts(
+            x["claim_expires_at"]
+        )
+    # The rest, then an empty batch (never 204 for the batch form).
+    assert len(batch_claim(agent, live_world, 10)) == 2
+    assert batch_claim(agent, live_world, 10) == []
+
+
+def test_batch_heartbeat_answers_each_claim(world):
+    agent = world.agent_caller()
+    JobFactory.create_batch(4, job_agent=world.agent)
+    live, expired, finished, cancelled = lifecycle.claim_next_jobs(world.agent, 4)
+    JobClaim.objects.filter(job_id=expired.job.id).update(claim_expires_at=NowPlusSeconds(-1))
+    lifecycle.report_status(finished.job.id, finished.claim_id, "successful")
+    lifecycle.cancel_job(cancelled.job.id)
+    foreign = JobFactory(job_agent=world.other_agent)
+    foreign_grant = lifecycle.claim_job(world.other_agent, foreign.id)
+    claims = [
+        (live.job.id, live.claim_id),
+        (expired.job.id, expired.claim_id),
+        (finished.job.id, finished.claim_id),
+        (cancelled.job.id, cancelled.claim_id),
+        (foreign.id, foreign_grant.claim_id),
+        (uuid.uuid4(), uuid.uuid4()),
+    ]
+    foreign_expiry = JobClaim.objects.get(job_id=foreign.id).claim_expires_at
+    r = agent.post(
+        f"job-agents/{world.agent.id}/heartbeat",
+        json={"claims": [{"job_id": str(j), "claim_id": str(c)} for j, c in claims]},
+    )
+    assert r.status_code == 200, r.content
+    results = r.json()["results"]
+    assert [(x["job_id"], x["renewed"], x.get("code")) for x in results] == [
+        (str(live.job.id), True, None),
+        (str(expired.job.id), False, "lease_expired"),
+        (str(finished.job.id), False, "job_finished"),
+        (str(cancelled.job.id), False, "job_cancelled"),
+        (str(foreign.id), False, "not_found"),
+        (results[5]["job_id"], False, "not_found"),
+    ]
+    assert all(set(x) == {"job_id", "renewed", "code"} for x in results[1:])
+    # Another agent's claim was not touched, and its job's timeline says nothing.
+    assert JobClaim.objects.get(job_id=foreign.id).claim_expires_at == foreign_expiry
+    assert not JobEvent.objects.filter(job_id=foreign.id, kind="stale_write_refused").exists()
+    # The job table was not written by the heartbeat (updated_at of the live job unchanged).
+    assert Job.objects.get(id=live.job.id).updated_at == live.job.updated_at
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"claims": []},
+        {"claims": "x"},
+        {"claims": [{"job_id": "nope", "claim_id": str(uuid.uuid4())}]},
+        {"claims": [{"job_id": str(uuid.uuid4())}]},
+        "DUPLICATE",
+        "TOO_MANY",
+    ],
+)
+def test_batch_heartbeat_bad_input_is_400_and_renews_nothing(world, body, settings):
+    settings.JOBQUEUE = {"MAX_HEARTBEAT_BATCH": 2}
+    JobFactory(job_agent=world.agent)
+    (grant,) = lifecycle.claim_next_jobs(world.agent, 1)
+    item = {"job_id": str(grant.job.id), "claim_id": str(grant.claim_id)}
+    if body == "DUPLICATE":
+        body = {"claims": [item, item]}
+    elif body == "TOO_MANY":
+        body = {"claims": [item] + [{"job_id": str(uuid.uuid4()),
+                                     "claim_id": str(uuid.uuid4())} for _ in range(2)]}
+    before = JobClaim.objects.get(job_id=grant.job.id).claim_expires_at
+    r = world.agent_caller().post(f"job-agents/{world.agent.id}/heartbeat", json=body)
+    assert r.status_code == 400, r.content
+    assert r.json()["code"] == "validation_error"
+    assert JobClaim.objects.get(job_id=grant.job.id).claim_expires_at == before
+
+
+def test_batch_heartbeat_scope_and_auth(world):
+    JobFactory(job_agent=world.agent)
+    (grant,) = lifecycle.claim_next_jobs(world.agent, 1)
+    body = {"claims": [{"job_id": str(grant.job.id), "claim_id": str(grant.claim_id)}]}
+    path = f"job-agents/{world.agent.id}/heartbeat"
+    # Another agent's token may not act as this agent.
+    r = world.agent_caller(world.other_token).post(path, json=body)
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
+    # Its own path: this job is not one of its jobs.
+    r = world.agent_caller(world.other_token).post(
+        f"job-agents/{world.other_agent.id}/heartbeat", json=body
+    )
+    assert r.status_code == 200 and r.json()["results"][0]["code"] == "not_found"
+    assert world.anonymous().post(path, json=body).status_code == 401
+    # The workspace key may renew for any agent of its workspace, never another's.
+    r = world.producer().post(path, json=body)
+    assert r.status_code == 200 and r.json()["results"][0]["renewed"] is True
+    other_ws = world.producer().with_headers({"X-API-Key": world.other_key})
+    r = other_ws.post(path, json=body)
+    assert r.status_code in (403, 404)
+    assert world.agent_caller().get(path).status_code == 405
