@@ -1,12 +1,13 @@
 """`jobqueue-agent`: the reference pull agent.
 
     jobqueue-agent --server URL --workspace ID --agent ID --token TOKEN
-                   [--concurrency N] [--drain-timeout S] [--kill-grace S] [--log-level L]
+                   [--concurrency N] [--drain-timeout S] [--kill-grace S] [--idle-max S]
+                   [--log-level L]
 
 Every option can also come from the environment (JOBQUEUE_SERVER, JOBQUEUE_WORKSPACE,
 JOBQUEUE_AGENT, JOBQUEUE_TOKEN, JOBQUEUE_CONCURRENCY, JOBQUEUE_DRAIN_TIMEOUT,
-JOBQUEUE_KILL_GRACE, JOBQUEUE_LOG_LEVEL); prefer JOBQUEUE_TOKEN over --token, which other
-users of the machine can see in the process list.
+JOBQUEUE_KILL_GRACE, JOBQUEUE_IDLE_MAX, JOBQUEUE_LOG_LEVEL); prefer JOBQUEUE_TOKEN over
+--token, which other users of the machine can see in the process list.
 
 SIGTERM or SIGINT: stop claiming, let running jobs finish within the drain timeout, release
 what is left, exit 0. A second signal ends the drain at once.
@@ -33,6 +34,7 @@ ENV = {
     "concurrency": "JOBQUEUE_CONCURRENCY",
     "drain_timeout": "JOBQUEUE_DRAIN_TIMEOUT",
     "kill_grace": "JOBQUEUE_KILL_GRACE",
+    "idle_max": "JOBQUEUE_IDLE_MAX",
     "log_level": "JOBQUEUE_LOG_LEVEL",
 }
 
@@ -85,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                         default=env.get(ENV["kill_grace"], "5"),
                         help="seconds between SIGTERM and SIGKILL when a job must stop "
                              "(default 5) [JOBQUEUE_KILL_GRACE]")
+    parser.add_argument("--idle-max", type=_non_negative_float,
+                        default=env.get(ENV["idle_max"], "5"),
+                        help="longest pause between claim attempts while no job is due; the "
+                             "pause grows with jitter from 0.2 s up to this (default 5) "
+                             "[JOBQUEUE_IDLE_MAX]")
     parser.add_argument("--log-level", default=env.get(ENV["log_level"], "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="default INFO [JOBQUEUE_LOG_LEVEL]")
@@ -115,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=args.concurrency,
         drain_timeout=args.drain_timeout,
         kill_grace=args.kill_grace,
+        idle_min=min(0.2, args.idle_max) or 0.05,
+        idle_max=max(args.idle_max, 0.05),
     ))
 
     def on_signal(signum, frame):

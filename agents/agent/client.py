@@ -299,8 +299,7 @@ class AgentClient:
             response = self._request("POST", self._agent_path("jobs/claim"),
                                      json={"limit": int(limit)})
         except (NotFound, InvalidRequest) as exc:
-            # A server without batch claim either has no route (404/405) or refuses "limit".
-            if exc.status in (404, 405) or (exc.status == 400 and "limit" in exc.fields):
+            if exc.status in (404, 405):  # a server without batch claim
                 raise Unsupported(exc.status, exc.code, exc.detail) from None
             raise
         if response.status_code == 204 or not response.content:

@@ -50,6 +50,8 @@ OUTPUT_TAIL_CHARS = 4000
 OUTPUT_BUFFER_BYTES = 64 * 1024
 RESULT_FILE_MAX_BYTES = 1024 * 1024
 TERMINAL_REPORT_CAP_SECONDS = 600.0
+# The server's default bound on one batch claim (JOBQUEUE_MAX_CLAIM_BATCH).
+MAX_CLAIM_BATCH = 100
 
 
 def log_event(event: str, *, level: int = logging.INFO, job: str | None = None,
@@ -539,7 +541,8 @@ class Agent:
         sent_at = time.monotonic()
         if self.batch:
             try:
-                return [(c, sent_at) for c in self.client.claim_batch(free)]
+                limit = min(free, MAX_CLAIM_BATCH)
+                return [(c, sent_at) for c in self.client.claim_batch(limit)]
             except Unsupported:
                 self.batch = False
                 log_event("batch_claim_unsupported", level=logging.WARNING, fallback="single")

@@ -1,0 +1,322 @@
+"""Real processes for the acceptance suite: an API server (gunicorn), `jobqueue-agent`
+processes, reapers (`manage.py reap_claims`), all on the test database pytest-django created.
+
+Every process is started in its own session and ended by its own id (never by name). Job
+commands are small `sh` scripts that append one line per start and per end to an execution log,
+so that tests can count executions and find (and end) children orphaned by a killed agent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def database_url() -> str:
+    """The URL of the database this test runs on (pytest-django's test database)."""
+    d = connection.settings_dict
+    if connection.vendor == "postgresql":
+        auth = d.get("USER") or "postgres"
+        if d.get("PASSWORD"):
+            auth += ":" + d["PASSWORD"]
+        host, port = d.get("HOST") or "127.0.0.1", d.get("PORT") or 5432
+        return f"postgres://{auth}@{host}:{port}/{d['NAME']}"
+    name = str(d["NAME"])
+    if not os.path.isabs(name):
+        raise RuntimeError("e2e tests need a file-backed SQLite test database (SQLITE_TEST_NAME)")
+    return f"sqlite:///{name}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1, on_fail=None):
+    """Poll until predicate() is truthy (returned); a bounded wait, not a timing claim."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            extra = on_fail() if on_fail else ""
+            raise AssertionError(f"gave up waiting ({timeout}s) for: {what}\n{extra}")
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.popen.wait(timeout=30)
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM (after SIGCONT, in case it is stopped) and wait for the exit status."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGTERM)
+        return self.popen.wait(timeout=timeout)
+
+
+class Stack:
+    """One test's processes. `close()` ends every one of them, and their orphans."""
+
+    def __init__(self, tmp_path: Path, *, server_env: dict | None = None):
+        self.tmp = tmp_path
+        self.db_url = database_url()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.marker = f"e2e-{uuid.uuid4().hex[:12]}"
+        self.exec_log = tmp_path / "executions.log"
+        self.exec_log.touch()
+        self.procs: list[Proc] = []
+        self.server: Proc | None = None
+        self.server_env = server_env or {}
+        self._n = Counter()
+
+    # -- environment --
+
+    def env(self, **extra) -> dict:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("JOBQUEUE_", "DATABASE_URL", "SQLITE_TEST_NAME"))}
+        env.update({
+            "DATABASE_URL": self.db_url,
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DJANGO_DEBUG": "0",
+            "JOBQUEUE_MIN_LEASE_SECONDS": "1",
+            "LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT),
+            "E2E_LOG": str(self.exec_log),
+        })
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def _spawn(self, name: str, argv: list[str], env: dict) -> Proc:
+        self._n[name] += 1
+        log = self.tmp / f"{name}-{self._n[name]}.log"
+        fh = open(log, "ab")  # noqa: SIM115 - handed to the child
+        popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        fh.close()
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    # -- the API server --
+
+    def start_server(self, workers: int = 2, threads: int = 8) -> Proc:
+        argv = [GUNICORN, "config.wsgi:application", "--bind", f"127.0.0.1:{self.port}",
+                "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+                "--timeout", "60", "--graceful-timeout", "2", "--log-level", "warning"]
+        self.server = self._spawn("server", argv, self.env(**self.server_env))
+        wait_for(self._server_answers, 60, "the API server to answer",
+                 on_fail=lambda: self.server.output()[-3000:])
+        return self.server
+
+    def _server_answers(self) -> bool:
+        if self.server is not None and not self.server.alive():
+            raise AssertionError("server exited:\n" + self.server.output()[-3000:])
+        try:
+            r = httpx.get(f"{self.url}/v1/workspaces/x/jobs", timeout=2)
+        except httpx.HTTPError:
+            return False
+        return r.status_code in (401, 403, 404)
+
+    def kill_server(self) -> None:
+        """SIGKILL the server and its workers at once (a crash, not a shutdown)."""
+        assert self.server is not None
+        self.server.kill_group()
+
+    # -- agents and reapers --
+
+    def start_agent(self, job_agent, token: str, name: str, *, concurrency: int = 1,
+                    drain_timeout: float = 10, kill_grace: float = 1, idle_max: float = 0.5,
+                    extra_env: dict | None = None) -> Proc:
+        tmpdir = self.tmp / f"tmp-{name}"
+        tmpdir.mkdir(exist_ok=True)
+        env = self.env(
+            JOBQUEUE_SERVER=self.url,
+            JOBQUEUE_WORKSPACE=job_agent.workspace_id,
+            JOBQUEUE_AGENT=job_agent.id,
+            JOBQUEUE_TOKEN=token,
+            TMPDIR=tmpdir,
+            E2E_AGENT=name,
+            **(extra_env or {}),
+        )
+        argv = [sys.executable, "-m", "agents.agent.cli", "--concurrency", str(concurrency),
+                "--drain-timeout", str(drain_timeout), "--kill-grace", str(kill_grace),
+                "--idle-max", str(idle_max)]
+        return self._spawn(f"agent-{name}", argv, env)
+
+    def start_reaper(self, interval: float = 0.3, batch_size: int | None = None) -> Proc:
+        argv = [sys.executable, "manage.py", "reap_claims", "--loop", "--interval", str(interval)]
+        if batch_size:
+            argv += ["--batch-size", str(batch_size)]
+        return self._spawn("reaper", argv, self.env())
+
+    def reap_once(self) -> str:
+        out = subprocess.run([sys.executable, "manage.py", "reap_claims", "--json"], cwd=ROOT,
+                             env=self.env(), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    # -- jobs' command and their executions --
+
+    def command(self, body: str = "", *, first_attempt: str | None = None) -> list[str]:
+        """sh script: logs its start, runs `body` (or `first_attempt` on attempt 1), writes
+        {"attempt", "agent", "context_bytes"} to JOB_RESULT_FILE, logs its end."""
+        if first_attempt is not None:
+            body = f'if [ "$JOB_ATTEMPT" = 1 ]; then {first_attempt}; else {body or ":"}; fi'
+        script = (
+            f"# {self.marker}\n"
+            'echo "$JOB_ID $JOB_ATTEMPT start $$ $E2E_AGENT" >> "$E2E_LOG"\n'
+            f"{body or ':'}\n"
+            'printf \'{"attempt": %s, "agent": "%s", "context_bytes": %s}\' "$JOB_ATTEMPT" '
+            '"$E2E_AGENT" "$(wc -c < "$JOB_CONTEXT_FILE")" > "$JOB_RESULT_FILE"\n'
+            'echo "$JOB_ID $JOB_ATTEMPT end $$ $E2E_AGENT" >> "$E2E_LOG"\n'
+        )
+        return ["sh", "-c", script]
+
+    def executions(self) -> list[dict]:
+        rows = []
+        for line in self.exec_log.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 5:
+                rows.append({"job": parts[0], "attempt": int(parts[1]), "what": parts[2],
+                             "pid": int(parts[3]), "agent": parts[4]})
+        return rows
+
+    def starts(self, job_id=None) -> list[dict]:
+        return [r for r in self.executions()
+                if r["what"] == "start" and (job_id is None or r["job"] == str(job_id))]
+
+    def logs(self) -> str:
+        return "\n".join(f"==== {p.log.name}\n{p.output()[-4000:]}" for p in self.procs)
+
+    # -- teardown --
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.alive():
+                proc.kill_group()
+        # Children of killed agents live on in their own sessions: end them by pid, after
+        # checking that the pid still runs one of this test's commands.
+        for row in self.executions():
+            pid = row["pid"]
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if self.marker.encode() in cmdline:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+# --- checks against the event log ----------------------------------------------------------
+
+
+def audit(job_ids=None) -> dict:
+    """Replay job_event per job (in id order) and check fencing: every accepted agent write
+    (status_reported, progress_reported, released) and every reap carries the claim that was
+    current at that point. Returns counts and the list of violations."""
+    from jobqueue import states
+    from jobqueue.models import Job, JobEvent
+
+    events = JobEvent.objects.order_by("id")
+    if job_ids is not None:
+        events = events.filter(job_id__in=list(job_ids))
+    current: dict = {}
+    terminal = Counter()
+    violations = []
+    kinds = Counter()
+    for ev in events.only("id", "job_id", "kind", "claim_id", "detail", "attempt"):
+        kinds[ev.kind] += 1
+        job = ev.job_id
+        if ev.kind == JobEvent.CLAIMED:
+            if current.get(job):
+                violations.append(f"{job}: claimed while claim {current[job]} was live")
+            current[job] = ev.claim_id
+        elif ev.kind in (JobEvent.STATUS_REPORTED, JobEvent.PROGRESS_REPORTED,
+                         JobEvent.RELEASED, JobEvent.REAPED, JobEvent.EXPIRED):
+            if ev.claim_id != current.get(job):
+                violations.append(
+                    f"{job}: {ev.kind} with claim {ev.claim_id}, current {current.get(job)}")
+            if ev.kind != JobEvent.PROGRESS_REPORTED:
+                current[job] = None
+            if ev.kind == JobEvent.EXPIRED or (
+                ev.kind == JobEvent.STATUS_REPORTED
+                and (ev.detail or {}).get("status") in states.TERMINAL
+            ):
+                terminal[job] += 1
+        elif ev.kind in (JobEvent.CANCELLED, JobEvent.REQUEUED):
+            current[job] = None
+    jobs = Job.objects.all() if job_ids is None else Job.objects.filter(id__in=list(job_ids))
+    statuses = Counter(jobs.values_list("status", flat=True))
+    not_once = {str(j.id): terminal[j.id] for j in jobs.only("id") if terminal[j.id] != 1}
+    return {"violations": violations, "terminal_not_once": not_once, "kinds": kinds,
+            "statuses": statuses}
+
+
+def duplicated_executions(stack: Stack, job_ids) -> int:
+    per_job = defaultdict(int)
+    for row in stack.starts():
+        per_job[row["job"]] += 1
+    return sum(max(0, per_job[str(j)] - 1) for j in job_ids)
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, default=str, sort_keys=True)
