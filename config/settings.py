@@ -41,6 +41,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Times every request for /metrics (first, so that it sees the whole request).
+    "jobqueue.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Refuses oversized /v1/ request bodies (413) before anything reads them.
     "agents.middleware.RequestSizeLimitMiddleware",

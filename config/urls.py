@@ -1,8 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from jobqueue.views import healthz, metrics_view
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
+    path("healthz", healthz, name="healthz"),
     path("v1/", include("agents.urls")),
 ]
 

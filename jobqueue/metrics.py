@@ -1,0 +1,218 @@
+"""Prometheus metrics: counters fed by jobqueue.observe, a request latency histogram, and a
+collector that reads the database at scrape time.
+
+Two kinds of numbers, on purpose:
+
+- Counters of what *this service's processes* did (claims, heartbeats, reports, releases,
+  stale writes refused, request latency) come from jobqueue.observe and the middleware.
+  Under gunicorn every worker is its own process with its own counters; with
+  PROMETHEUS_MULTIPROC_DIR set (`make run` sets it), prometheus-client writes them to files
+  in that directory and /metrics adds up every worker's, whichever worker answers the scrape.
+  Without it (one process: tests, `runserver`), a plain in-process registry is used.
+- Numbers about the *queue* (jobs by status and agent, expired leases waiting for the
+  reaper, what the reaper did) are read from the database when /metrics is scraped, so they
+  are right whatever process did the work: the reaper is a separate process, and it and the
+  admin's "reap now" record every sweep in `reaper_run`.
+
+Labels never carry dispatch_context, results or tokens; agents appear by id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from django.db import DatabaseError
+from django.db.models import Count, Max, Sum
+from django.db.models.functions import Now
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger("jobqueue.metrics")
+
+# No `*_created` series: they double the output and nobody here graphs them.
+disable_created_metrics()
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# In plain mode the metrics live in this registry. In multiprocess mode the same objects
+# write their values to files (prometheus-client decides at import, from the environment)
+# and each scrape builds a registry that reads every process's files.
+PROCESS_REGISTRY = CollectorRegistry(auto_describe=True)
+
+CLAIMS = Counter(
+    "jobqueue_claims", "Jobs handed out by a claim.", ["job_agent_id"],
+    registry=PROCESS_REGISTRY,
+)
+HEARTBEATS = Counter(
+    "jobqueue_heartbeats", "Leases extended by a heartbeat.", ["job_agent_id"],
+    registry=PROCESS_REGISTRY,
+)
+REPORTS = Counter(
+    "jobqueue_reports", "Status reports accepted (progress and terminal), by status.",
+    ["status"], registry=PROCESS_REGISTRY,
+)
+RELEASES = Counter(
+    "jobqueue_releases", "Jobs given back by their agent.", ["job_agent_id"],
+    registry=PROCESS_REGISTRY,
+)
+STALE_WRITES_REFUSED = Counter(
+    "jobqueue_stale_writes_refused",
+    "Writes with a claim_id that was no longer current, refused (409), by operation and code.",
+    ["operation", "code"], registry=PROCESS_REGISTRY,
+)
+JOBS_CREATED = Counter(
+    "jobqueue_jobs_created", "Jobs created.", registry=PROCESS_REGISTRY,
+)
+OPERATOR_TRANSITIONS = Counter(
+    "jobqueue_operator_transitions", "Cancels and requeues (API and admin).", ["kind"],
+    registry=PROCESS_REGISTRY,
+)
+REQUEST_LATENCY = Histogram(
+    "jobqueue_http_request_duration_seconds",
+    "Time to answer an HTTP request, by method, URL route and status code.",
+    ["method", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=PROCESS_REGISTRY,
+)
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def _agent_label(value) -> str:
+    return "" if value is None else str(value)
+
+
+def on_event(kind: str, **data) -> None:
+    """jobqueue.observe listener (subscribed in JobQueueConfig.ready())."""
+    if kind == "claimed":
+        CLAIMS.labels(_agent_label(data.get("job_agent_id"))).inc(data.get("count", 1))
+    elif kind == "heartbeat":
+        HEARTBEATS.labels(_agent_label(data.get("job_agent_id"))).inc(data.get("count", 1))
+    elif kind == "progress":
+        REPORTS.labels("in_progress").inc()
+    elif kind == "reported":
+        REPORTS.labels(str(data.get("status", ""))).inc()
+    elif kind == "released":
+        RELEASES.labels(_agent_label(data.get("job_agent_id"))).inc()
+    elif kind == "refused":
+        STALE_WRITES_REFUSED.labels(str(data.get("operation", "")), str(data.get("code", ""))).inc()
+    elif kind == "created":
+        JOBS_CREATED.inc()
+    elif kind in ("cancelled", "requeued"):
+        OPERATOR_TRANSITIONS.labels(kind).inc()
+    # "reaped" is counted from reaper_run at scrape time: the reaper is another process.
+
+
+class RequestMetricsMiddleware:
+    """Times every request. The route label is the URL pattern, never the raw path."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        started = time.perf_counter()
+        response = self.get_response(request)
+        match = getattr(request, "resolver_match", None)
+        route = (match.route or match.view_name) if match is not None else "unmatched"
+        method = request.method if request.method in _METHODS else "other"
+        REQUEST_LATENCY.labels(method, route, str(response.status_code)).observe(
+            time.perf_counter() - started
+        )
+        return response
+
+
+class DatabaseCollector:
+    """Reads the queue's state from the database at scrape time."""
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from . import states
+        from .models import Job, JobClaim, ReaperRun
+
+        up = GaugeMetricFamily("jobqueue_database_up", "1 when the scrape could read the database.")
+        try:
+            jobs = GaugeMetricFamily(
+                "jobqueue_jobs", "Jobs by status and job agent.", labels=["status", "job_agent_id"]
+            )
+            rows = Job.objects.order_by().values_list("status", "job_agent_id").annotate(
+                n=Count("id")
+            )
+            seen = set()
+            for status, agent_id, n in rows:
+                jobs.add_metric([status, str(agent_id)], n)
+                seen.add(status)
+            pending = JobClaim.objects.filter(
+                claim_expires_at__lt=Now(), job__status=states.IN_PROGRESS
+            ).count()
+            in_flight = JobClaim.objects.count()
+            runs = ReaperRun.objects.filter(dry_run=False).aggregate(
+                runs=Count("id"),
+                requeued=Sum("requeued"),
+                expired=Sum("expired"),
+                last=Max("finished_at"),
+            )
+        except DatabaseError as exc:
+            log.warning("metrics: database unavailable (%s)", type(exc).__name__)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield jobs
+        yield GaugeMetricFamily(
+            "jobqueue_expired_leases_pending",
+            "In-progress jobs whose lease has expired and that the reaper has not taken yet.",
+            value=pending,
+        )
+        yield GaugeMetricFamily(
+            "jobqueue_claims_in_flight", "Live claims (rows of job_claim).", value=in_flight
+        )
+        reaped = CounterMetricFamily(
+            "jobqueue_reaped",
+            "Expired leases reaped, by outcome: requeued, or expired on the last attempt "
+            "(from reaper_run; every reaper process and the admin's reap-now).",
+            labels=["outcome"],
+        )
+        reaped.add_metric(["requeued"], runs["requeued"] or 0)
+        reaped.add_metric(["expired"], runs["expired"] or 0)
+        yield reaped
+        yield CounterMetricFamily(
+            "jobqueue_reaper_runs", "Reaper sweeps recorded (dry runs excluded).",
+            value=runs["runs"],
+        )
+        last = runs["last"]
+        yield GaugeMetricFamily(
+            "jobqueue_reaper_last_run_timestamp_seconds",
+            "When the last reaper sweep finished (Unix time; 0 when it never ran).",
+            value=last.timestamp() if last else 0,
+        )
+
+
+PROCESS_REGISTRY.register(DatabaseCollector())
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def render() -> tuple[bytes, str]:
+    """The Prometheus text exposition of every metric, and its content type."""
+    if multiprocess_dir():
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(DatabaseCollector())
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(PROCESS_REGISTRY), CONTENT_TYPE_LATEST
