@@ -1,0 +1,111 @@
+"""/metrics moves as jobs are claimed, heartbeat, reported, reaped and refused."""
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobqueue import lifecycle, reaper, states
+from jobqueue.db import NowPlusSeconds
+from jobqueue.exceptions import ClaimSuperseded, JobFinished
+from jobqueue.models import JobClaim
+from tests.factories import JobAgentFactory, JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def scrape(client) -> dict:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=")
+    values = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def value(values, name, **labels) -> float:
+    return values.get((name, tuple(sorted((k, str(v)) for k, v in labels.items()))), 0.0)
+
+
+def test_metrics_move_with_the_queue(client):
+    agent = JobAgentFactory(lease_seconds=60, max_attempts=1)
+    aid = str(agent.id)
+    for _ in range(3):
+        JobFactory(job_agent=agent, dispatch_context={"token": "never-in-metrics"})
+    before = scrape(client)
+    assert value(before, "jobqueue_jobs", status="queued", job_agent_id=aid) == 3
+    assert value(before, "jobqueue_database_up") == 1
+
+    # Claims and heartbeats.
+    grants = lifecycle.claim_next_jobs(agent, 2)
+    lifecycle.heartbeat(grants[0].job.id, grants[0].claim_id, job_agent_id=agent.id)
+    after_claim = scrape(client)
+    assert value(after_claim, "jobqueue_claims_total", job_agent_id=aid) - value(
+        before, "jobqueue_claims_total", job_agent_id=aid) == 2
+    assert value(after_claim, "jobqueue_heartbeats_total", job_agent_id=aid) - value(
+        before, "jobqueue_heartbeats_total", job_agent_id=aid) == 1
+    assert value(after_claim, "jobqueue_jobs", status="in_progress", job_agent_id=aid) == 2
+    assert value(after_claim, "jobqueue_jobs", status="queued", job_agent_id=aid) == 1
+    assert value(after_claim, "jobqueue_claims_in_flight") == 2
+
+    # A report; then the other claim's agent dies: its lease expires, waiting for the reaper.
+    lifecycle.report_status(grants[0].job.id, grants[0].claim_id, states.SUCCESSFUL)
+    JobClaim.objects.filter(job_id=grants[1].job.id).update(claim_expires_at=NowPlusSeconds(-5))
+    waiting = scrape(client)
+    assert value(waiting, "jobqueue_expired_leases_pending") == 1
+    assert value(waiting, "jobqueue_reports_total", status="successful") - value(
+        before, "jobqueue_reports_total", status="successful") == 1
+
+    # The reaper runs (its last attempt: the job ends expired).
+    result = reaper.sweep()
+    assert result.expired == 1
+    reaped = scrape(client)
+    assert value(reaped, "jobqueue_expired_leases_pending") == 0
+    assert value(reaped, "jobqueue_reaped_total", outcome="expired") - value(
+        waiting, "jobqueue_reaped_total", outcome="expired") == 1
+    assert value(reaped, "jobqueue_reaper_runs_total") - value(
+        waiting, "jobqueue_reaper_runs_total") == 1
+    assert value(reaped, "jobqueue_reaper_last_run_timestamp_seconds") > 0
+    assert value(reaped, "jobqueue_jobs", status="expired", job_agent_id=aid) == 1
+
+    # The dead agent wakes up: its writes are refused, by code.
+    with pytest.raises(JobFinished):
+        lifecycle.heartbeat(grants[1].job.id, grants[1].claim_id)
+    third = lifecycle.claim_next_job(agent)
+    lifecycle.requeue_job(third.job.id, actor="operator:test")
+    with pytest.raises(ClaimSuperseded):
+        lifecycle.release_job(third.job.id, third.claim_id)
+    refused = scrape(client)
+
+    def delta(code, operation):
+        name = "jobqueue_stale_writes_refused_total"
+        return value(refused, name, operation=operation, code=code) - value(
+            before, name, operation=operation, code=code)
+
+    assert delta("job_finished", "heartbeat") == 1
+    assert delta("claim_superseded", "release") == 1
+    assert value(refused, "jobqueue_operator_transitions_total", kind="requeued") - value(
+        before, "jobqueue_operator_transitions_total", kind="requeued") == 1
+
+    # Request latency of the scrapes themselves, by route, never by raw path.
+    count = "jobqueue_http_request_duration_seconds_count"
+    assert value(refused, count, method="GET", route="metrics", status=200) - value(
+        before, count, method="GET", route="metrics", status=200) == 4
+    text = client.get("/metrics").content.decode()
+    assert "never-in-metrics" not in text
+    for grant in grants:
+        assert str(grant.claim_id) not in text
+
+
+def test_request_latency_labels_unmatched_paths_by_pattern(client):
+    before = scrape(client)
+    assert client.get("/no/such/page/12345").status_code == 404
+    after = scrape(client)
+    name = "jobqueue_http_request_duration_seconds_count"
+    assert value(after, name, method="GET", route="unmatched", status=404) - value(
+        before, name, method="GET", route="unmatched", status=404) == 1
+    assert not any("12345" in str(labels) for (_n, labels) in after)
+
+
+def test_metrics_accepts_only_get(client):
+    assert client.post("/metrics").status_code == 405
