@@ -52,6 +52,8 @@ RESULT_FILE_MAX_BYTES = 1024 * 1024
 TERMINAL_REPORT_CAP_SECONDS = 600.0
 # The server's default bound on one batch claim (JOBQUEUE_MAX_CLAIM_BATCH).
 MAX_CLAIM_BATCH = 100
+# ... and on one batch heartbeat (JOBQUEUE_MAX_HEARTBEAT_BATCH).
+MAX_HEARTBEAT_BATCH = 500
 
 
 def log_event(event: str, *, level: int = logging.INFO, job: str | None = None,
@@ -382,7 +384,11 @@ class Heartbeater(threading.Thread):
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _beat(self, due: list[Lease]) -> None:
-        if self.use_batch and len(due) > 0:
+        for start in range(0, len(due), MAX_HEARTBEAT_BATCH):
+            self._beat_chunk(due[start:start + MAX_HEARTBEAT_BATCH])
+
+    def _beat_chunk(self, due: list[Lease]) -> None:
+        if self.use_batch:
             sent_at = time.monotonic()
             try:
                 renewals = self.client.heartbeat_batch(
