@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 WORKERS ?= 3
+# prometheus-client multiprocess mode: gunicorn's workers write their counters here and
+# /metrics adds them up. `make run` empties it at start (stale files would count twice).
+PROMETHEUS_DIR ?= var/prometheus
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
 export JOBQUEUE_REAPER_INTERVAL_SECONDS ?= 5
 
@@ -36,9 +39,11 @@ run: migrate
 	$(BIN)/python manage.py collectstatic --noinput -v0
 	$(BIN)/python manage.py bootstrap_demo
 	@echo "Serving on http://$(HOST):$(PORT)/  (API under /v1/, admin under /admin/)"
+	@rm -rf $(PROMETHEUS_DIR) && mkdir -p $(PROMETHEUS_DIR)
 	@set -m; \
 	$(BIN)/python manage.py reap_claims --loop & REAPER=$$!; \
 	trap 'kill -TERM $$REAPER 2>/dev/null; wait $$REAPER 2>/dev/null' EXIT INT TERM; \
+	PROMETHEUS_MULTIPROC_DIR="$(abspath $(PROMETHEUS_DIR))" \
 	$(BIN)/gunicorn config.wsgi:application --bind $(HOST):$(PORT) --workers $(WORKERS) \
 	  --access-logfile - --graceful-timeout 10
 
@@ -46,6 +51,7 @@ run: migrate
 # (TEST_DATABASE_URL; pytest creates and drops its own test_* database there).
 test: install-dev
 	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
+	@sh scripts/ensure_chromium.sh
 	env -u DATABASE_URL $(BIN)/pytest -m "not postgres_only" $(PYTEST_ARGS)
 	DATABASE_URL="$(TEST_DATABASE_URL)" $(BIN)/pytest $(PYTEST_ARGS)
 
