@@ -1,0 +1,138 @@
+"""A real browser (Debian's headless Chromium) logs into the admin on a live server, opens the
+Recovery page, requeues a job that ended expired with the admin action, and checks the result.
+It saves the screenshots that README.md shows (docs/screenshots/)."""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from jobqueue import reaper, states
+from jobqueue.models import Job, JobEvent
+from tests.factories import JobAgentFactory, JobFactory, claimed_job
+from tests.utils import ROOT
+
+from .conftest import SECRET, expire_lease
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SCREENSHOTS = Path(os.environ.get("JOBQUEUE_SCREENSHOTS_DIR", ROOT / "docs" / "screenshots"))
+
+
+@pytest.fixture
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    assert Path(CHROMEDRIVER).exists(), (
+        "Debian's chromium-driver is missing: run scripts/ensure_chromium.sh as root "
+        "(make test does) or apt-get install chromium chromium-driver"
+    )
+    profile = tempfile.mkdtemp(prefix="jobqueue-chromium-")
+    options = webdriver.ChromeOptions()
+    for flag in [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+    ]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def scene(django_user_model):
+    """A small fleet with something for the operator to repair."""
+    django_user_model.objects.create_superuser("olga", "olga@example.com", "pw-olga-browser")
+    builder = JobAgentFactory(name="builder", lease_seconds=30, max_attempts=1)
+    deployer = JobAgentFactory(name="deployer", workspace=builder.workspace, lease_seconds=60)
+    dead, _ = claimed_job(job_agent=builder, dispatch_context={"password": SECRET},
+                          external_id="build-1042")
+    expire_lease(dead, seconds_ago=95)
+    reaper.sweep()  # ends it as expired: its only attempt ran out
+    for i in range(3):
+        JobFactory(job_agent=deployer, dispatch_context={"password": SECRET},
+                   external_id=f"deploy-{i}")
+    claimed_job(job_agent=deployer, dispatch_context={"password": SECRET})
+    stuck, _ = claimed_job(job_agent=deployer, dispatch_context={"password": SECRET})
+    expire_lease(stuck, seconds_ago=40)
+    return {"dead": dead, "stuck": stuck}
+
+
+def wait_for(driver, css):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, 30).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
+
+
+def shot(driver, name):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    # Full page height, so the whole Recovery page is in the picture.
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    chrome = driver.execute_script("return window.outerHeight - window.innerHeight")
+    driver.set_window_size(1400, max(800, min(height + chrome + 20, 2400)))
+    assert driver.save_screenshot(str(SCREENSHOTS / name))
+
+
+def test_operator_requeues_an_expired_job_from_the_recovery_page(live_server, browser, scene):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    dead = scene["dead"]
+    browser.get(live_server.url + "/admin/login/?next=/admin/jobqueue/job/recovery/")
+    wait_for(browser, "#id_username").send_keys("olga")
+    browser.find_element(By.ID, "id_password").send_keys("pw-olga-browser")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+
+    # The Recovery page: the stuck lease and the job that ended expired are both there.
+    wait_for(browser, "#recently-expired")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Recovery"
+    expired_section = browser.find_element(By.ID, "recently-expired").text
+    assert str(dead.id) in expired_section
+    assert str(scene["stuck"].id) in browser.find_element(By.ID, "expired-leases").text
+    assert SECRET not in browser.page_source
+    shot(browser, "recovery.png")
+
+    # To the job list, filtered on expired jobs; select the job and run the action.
+    browser.find_element(By.ID, "expired-jobs-link").click()
+    checkbox = wait_for(browser, f'input[name="_selected_action"][value="{dead.id}"]')
+    checkbox.click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("requeue_jobs")
+    shot(browser, "job-list-action.png")
+    browser.find_element(By.CSS_SELECTOR, 'button[name="index"]').click()
+
+    message = wait_for(browser, "ul.messagelist li.success")
+    assert message.text == "Requeued 1 job(s)."
+    dead.refresh_from_db()
+    assert dead.status == states.QUEUED
+    assert dead.max_attempts == 2  # one attempt used + the one it was created with
+    event = JobEvent.objects.filter(job=dead).order_by("-id").first()
+    assert event.kind == JobEvent.REQUEUED and event.actor == "operator:olga"
+
+    # Its page shows the timeline, with the operator's requeue last; the secret never.
+    browser.get(live_server.url + f"/admin/jobqueue/job/{dead.id}/change/")
+    timeline = wait_for(browser, "table.jq-timeline").text
+    assert "expired" in timeline and "operator:olga" in timeline
+    assert SECRET not in browser.page_source
+    shot(browser, "job-detail.png")
+
+    # Back on the Recovery page, nothing has ended expired any more.
+    browser.get(live_server.url + "/admin/jobqueue/job/recovery/")
+    assert "(0)" in wait_for(browser, "#recently-expired").text
+    assert Job.objects.filter(status=states.EXPIRED).count() == 0
