@@ -306,6 +306,7 @@ class Lease:
         self.next_due = time.monotonic() + self.interval
         self.backoff = Backoff(base=min(0.2, self.interval), cap=self.interval)
         self.lost_code = ""
+        self.finished = False  # the report or release was accepted: answers no longer matter
         self.stop_child = threading.Event()  # set: lease lost or drain; the child must stop
         self.lock = threading.Lock()
 
@@ -435,6 +436,8 @@ class Heartbeater(threading.Thread):
             lease.renewed(sent_at, renewal.lease_remaining)
 
     def _lost(self, lease: Lease, code: str) -> None:
+        if lease.finished:  # a heartbeat that crossed our own accepted report
+            return
         if lease.mark_lost(code):
             log_event("lease_lost", level=logging.WARNING, job=lease.job_id,
                       attempt=lease.attempt, code=code, via="heartbeat")
@@ -660,6 +663,7 @@ class Agent:
                           retry_in=delay)
                 time.sleep(delay)
                 continue
+            lease.finished = True
             log_event("reported", job=claim.job_id, attempt=claim.attempt, status=status,
                       has_result=result is not None)
             return
@@ -682,6 +686,7 @@ class Agent:
                     return
                 time.sleep(backoff.next())
                 continue
+            run.lease.finished = True
             log_event("released", job=claim.job_id, attempt=claim.attempt, reason=reason)
             return
 

@@ -71,7 +71,7 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity
 class Proc:
     name: str
     popen: subprocess.Popen
