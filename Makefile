@@ -11,7 +11,7 @@ PROMETHEUS_DIR ?= var/prometheus
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
 export JOBQUEUE_REAPER_INTERVAL_SECONDS ?= 5
 
-.PHONY: run test venv install install-dev migrate lint check clean
+.PHONY: run test venv install install-dev migrate lint check clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,19 @@ test: install-dev
 	@sh scripts/ensure_chromium.sh
 	env -u DATABASE_URL $(BIN)/pytest -m "not postgres_only" $(PYTEST_ARGS)
 	DATABASE_URL="$(TEST_DATABASE_URL)" $(BIN)/pytest $(PYTEST_ARGS)
+
+# Benchmarks, not part of `make test` (docs/performance.md): the peers go into their own
+# virtualenv (.venv-bench, requirements-bench.txt), never into the app's. Takes ~30-40 min on
+# 2 cores; sizes and scenarios: BENCH_ARGS="core http" and BENCH_* variables (benchmarks/run.py).
+.venv-bench/.installed: requirements-bench.txt
+	$(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/pip install --quiet -r requirements-bench.txt
+	touch $@
+
+bench: install .venv-bench/.installed
+	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
+	@command -v pgbench >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql-contrib; }
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -1,0 +1,282 @@
+"""Worker processes of the benchmark suite (run with the app's virtualenv).
+
+    python -m benchmarks.workers core AGENT_ID BATCH          # lifecycle claim-next + report
+    python -m benchmarks.workers raw_shape AGENT_ID           # same statements, raw psycopg
+    python -m benchmarks.workers raw_cte AGENT_ID             # one CTE per phase, raw psycopg
+    python -m benchmarks.workers heartbeat AGENT_ID FILE MODE ROUNDS   # MODE single|batch
+    python -m benchmarks.workers http_agent BASE AGENT_ID TOKEN
+    python -m benchmarks.workers http_trivial BASE TOKEN COUNT
+
+DATABASE_URL names the database. Each prints `ready`, waits for a line, works, prints JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+
+from benchmarks.common import worker_done, worker_ready
+
+
+def _django():
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+
+
+def _queued_left(agent_id) -> bool:
+    from jobqueue import states
+    from jobqueue.models import Job
+
+    return Job.objects.filter(job_agent_id=agent_id, status=states.QUEUED).exists()
+
+
+def core(agent_id: str, batch: str = "1") -> None:
+    """Drain through the project's lifecycle: claim-next (or a batch), then a terminal
+    report per job, each in its own transaction as the HTTP edge would do it."""
+    _django()
+    from jobqueue import lifecycle, states
+    from jobqueue.models import JobAgent
+
+    agent = JobAgent.objects.get(id=agent_id)
+    batch = int(batch)
+    worker_ready()
+    t0 = time.time()
+    n = 0
+    while True:
+        grants = lifecycle.claim_next_jobs(agent, batch)
+        if not grants:
+            if _queued_left(agent.id):
+                continue
+            break
+        for g in grants:
+            lifecycle.report_status(g.job.id, g.claim_id, states.SUCCESSFUL, job_agent_id=agent.id)
+            n += 1
+    worker_done(n=n, t0=t0, t1=time.time())
+
+
+# The statements the lifecycle sends for one claim-next and one terminal report (captured
+# with CaptureQueriesContext), replayed by hand with psycopg: same SQL shape, no Django.
+RAW_CLAIM = [
+    "SELECT id, workspace_id, job_agent_id, status, job_agent_config, dispatch_context, result, "
+    "message, external_id, attempt, max_attempts, initial_max_attempts, priority, available_at, "
+    "idempotency_key, idempotency_fingerprint, last_claim_id, created_at, started_at, "
+    "completed_at, updated_at, STATEMENT_TIMESTAMP() FROM job WHERE job_agent_id = %s "
+    "AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued' "
+    "ORDER BY priority DESC, available_at, created_at LIMIT 1 FOR UPDATE OF job SKIP LOCKED",
+    "UPDATE job SET status = 'in_progress', attempt = attempt + 1, last_claim_id = %s, "
+    "started_at = %s, updated_at = %s WHERE id IN (%s) AND status = 'queued'",
+    "INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at, "
+    "claim_expires_at, heartbeat_at) VALUES (%s, %s, %s, %s, 60, %s, %s, NULL) "
+    "RETURNING claimed_at",
+    "INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at) "
+    "VALUES (%s, 'claimed', %s, %s, %s, '{\"lease_seconds\": 60}'::jsonb, DEFAULT) "
+    "RETURNING id, created_at",
+]
+RAW_REPORT = [
+    "UPDATE job SET status = 'successful', completed_at = STATEMENT_TIMESTAMP(), "
+    "updated_at = STATEMENT_TIMESTAMP() WHERE job_agent_id = %s AND id = %s "
+    "AND last_claim_id = %s AND status = 'in_progress'",
+    "DELETE FROM job_claim WHERE claim_id = %s AND job_id = %s",
+    "SELECT id, workspace_id, job_agent_id, status, job_agent_config, dispatch_context, result, "
+    "message, external_id, attempt, max_attempts, initial_max_attempts, priority, available_at, "
+    "idempotency_key, idempotency_fingerprint, last_claim_id, created_at, started_at, "
+    "completed_at, updated_at FROM job WHERE id = %s LIMIT 21",
+    "INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at) "
+    "VALUES (%s, 'status_reported', %s, %s, %s, "
+    "'{\"status\": \"successful\", \"has_result\": false}'::jsonb, DEFAULT) "
+    "RETURNING id, created_at",
+]
+
+
+def raw_shape(agent_id: str) -> None:
+    import datetime as dt
+
+    import psycopg
+
+    conn = psycopg.connect(os.environ["DATABASE_URL"])
+    agent = uuid.UUID(agent_id)
+    actor = f"agent:{agent}"
+    worker_ready()
+    t0 = time.time()
+    n = 0
+    while True:
+        with conn.transaction():
+            row = conn.execute(RAW_CLAIM[0], [agent]).fetchone()
+            if row is not None:
+                job_id, attempt, now = row[0], row[9] + 1, row[-1]
+                claim_id = uuid.uuid4()
+                conn.execute(RAW_CLAIM[1], [claim_id, now, now, job_id])
+                conn.execute(
+                    RAW_CLAIM[2],
+                    [job_id, agent, claim_id, attempt, now, now + dt.timedelta(seconds=60)],
+                )
+                conn.execute(RAW_CLAIM[3], [job_id, attempt, actor, claim_id])
+        if row is None:
+            if conn.execute(
+                "SELECT 1 FROM job WHERE job_agent_id = %s AND status = 'queued' LIMIT 1",
+                [agent],
+            ).fetchone():
+                conn.commit()
+                continue
+            conn.commit()
+            break
+        with conn.transaction():
+            cur = conn.execute(RAW_REPORT[0], [agent, job_id, claim_id])
+            assert cur.rowcount == 1
+            conn.execute(RAW_REPORT[1], [claim_id, job_id])
+            conn.execute(RAW_REPORT[2], [job_id]).fetchone()
+            conn.execute(RAW_REPORT[3], [job_id, attempt, actor, claim_id])
+        n += 1
+    worker_done(n=n, t0=t0, t1=time.time())
+
+
+# The same guards as one statement per phase (the shape a PostgreSQL fast path can have).
+CTE_CLAIM = (
+    "WITH locked AS (SELECT id FROM job WHERE job_agent_id = %(agent)s AND status = 'queued' "
+    "AND available_at <= STATEMENT_TIMESTAMP() ORDER BY priority DESC, available_at, created_at "
+    "LIMIT 1 FOR UPDATE SKIP LOCKED), "
+    "upd AS (UPDATE job j SET status = 'in_progress', attempt = j.attempt + 1, "
+    "last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(), "
+    "updated_at = STATEMENT_TIMESTAMP() FROM locked WHERE j.id = locked.id "
+    "AND j.status = 'queued' RETURNING j.*), "
+    "cl AS (INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, "
+    "claimed_at, claim_expires_at) SELECT id, job_agent_id, last_claim_id, attempt, 60, "
+    "STATEMENT_TIMESTAMP(), STATEMENT_TIMESTAMP() + interval '60 seconds' FROM upd), "
+    "ev AS (INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at) "
+    "SELECT id, 'claimed', attempt, %(actor)s, last_claim_id, '{\"lease_seconds\": 60}', "
+    "STATEMENT_TIMESTAMP() FROM upd) SELECT upd.id, upd.last_claim_id, upd.* FROM upd"
+)
+CTE_REPORT = (
+    "WITH upd AS (UPDATE job SET status = 'successful', completed_at = STATEMENT_TIMESTAMP(), "
+    "updated_at = STATEMENT_TIMESTAMP() WHERE id = %(job)s AND job_agent_id = %(agent)s "
+    "AND status = 'in_progress' AND last_claim_id = %(claim)s RETURNING *), "
+    "del AS (DELETE FROM job_claim c USING upd WHERE c.job_id = upd.id "
+    "AND c.claim_id = %(claim)s RETURNING c.job_id), "
+    "ev AS (INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at) "
+    "SELECT id, 'status_reported', attempt, %(actor)s, %(claim)s, "
+    "'{\"status\": \"successful\", \"has_result\": false}', STATEMENT_TIMESTAMP() FROM upd) "
+    "SELECT upd.*, (SELECT count(*) FROM del) FROM upd"
+)
+
+
+def raw_cte(agent_id: str) -> None:
+    import psycopg
+
+    conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+    agent = uuid.UUID(agent_id)
+    actor = f"agent:{agent}"
+    worker_ready()
+    t0 = time.time()
+    n = 0
+    while True:
+        row = conn.execute(CTE_CLAIM, {"agent": agent, "actor": actor}).fetchone()
+        if row is None:
+            if conn.execute(
+                "SELECT 1 FROM job WHERE job_agent_id = %s AND status = 'queued' LIMIT 1",
+                [agent],
+            ).fetchone():
+                continue
+            break
+        job_id, claim_id = row[0], row[1]
+        done = conn.execute(
+            CTE_REPORT, {"job": job_id, "agent": agent, "claim": claim_id, "actor": actor}
+        ).fetchone()
+        assert done is not None and done[-1] == 1
+        n += 1
+    worker_done(n=n, t0=t0, t1=time.time())
+
+
+def heartbeat(agent_id: str, claims_file: str, mode: str, rounds: str) -> None:
+    """Renew this worker's share of live claims `rounds` times, one by one or in batches."""
+    _django()
+    from jobqueue import lifecycle
+
+    with open(claims_file) as fh:
+        pairs = [tuple(line.split()) for line in fh if line.strip()]
+    batch = 100
+    worker_ready()
+    t0 = time.time()
+    n = refused = 0
+    for _ in range(int(rounds)):
+        if mode == "single":
+            for job_id, claim_id in pairs:
+                lifecycle.heartbeat(job_id, claim_id, job_agent_id=agent_id)
+                n += 1
+        else:
+            for i in range(0, len(pairs), batch):
+                out = lifecycle.heartbeat_many(agent_id, pairs[i : i + batch])
+                ok = sum(1 for r in out.results if r.renewed)
+                n += ok
+                refused += len(out.results) - ok
+    worker_done(n=n, refused=refused, t0=t0, t1=time.time())
+
+
+def http_agent(base: str, agent_id: str, token: str) -> None:
+    """One agent: claim-next, one heartbeat, a terminal report, until nothing is left."""
+    import httpx
+
+    client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                          timeout=30)
+    lat = {"claim": [], "heartbeat": [], "status": []}
+    errors = 0
+    worker_ready()
+    t0 = time.time()
+    n = 0
+    while True:
+        s = time.perf_counter()
+        r = client.post(f"job-agents/{agent_id}/jobs/claim", json={})
+        lat["claim"].append(time.perf_counter() - s)
+        if r.status_code == 204:
+            break
+        if r.status_code != 200:
+            errors += 1
+            if errors > 50:
+                raise RuntimeError(f"claim: {r.status_code} {r.text[:300]}")
+            continue
+        body = r.json()
+        job_id, claim_id = body["job"]["id"], body["claim"]["claim_id"]
+        s = time.perf_counter()
+        r = client.post(f"jobs/{job_id}/heartbeat", json={"claim_id": claim_id})
+        lat["heartbeat"].append(time.perf_counter() - s)
+        if r.status_code != 200:
+            raise RuntimeError(f"heartbeat: {r.status_code} {r.text[:300]}")
+        s = time.perf_counter()
+        r = client.put(f"jobs/{job_id}/status", json={"claim_id": claim_id, "status": "successful"})
+        lat["status"].append(time.perf_counter() - s)
+        if r.status_code != 200:
+            raise RuntimeError(f"status: {r.status_code} {r.text[:300]}")
+        n += 1
+    worker_done(n=n, t0=t0, t1=time.time(), lat=lat, errors=errors)
+
+
+def http_trivial(base: str, token: str, count: str) -> None:
+    import httpx
+
+    client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                          timeout=30)
+    lat = []
+    worker_ready()
+    t0 = time.time()
+    for _ in range(int(count)):
+        s = time.perf_counter()
+        r = client.get("bench/trivial/")
+        lat.append(time.perf_counter() - s)
+        if r.status_code != 200:
+            raise RuntimeError(f"trivial: {r.status_code} {r.text[:300]}")
+    worker_done(n=int(count), t0=t0, t1=time.time(), lat={"trivial": lat})
+
+
+if __name__ == "__main__":
+    kind, *args = sys.argv[1:]
+    {
+        "core": core,
+        "raw_shape": raw_shape,
+        "raw_cte": raw_cte,
+        "heartbeat": heartbeat,
+        "http_agent": http_agent,
+        "http_trivial": http_trivial,
+    }[kind](*args)
