@@ -14,8 +14,13 @@ def _static_files_without_collectstatic():
     """Deployments use whitenoise's manifest storage, which needs `collectstatic` before any
     page renders. Tests render the admin straight from the apps' static folders instead
     (tests/ops checks collectstatic and the manifest storage for real)."""
+    from pathlib import Path
+
+    from django.conf import settings
     from django.test import override_settings
 
+    # whitenoise warns at every request handler's start when STATIC_ROOT does not exist yet.
+    Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
     with override_settings(
         STORAGES={
             "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -14,13 +14,14 @@ SECRET = "hunter2-dispatch-secret-4f1c9a"
 
 @pytest.fixture
 def operator(django_user_model):
-    return django_user_model.objects.create_superuser("olga", "olga@example.com", "pw-olga-1")
+    return django_user_model.objects.create_superuser("olga", "olga@example.com", None)
 
 
 @pytest.fixture
 def viewer(django_user_model):
-    """Staff with every view permission of our apps and no other."""
-    user = django_user_model.objects.create_user("vera", "vera@example.com", "pw-vera-1")
+    """Staff with every view permission of our apps and no other (no password: the
+    tests log in with force_login, which skips the slow password hash)."""
+    user = django_user_model.objects.create_user("vera", "vera@example.com", None)
     user.is_staff = True
     user.save()
     user.user_permissions.set(

@@ -157,7 +157,7 @@ def test_view_only_staff_cannot_reap(viewer_client, jobs):
 
 
 def test_staff_without_job_permissions_see_nothing(client, django_user_model, jobs):
-    user = django_user_model.objects.create_user("nobody", password="pw-nobody-1")
+    user = django_user_model.objects.create_user("nobody", password=None)
     user.is_staff = True
     user.save()
     client.force_login(user)
