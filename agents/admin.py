@@ -88,10 +88,10 @@ class CredentialAdmin(admin.ModelAdmin):
         class IssueForm(forms.Form):
             name = forms.CharField(max_length=200, initial="default")
 
-        IssueForm.base_fields = {
-            self.owner_field: forms.ModelChoiceField(queryset=owner_qs),
-            **IssueForm.base_fields,
-        }
+        owner = forms.ModelChoiceField(queryset=owner_qs)
+        if self.owner_model is JobAgent:  # agent names repeat across workspaces
+            owner.label_from_instance = lambda agent: f"{agent.workspace} / {agent.name}"
+        IssueForm.base_fields = {self.owner_field: owner, **IssueForm.base_fields}
         return IssueForm
 
     def add_view(self, request, form_url="", extra_context=None):

@@ -502,6 +502,14 @@ class JobAdmin(admin.ModelAdmin):
         }
         return super().changelist_view(request, extra_context)
 
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "can_act": self.can_act(request),
+            "changelist_url": reverse("admin:jobqueue_job_changelist"),
+        }
+        return super().change_view(request, object_id, form_url, extra_context)
+
     # --- actions
 
     def _run_action(self, request, queryset, func, verb, reason):

@@ -198,3 +198,27 @@ def test_orphans_are_shown_loudly_and_can_be_repaired(op_client, jobs):
     orphan.refresh_from_db()
     assert orphan.status == states.FAILURE
     assert 'id="orphans-alarm"' not in op_client.get(url).content.decode()
+
+
+def test_buttons_on_a_jobs_page_run_the_actions(op_client, viewer, jobs):
+    from django.test import Client
+
+    stuck = jobs["stuck"]
+    page = reverse("admin:jobqueue_job_change", args=[stuck.pk])
+    html = op_client.get(page).content.decode()
+    assert 'value="mark_jobs_failed"' in html and 'value="requeue_jobs"' in html
+    viewer_client = Client()
+    viewer_client.force_login(viewer)
+    assert 'value="requeue_jobs"' not in viewer_client.get(page).content.decode()
+    form_action = reverse(CHANGELIST) + f"?q={stuck.pk}"
+    assert f'action="{form_action}"' in html
+    response = op_client.post(
+        form_action,
+        {"action": "mark_jobs_failed", "_selected_action": str(stuck.pk), "index": 0},
+        follow=True,
+    )
+    assert "Marked failed 1 job(s)." in response.content.decode()
+    assert [j.pk for j in response.context["cl"].result_list] == [stuck.pk]
+    stuck.refresh_from_db()
+    assert stuck.status == states.FAILURE
+    assert last_event(stuck).actor == "operator:olga"

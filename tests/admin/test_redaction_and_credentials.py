@@ -124,3 +124,8 @@ def test_view_only_staff_cannot_issue_or_revoke(viewer_client, agent):
     assert credentials.resolve_agent_token(raw) is not None
     assert viewer_client.get(reverse("admin:agents_workspaceapikey_add")).status_code == 403
     assert not WorkspaceApiKey.objects.exists()
+
+
+def test_issue_form_names_agents_with_their_workspace(op_client, agent):
+    html = op_client.get(reverse("admin:agents_agenttoken_add")).content.decode()
+    assert f"{agent.workspace.name} / {agent.name}" in html
