@@ -317,7 +317,9 @@ class Lease:
     def renewed(self, sent_at: float, remaining: float) -> None:
         with self.lock:
             self.deadline = max(self.deadline, sent_at + remaining)
-            self.next_due = time.monotonic() + self.interval
+            # Paced from when the heartbeat was sent, so that a slow answer does not stretch
+            # the gap between two renewals.
+            self.next_due = sent_at + self.interval
             self.backoff.reset()
 
     def retry_soon(self) -> float:

@@ -311,3 +311,17 @@ def test_drain_timeout_stops_and_releases_what_is_left(stack, make_agent, make_j
     assert released.claim_id == claimed.claim_id
     assert f"event=released job={job.id} attempt=1" in a.output()
     assert list((stack.tmp / "tmp-A").iterdir()) == []
+
+
+def test_refused_credentials_stop_the_agent_with_status_1(stack, make_agent, caplog):
+    agent, token = make_agent()
+    caplog.set_level(logging.INFO, logger="jobqueue.agent")
+    client = api.AgentClient(stack.url, str(agent.workspace_id), str(agent.id),
+                             "jqa_000000000000_revoked-or-wrong")
+    try:
+        assert Agent(client, AgentOptions(idle_max=0.3)).run() == 1
+    finally:
+        client.close()
+    assert "event=claim_refused code=authentication_failed status=401" in caplog.text \
+        or "event=claim_refused code=not_authenticated status=401" in caplog.text
+    assert token not in caplog.text

@@ -4,7 +4,7 @@ Hundreds of small jobs, several agents (single and batch paths) and two reapers,
 and reapers are SIGKILLed and SIGSTOPped at random. At the end every job is terminal exactly
 once, and the event log shows that no write carrying a stale claim_id was accepted. The number
 of duplicated executions (the price of at-least-once) is printed. Set E2E_CHAOS_SEED to replay
-a run's choices; E2E_CHAOS_SECONDS bounds the chaos phase (default 45)."""
+a run's choices; E2E_CHAOS_SECONDS bounds the chaos phase (default 35)."""
 
 import os
 import random
@@ -27,7 +27,7 @@ CONCURRENCY = [1, 2, 3, 2]
 def test_chaos_every_job_ends_exactly_once_and_stale_writes_are_refused(
         stack, make_agent, make_jobs):
     seed = int(os.environ.get("E2E_CHAOS_SEED") or time.time_ns() % 1_000_000)
-    chaos_seconds = float(os.environ.get("E2E_CHAOS_SECONDS") or 45)
+    chaos_seconds = float(os.environ.get("E2E_CHAOS_SECONDS") or 35)
     rng = random.Random(seed)
     print(f"\nchaos seed {seed} (E2E_CHAOS_SEED={seed} replays the choices)")
 

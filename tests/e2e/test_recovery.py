@@ -115,13 +115,13 @@ def test_stopped_agent_is_refused_after_its_job_was_reclaimed(stack, make_agent,
 
 def test_heartbeats_keep_a_job_five_times_its_lease_alive(stack, make_agent, make_jobs):
     """3. A job that runs 5x its lease, with the reaper sweeping all along, is never reclaimed."""
-    agent, token = make_agent(lease_seconds=2)
-    [job] = make_jobs(agent, 1, stack.command("sleep 10"))
+    agent, token = make_agent(lease_seconds=3)  # heartbeats every second
+    [job] = make_jobs(agent, 1, stack.command("sleep 15"))
     stack.start_reaper(interval=0.2)
     a = stack.start_agent(agent, token, "A")
     job = wait_terminal(job, stack)
     assert (job.status, job.attempt) == (states.SUCCESSFUL, 1)
-    assert (job.completed_at - job.started_at).total_seconds() >= 5 * 2
+    assert (job.completed_at - job.started_at).total_seconds() >= 5 * 3
     assert timeline(job) == [(JobEvent.CLAIMED, 1), (JobEvent.STATUS_REPORTED, 1)]
     assert len(stack.starts(job.id)) == 1
     assert_fenced([job.id])
