@@ -485,6 +485,7 @@ class Agent:
         if self.options.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.batch = self.options.concurrency > 1
+        self._batch_cap = MAX_CLAIM_BATCH
         self.heartbeater = Heartbeater(client, use_batch=self.batch,
                                        workers=min(8, self.options.concurrency))
         self._runs: dict[str, _Run] = {}
@@ -549,15 +550,25 @@ class Agent:
         return self.exit_code
 
     def _claim(self, free: int) -> list[tuple[Claim, float]]:
-        sent_at = time.monotonic()
-        if self.batch:
+        while self.batch:
+            limit = min(free, self._batch_cap)
+            sent_at = time.monotonic()
             try:
-                limit = min(free, MAX_CLAIM_BATCH)
                 return [(c, sent_at) for c in self.client.claim_batch(limit)]
             except Unsupported:
                 self.batch = False
                 log_event("batch_claim_unsupported", level=logging.WARNING, fallback="single")
-                sent_at = time.monotonic()
+            except InvalidRequest as exc:
+                # A server configured with a smaller JOBQUEUE_MAX_CLAIM_BATCH: ask for less.
+                if "limit" not in exc.fields:
+                    raise
+                if limit <= 1:
+                    self.batch = False
+                else:
+                    self._batch_cap = max(1, limit // 2)
+                log_event("batch_claim_limit_refused", level=logging.WARNING, limit=limit,
+                          next_limit=self._batch_cap if self.batch else None)
+        sent_at = time.monotonic()
         claim = self.client.claim_next()
         return [(claim, sent_at)] if claim else []
 

@@ -325,3 +325,20 @@ def test_refused_credentials_stop_the_agent_with_status_1(stack, make_agent, cap
     assert "event=claim_refused code=authentication_failed status=401" in caplog.text \
         or "event=claim_refused code=not_authenticated status=401" in caplog.text
     assert token not in caplog.text
+
+
+def test_batch_claims_shrink_to_the_servers_limit(stack, make_agent, make_jobs, in_process,
+                                                  caplog):
+    stack.kill_server()
+    stack.server_env = {"JOBQUEUE_MAX_CLAIM_BATCH": "2"}
+    stack.start_server()
+    agent, token = make_agent(lease_seconds=5)
+    jobs = make_jobs(agent, 6, stack.command("sleep 0.5"))
+    shim = Shim()
+    caplog.set_level(logging.INFO, logger="jobqueue.agent")
+    in_process(agent, token, shim, concurrency=5)
+    all_done([j.id for j in jobs], stack)
+    assert set(Job.objects.values_list("status", flat=True)) == {states.SUCCESSFUL}
+    limits = [b["limit"] for _, b in shim.paths(CLAIM_NEXT)]
+    assert limits[:2] == [5, 2] and max(limits[1:]) <= 2
+    assert "event=batch_claim_limit_refused limit=5 next_limit=2" in caplog.text
