@@ -371,10 +371,11 @@ class Heartbeater(threading.Thread):
                 while not self._stopping:
                     now = time.monotonic()
                     due = [le for le in self._leases.values()
-                           if le.next_due <= now and not le.lost]
+                           if le.next_due <= now and not le.lost and not le.finished]
                     if due:
                         break
-                    pending = [le.next_due for le in self._leases.values() if not le.lost]
+                    pending = [le.next_due for le in self._leases.values()
+                               if not le.lost and not le.finished]
                     self._cond.wait(timeout=max(0.01, min(pending) - now) if pending else 1.0)
                 if self._stopping:
                     break
