@@ -194,3 +194,12 @@ def test_list_pages_do_not_load_dispatch_context(op_client, jobs, django_assert_
                            initial_max_attempts=1)
     with django_assert_max_num_queries(12):
         assert op_client.get(reverse("admin:jobqueue_job_changelist")).status_code == 200
+
+
+@pytest.mark.parametrize("model", ["workspace", "jobagent"])
+def test_workspace_and_agent_search_by_name_or_id(op_client, agent, model):
+    obj = agent.workspace if model == "workspace" else agent
+    url = reverse(f"admin:jobqueue_{model}_changelist")
+    assert changelist_ids(op_client.get(url, {"q": obj.name[-3:]})) == {obj.pk}
+    assert changelist_ids(op_client.get(url, {"q": str(obj.pk)})) == {obj.pk}
+    assert changelist_ids(op_client.get(url, {"q": "zz-not-a-uuid-zz"})) == set()
