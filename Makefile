@@ -11,7 +11,7 @@ PROMETHEUS_DIR ?= var/prometheus
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
 export JOBQUEUE_REAPER_INTERVAL_SECONDS ?= 5
 
-.PHONY: run test venv install install-dev migrate lint check clean bench
+.PHONY: run test screenshots venv install install-dev migrate lint check clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ bench: install .venv-bench/.installed
 	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
 	@command -v pgbench >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql-contrib; }
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+# Refreshes the admin screenshots that README.md shows (the browser test takes them).
+screenshots: install-dev
+	@sh scripts/ensure_chromium.sh
+	env -u DATABASE_URL JOBQUEUE_SCREENSHOTS_DIR=docs/screenshots $(BIN)/pytest -q tests/admin/test_browser.py
 
 lint: install-dev
 	$(BIN)/ruff check .
