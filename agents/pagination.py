@@ -1,56 +1,121 @@
-"""Cursor pagination: {"results", "next", "previous"}; `cursor` and `page_size` parameters.
+"""Keyset ("cursor") pagination: {"results", "next", "previous"}; `cursor`, `page_size`.
 
-Cursors are opaque and stable under inserts. A cursor that cannot be decoded is a 400.
+Each view orders by a few fields ending with the primary key, so the order is total. A cursor
+names a direction and the row at the edge of the page; the next page is the rows after that
+row in the ordering, compared in SQL against the row's stored values (subqueries on the
+primary key). So ties are never skipped or repeated, whatever the clock's resolution, and the
+comparison reads stored values on both backends. A cursor that cannot be decoded is a 400.
 """
 
-from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import DataError
-from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.pagination import CursorPagination
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+
+from django.db.models import Q, Subquery
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 
-class Cursor(CursorPagination):
+class KeysetPagination:
+    ordering: tuple[str, ...] = ("-created_at", "-id")
     page_size = 100
-    page_size_query_param = "page_size"
     max_page_size = 500
-    ordering = "-created_at"
-
-    def decode_cursor(self, request):
-        try:
-            return super().decode_cursor(request)
-        except NotFound as exc:
-            raise ValidationError({"cursor": ["Invalid cursor."]}) from exc
+    cursor_query_param = "cursor"
+    page_size_query_param = "page_size"
 
     def paginate_queryset(self, queryset, request, view=None):
+        self.request = request
+        size = self.get_page_size(request)
+        direction, anchor = self.decode_cursor(request)
+        order = self.ordering if direction == "n" else tuple(_flip(f) for f in self.ordering)
+        qs = queryset.order_by(*order)
+        if anchor is not None:
+            qs = qs.filter(_after(queryset.model, order, anchor))
+        rows = list(qs[: size + 1])
+        more = len(rows) > size
+        rows = rows[:size]
+        if direction == "p":
+            rows.reverse()
+        first = rows[0].pk if rows else None
+        last = rows[-1].pk if rows else None
+        if direction == "n":
+            self.next = self.encode_cursor("n", last) if more else None
+            self.previous = self.encode_cursor("p", first) if anchor and rows else None
+        else:
+            self.next = self.encode_cursor("n", last) if rows else None
+            self.previous = self.encode_cursor("p", first) if more else None
+        return rows
+
+    def get_paginated_response(self, data):
+        return Response({"results": data, "next": self.next, "previous": self.previous})
+
+    def get_page_size(self, request) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
         try:
-            return super().paginate_queryset(queryset, request, view)
-        except (ValueError, TypeError, OverflowError, DjangoValidationError, DataError) as exc:
-            # A well-formed cursor whose position is not a value of the ordering field.
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= self.max_page_size:
+            raise ValidationError(
+                {"page_size": [f"Must be an integer from 1 to {self.max_page_size}."]}
+            )
+        return value
+
+    def decode_cursor(self, request):
+        raw = request.query_params.get(self.cursor_query_param)
+        if raw is None:
+            return "n", None
+        try:
+            text = base64.urlsafe_b64decode(raw.encode("ascii") + b"==").decode("ascii")
+            direction, anchor = text.split(":", 1)
+            if direction not in ("n", "p"):
+                raise ValueError(direction)
+            return direction, uuid.UUID(anchor)
+        except (ValueError, UnicodeError, binascii.Error) as exc:
             raise ValidationError({"cursor": ["Invalid cursor."]}) from exc
 
-    def get_page_size(self, request):
-        raw = request.query_params.get(self.page_size_query_param)
-        if raw is not None:
-            try:
-                value = int(raw)
-            except ValueError:
-                value = 0
-            if not 1 <= value <= self.max_page_size:
-                raise ValidationError(
-                    {"page_size": [f"Must be an integer from 1 to {self.max_page_size}."]}
-                )
-        return super().get_page_size(request)
+    def encode_cursor(self, direction: str, pk) -> str:
+        token = base64.urlsafe_b64encode(f"{direction}:{pk}".encode()).decode().rstrip("=")
+        url = self.request.build_absolute_uri()
+        return replace_query_param(remove_query_param(url, "cursor"), "cursor", token)
 
 
-class NewestFirst(Cursor):
+def _flip(field: str) -> str:
+    return field[1:] if field.startswith("-") else "-" + field
+
+
+def _after(model, order, anchor):
+    """Rows strictly after the anchor row in `order` (lexicographic, in SQL)."""
+    ref = model._default_manager.filter(pk=anchor)
+
+    def value(name):
+        return Subquery(ref.values(name)[:1])
+
+    condition = None
+    for i, field in enumerate(order):
+        name = field.lstrip("-")
+        op = "lt" if field.startswith("-") else "gt"
+        term = Q(**{f"{name}__{op}": value(name)})
+        for earlier in order[:i]:
+            term &= Q(**{earlier.lstrip("-"): value(earlier.lstrip("-"))})
+        condition = term if condition is None else condition | term
+    return condition
+
+
+class NewestFirst(KeysetPagination):
     ordering = ("-created_at", "-id")
 
 
-class ClaimOrder(Cursor):
+class ClaimOrder(KeysetPagination):
     """The order in which claim-next would take the jobs."""
 
-    ordering = ("-priority", "available_at", "created_at")
+    ordering = ("-priority", "available_at", "created_at", "id")
 
 
-class ByName(Cursor):
-    ordering = ("name",)
+class ByName(KeysetPagination):
+    ordering = ("name", "id")

@@ -14,6 +14,15 @@ from jobqueue.models import JobAgent
 
 INT32_MAX = 2**31 - 1
 
+
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID given as a string (DRF's field would also take an integer)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid", value="")
+        return super().to_internal_value(data)
+
 # --- jobs (output) -----------------------------------------------------------------------
 
 
@@ -173,7 +182,7 @@ class ClaimNextInput(serializers.Serializer):
 
 
 class HeartbeatInput(serializers.Serializer):
-    claim_id = serializers.UUIDField()
+    claim_id = StrictUUIDField()
 
     class Meta:
         ref_name = "HeartbeatRequest"
@@ -189,7 +198,7 @@ class HeartbeatResponseSerializer(serializers.Serializer):
 
 
 class StatusInput(serializers.Serializer):
-    claim_id = serializers.UUIDField()
+    claim_id = StrictUUIDField()
     status = serializers.ChoiceField(choices=sorted(states.REPORTABLE))
     message = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     result = serializers.JSONField(required=False, allow_null=True)
@@ -202,7 +211,7 @@ class StatusInput(serializers.Serializer):
 
 
 class ReleaseInput(serializers.Serializer):
-    claim_id = serializers.UUIDField()
+    claim_id = StrictUUIDField()
     reason = serializers.CharField(required=False, allow_blank=True, max_length=500)
     retry_after_seconds = serializers.IntegerField(
         required=False, min_value=0, max_value=INT32_MAX,
@@ -218,7 +227,7 @@ class ReleaseInput(serializers.Serializer):
 
 
 class JobCreateInput(serializers.Serializer):
-    job_agent_id = serializers.UUIDField()
+    job_agent_id = StrictUUIDField()
     job_agent_config = serializers.DictField(required=False, default=dict)
     dispatch_context = serializers.DictField(
         required=False, default=dict,
