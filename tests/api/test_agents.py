@@ -1,0 +1,108 @@
+"""Job agents over the API (create, list, detail, health) and the bootstrap commands."""
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+
+from jobqueue import lifecycle
+from jobqueue.db import NowPlusSeconds
+from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
+from tests.factories import JobFactory
+
+from .conftest import Caller
+
+pytestmark = pytest.mark.django_db
+
+
+def test_create_list_and_detail(world):
+    producer = world.producer()
+    r = producer.post("job-agents", json={"name": "builder", "lease_seconds": 120,
+                                          "max_attempts": 5})
+    assert r.status_code == 201, r.content
+    agent = r.json()
+    assert agent["name"] == "builder" and agent["type"] == "http-pull"
+    assert (agent["lease_seconds"], agent["max_attempts"]) == (120, 5)
+    assert agent["health"] == {"last_seen_at": None, "jobs_in_flight": 0,
+                               "leases_expired_24h": 0}
+    defaults = producer.post("job-agents", json={"name": "plain"}).json()
+    assert (defaults["lease_seconds"], defaults["max_attempts"]) == (60, 3)
+    listed = producer.get("job-agents").json()
+    names = [a["name"] for a in listed["results"]]
+    assert names == sorted(names) and {"builder", "plain", world.agent.name} <= set(names)
+    assert world.other_workspace_agent.name not in names
+    assert producer.get(f"job-agents/{agent['id']}").json()["id"] == agent["id"]
+    # Claims for the new agent use its lease.
+    job = JobFactory(job_agent=JobAgent.objects.get(id=agent["id"]))
+    claim = producer.post(f"job-agents/{agent['id']}/jobs/{job.id}/claim").json()["claim"]
+    assert claim["lease_seconds"] == 120 and claim["heartbeat_interval_seconds"] == 40
+
+
+def test_health_counts_claims_and_recently_lost_leases(world):
+    producer = world.producer()
+    held = [lifecycle.claim_job(world.agent, JobFactory(job_agent=world.agent).id)
+            for _ in range(3)]
+    lost = held[:2]
+    JobClaim.objects.filter(job_id__in=[g.job.id for g in lost]).update(
+        claim_expires_at=NowPlusSeconds(-5)
+    )
+    assert lifecycle.reap_expired_claims_once(100).reaped == 2
+    # A lease lost more than 24 hours ago no longer counts.
+    old = JobEvent.objects.filter(job_id=lost[0].job.id, kind=JobEvent.REAPED)
+    old.update(created_at=NowPlusSeconds(-25 * 3600))
+    health = producer.get(f"job-agents/{world.agent.id}").json()["health"]
+    assert health["jobs_in_flight"] == 1
+    assert health["leases_expired_24h"] == 1
+    listed = {a["id"]: a["health"] for a in producer.get("job-agents").json()["results"]}
+    assert listed[str(world.agent.id)] == health
+    assert listed[str(world.other_agent.id)]["jobs_in_flight"] == 0
+
+
+def test_last_seen_is_written_at_most_every_few_seconds(world, settings):
+    agent, producer = world.agent_caller(), world.producer()
+    assert JobAgent.objects.get(id=world.agent.id).last_seen_at is None
+    assert agent.get(f"job-agents/{world.agent.id}/jobs").status_code == 200
+    seen = producer.get(f"job-agents/{world.agent.id}").json()["health"]["last_seen_at"]
+    assert seen is not None
+    # Within the window, more requests write nothing (not even for heartbeats).
+    JobAgent.objects.filter(id=world.agent.id).update(last_seen_at=NowPlusSeconds(-3600))
+    stale = JobAgent.objects.get(id=world.agent.id).last_seen_at
+    job = JobFactory(job_agent=world.agent)
+    claim_id = agent.post(f"job-agents/{world.agent.id}/jobs/{job.id}/claim").json()[
+        "claim"]["claim_id"]
+    updated_at = Job.objects.get(id=job.id).updated_at
+    for _ in range(3):
+        r = agent.post(f"jobs/{job.id}/heartbeat", json={"claim_id": claim_id})
+        assert r.status_code == 200
+    assert JobAgent.objects.get(id=world.agent.id).last_seen_at == stale
+    assert Job.objects.get(id=job.id).updated_at == updated_at  # heartbeats never write job
+    # Past the window, the next request writes again.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "AGENT_SEEN_WRITE_SECONDS": 0}
+    agent.get(f"job-agents/{world.agent.id}/jobs")
+    assert JobAgent.objects.get(id=world.agent.id).last_seen_at > stale
+    # The workspace key does not count as the agent being seen.
+    other = JobAgent.objects.get(id=world.other_agent.id)
+    producer.get(f"job-agents/{other.id}/jobs")
+    assert JobAgent.objects.get(id=other.id).last_seen_at is None
+
+
+def _json_command(*args):
+    out = io.StringIO()
+    call_command(*args, "--json", stdout=out)
+    return json.loads(out.getvalue())
+
+
+def test_bootstrap_commands_print_working_credentials(db):
+    ws = _json_command("create_workspace", "acme")
+    assert {"workspace_id", "api_key"} <= set(ws) and ws["api_key"].startswith("jqk_")
+    agent = _json_command("create_job_agent", "--workspace", ws["workspace_id"], "runner",
+                          "--lease-seconds", "45")
+    assert {"job_agent_id", "token"} <= set(agent) and agent["token"].startswith("jqa_")
+    producer = Caller(ws["workspace_id"], {"X-API-Key": ws["api_key"]})
+    detail = producer.get(f"job-agents/{agent['job_agent_id']}")
+    assert detail.status_code == 200 and detail.json()["lease_seconds"] == 45
+    job = producer.post("jobs", json={"job_agent_id": agent["job_agent_id"]}).json()
+    runner = Caller(ws["workspace_id"], {"Authorization": f"Bearer {agent['token']}"})
+    claim = runner.post(f"job-agents/{agent['job_agent_id']}/jobs/claim")
+    assert claim.status_code == 200 and claim.json()["job"]["id"] == job["id"]
