@@ -109,3 +109,31 @@ def test_request_latency_labels_unmatched_paths_by_pattern(client):
 
 def test_metrics_accepts_only_get(client):
     assert client.post("/metrics").status_code == 405
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reaped_totals_count_a_separate_reaper_process(client):
+    """The reaper runs in its own process: /metrics reads what it did from reaper_run."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.utils import ROOT, subprocess_env
+
+    agent = JobAgentFactory(lease_seconds=60, max_attempts=3)
+    for _ in range(2):
+        JobFactory(job_agent=agent)
+    for grant in lifecycle.claim_next_jobs(agent, 2):
+        JobClaim.objects.filter(job_id=grant.job.id).update(claim_expires_at=NowPlusSeconds(-5))
+    before = scrape(client)
+    assert value(before, "jobqueue_expired_leases_pending") == 2
+    out = subprocess.run(
+        [sys.executable, "manage.py", "reap_claims", "--json"],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120, check=True,
+    )
+    assert json.loads(out.stdout)["requeued"] == 2
+    after = scrape(client)
+    assert value(after, "jobqueue_reaped_total", outcome="requeued") - value(
+        before, "jobqueue_reaped_total", outcome="requeued") == 2
+    assert value(after, "jobqueue_expired_leases_pending") == 0
+    assert value(after, "jobqueue_jobs", status="queued", job_agent_id=agent.id) == 2
