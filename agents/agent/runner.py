@@ -516,7 +516,7 @@ class Agent:
         log_event("started", agent=self.client.agent_id, concurrency=self.options.concurrency)
         self.heartbeater.start()
         idle = Backoff(self.options.idle_min, self.options.idle_max)
-        errors = Backoff(0.5, 30.0)
+        errors = Backoff(0.25, max(5.0, self.options.idle_max))
         while not self._stop.is_set():
             with self._cond:
                 free = self.options.concurrency - len(self._runs)
