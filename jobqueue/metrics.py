@@ -38,10 +38,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger("jobqueue.metrics")
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
 # No `*_created` series: they double the output and nobody here graphs them.
 disable_created_metrics()
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+if os.environ.get(MULTIPROC_ENV):
+    # Each process writes its files there from the first metric on: make sure it exists.
+    os.makedirs(os.environ[MULTIPROC_ENV], exist_ok=True)
 
 # In plain mode the metrics live in this registry. In multiprocess mode the same objects
 # write their values to files (prometheus-client decides at import, from the environment)
