@@ -53,3 +53,14 @@ def make_jobs():
         return jobs
 
     return make
+
+
+@pytest.fixture
+def say(capsys):
+    """Print past pytest's capture: the numbers a run measured show in every run's output."""
+
+    def say(message):
+        with capsys.disabled():
+            print(f"\n[e2e] {message}", flush=True)
+
+    return say

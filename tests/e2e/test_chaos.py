@@ -25,11 +25,11 @@ CONCURRENCY = [1, 2, 3, 2]
 
 
 def test_chaos_every_job_ends_exactly_once_and_stale_writes_are_refused(
-        stack, make_agent, make_jobs):
+        stack, make_agent, make_jobs, say):
     seed = int(os.environ.get("E2E_CHAOS_SEED") or time.time_ns() % 1_000_000)
     chaos_seconds = float(os.environ.get("E2E_CHAOS_SECONDS") or 35)
     rng = random.Random(seed)
-    print(f"\nchaos seed {seed} (E2E_CHAOS_SEED={seed} replays the choices)")
+    say(f"chaos seed {seed} (E2E_CHAOS_SEED={seed} replays the choices)")
 
     agent, token = make_agent(lease_seconds=2, max_attempts=25)
     jobs = []
@@ -87,7 +87,7 @@ def test_chaos_every_job_ends_exactly_once_and_stale_writes_are_refused(
     report = audit(ids)
     refused = JobEvent.objects.filter(job_id__in=ids, kind=JobEvent.STALE_WRITE_REFUSED)
     dups = duplicated_executions(stack, ids)
-    print(f"chaos: {chaos_took:.0f}s, actions {actions}; {len(ids)} jobs -> "
+    say(f"chaos: {chaos_took:.0f}s, actions {actions}; {len(ids)} jobs -> "
           f"{dict(report['statuses'])}; {len(stack.starts())} executions, "
           f"{dups} duplicated executions; {refused.count()} stale writes refused; "
           f"events {dict(report['kinds'])}")

@@ -38,7 +38,7 @@ def restart_postgres() -> None:
     connection.close()  # this test's own connection died with the server
 
 
-def test_postgres_restart_under_load_loses_nothing(stack, make_agent, make_jobs):
+def test_postgres_restart_under_load_loses_nothing(stack, make_agent, make_jobs, say):
     agent, token = make_agent(lease_seconds=4, max_attempts=10)
     jobs = make_jobs(agent, 100, stack.command("sleep 0.2"))
     ids = [j.id for j in jobs]
@@ -66,7 +66,7 @@ def test_postgres_restart_under_load_loses_nothing(stack, make_agent, make_jobs)
         assert job.result["attempt"] == job.attempt  # the accepted result is the current claim's
     assert not JobClaim.objects.filter(job_id__in=ids).exists()
     dups = duplicated_executions(stack, ids)
-    print(f"\npostgres restart took {restart_took:.1f}s, the rest of the work {recovered_in:.1f}s;"
+    say(f"postgres restart took {restart_took:.1f}s, the rest of the work {recovered_in:.1f}s;"
           f" {len(ids)} jobs, {len(stack.starts())} executions, "
           f"{dups} duplicated, events {dict(report['kinds'])}")
     # Server, reaper and agents reconnected on their own: all still running, all stop cleanly.

@@ -129,7 +129,8 @@ def test_heartbeats_keep_a_job_five_times_its_lease_alive(stack, make_agent, mak
 
 
 @pytest.mark.postgres_only
-def test_two_racing_reapers_make_exactly_one_new_attempt(stack, make_agent, make_jobs, settings):
+def test_two_racing_reapers_make_exactly_one_new_attempt(stack, make_agent, make_jobs, settings,
+                                                         say):
     """4. Two reapers sweeping in a tight loop when many leases expire: each job is reaped
     once, and completed at attempt 2."""
     settings.JOBQUEUE = {**settings.JOBQUEUE, "MIN_LEASE_SECONDS": 1}
@@ -151,7 +152,7 @@ def test_two_racing_reapers_make_exactly_one_new_attempt(stack, make_agent, make
     by_pid = {}
     for run in ReaperRun.objects.filter(requeued__gt=0):
         by_pid[run.pid] = by_pid.get(run.pid, 0) + run.requeued
-    print(f"\nrequeued per reaper process: {by_pid}")
+    say(f"racing reapers: requeued per reaper process {by_pid}")
     assert sum(by_pid.values()) == 60
 
     b = stack.start_agent(agent, token, "B", concurrency=4)
