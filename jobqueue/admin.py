@@ -18,8 +18,8 @@ import uuid
 from django.contrib import admin, messages
 from django.contrib.admin.models import ADDITION, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, F, IntegerField, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce, Now
+from django.db.models import Count, F, Q
+from django.db.models.functions import Now
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -35,7 +35,7 @@ from .models import Job, JobAgent, JobClaim, JobEvent, ReaperRun, Workspace
 
 # An agent counts as "not seen" after this many of its lease periods without a request.
 AGENT_UNSEEN_LEASE_PERIODS = 3
-# "Recently" on the Recovery page, and the window of an agent's expired-lease count.
+# "Recently" on the Recovery page.
 RECENT = dt.timedelta(days=1)
 RECOVERY_ROWS = 50
 
@@ -211,33 +211,10 @@ class JobAgentAdmin(admin.ModelAdmin):
         return form
 
     def get_queryset(self, request):
-        in_flight = (
-            JobClaim.objects.filter(job_agent=OuterRef("pk"))
-            .order_by()
-            .values("job_agent")
-            .annotate(n=Count("*"))
-            .values("n")
-        )
-        expired = (
-            JobEvent.objects.filter(
-                job__job_agent=OuterRef("pk"),
-                kind__in=[JobEvent.REAPED, JobEvent.EXPIRED],
-                created_at__gte=NowPlusSeconds(-int(RECENT.total_seconds())),
-            )
-            .order_by()
-            .values("job__job_agent")
-            .annotate(n=Count("*"))
-            .values("n")
-        )
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                db_now=Now(),
-                in_flight_count=Coalesce(Subquery(in_flight, output_field=IntegerField()), 0),
-                expired_day_count=Coalesce(Subquery(expired, output_field=IntegerField()), 0),
-            )
-        )
+        # The same health numbers as the API's job-agent detail (agents.health).
+        from agents.health import with_health
+
+        return with_health(super().get_queryset(request)).annotate(db_now=Now())
 
     def get_search_results(self, request, queryset, search_term):
         return _name_or_id_search(queryset, search_term)
@@ -250,13 +227,13 @@ class JobAgentAdmin(admin.ModelAdmin):
     def last_seen(self, obj):
         return describe_age(obj.last_seen_at, row_db_now(obj))
 
-    @admin.display(description="jobs in flight", ordering="in_flight_count")
+    @admin.display(description="jobs in flight", ordering="jobs_in_flight")
     def in_flight(self, obj):
-        return obj.in_flight_count
+        return obj.jobs_in_flight
 
-    @admin.display(description="leases expired (last day)", ordering="expired_day_count")
+    @admin.display(description="leases expired (last day)", ordering="leases_expired_24h")
     def expired_leases_last_day(self, obj):
-        return obj.expired_day_count
+        return obj.leases_expired_24h
 
     @admin.display(description="lease")
     def lease_display(self, obj):

@@ -149,8 +149,8 @@ def test_job_cannot_be_added_deleted_or_edited(op_client, jobs):
 def test_agent_health_columns(op_client, jobs, agent):
     response = op_client.get(reverse("admin:jobqueue_jobagent_changelist"))
     row = next(a for a in response.context["cl"].result_list if a.pk == agent.pk)
-    assert row.in_flight_count == 2  # healthy + stuck
-    assert row.expired_day_count == 1  # the dead job's lease
+    assert row.jobs_in_flight == 2  # healthy + stuck
+    assert row.leases_expired_24h == 1  # the dead job's lease
     html = response.content.decode()
     assert "never" in html  # last seen: the agent never called the API in this test
 
