@@ -492,7 +492,10 @@ class JobAdmin(admin.ModelAdmin):
     def _run_action(self, request, queryset, func, verb, reason):
         actor = operator_actor(request)
         done, refused = 0, []
-        for job_id in queryset.values_list("id", flat=True):
+        for job_id, status in queryset.values_list("id", "status"):
+            if func is lifecycle.cancel_job and status == states.CANCELLED:
+                refused.append(f"{job_id}: already cancelled")  # cancel_job is a no-op
+                continue
             try:
                 job = func(job_id, actor=actor, reason=reason)
             except JobQueueError as exc:

@@ -222,3 +222,13 @@ def test_buttons_on_a_jobs_page_run_the_actions(op_client, viewer, jobs):
     stuck.refresh_from_db()
     assert stuck.status == states.FAILURE
     assert last_event(stuck).actor == "operator:olga"
+
+
+def test_cancelling_a_cancelled_job_is_reported_as_unchanged(op_client, jobs):
+    job = jobs["queued"]
+    run_action(op_client, "cancel_jobs", job)
+    events = JobEvent.objects.filter(job=job).count()
+    response = run_action(op_client, "cancel_jobs", job)
+    assert "already cancelled" in response.content.decode()
+    assert JobEvent.objects.filter(job=job).count() == events
+    assert LogEntry.objects.filter(object_id=str(job.id)).count() == 1
