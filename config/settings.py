@@ -164,7 +164,7 @@ JOBQUEUE = {
 # --- HTTP API (agents app) --------------------------------------------------------------
 # Largest request body the API accepts (bytes), with or without Content-Length: 413 beyond.
 JOBQUEUE["MAX_REQUEST_BYTES"] = env.int("JOBQUEUE_MAX_REQUEST_BYTES", 1024 * 1024)
-# Django's own cap (covers ASGI bodies without Content-Length) follows the API's.
+# Django's own cap on bodies it reads (forms, the admin) is never below the API's.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(JOBQUEUE["MAX_REQUEST_BYTES"], 2621440)
 # A request authenticated by an agent token refreshes its agent's last_seen_at at most this
 # often per process (one UPDATE of job_agent, never of job).

@@ -177,3 +177,39 @@ def test_hold_then_dispatch(live_world):
     again = producer.post(f"jobs/{job['id']}/dispatch")
     assert again.status_code == 409 and again.json()["code"] == "invalid_transition"
     assert agent.post(f"job-agents/{live_world.agent.id}/jobs/claim").status_code == 200
+
+
+@pytest.mark.parametrize("operation, code", [("cancel", "job_cancelled"),
+                                             ("requeue", "claim_superseded")])
+def test_a_holder_heartbeating_in_the_background_is_stopped_by_409(live_world, operation, code):
+    """A real holder keeps beating on its own connection while the operator acts."""
+    import threading
+
+    producer = live_world.producer()
+    job = create_job(producer, live_world)
+    holder = live_world.agent_caller()
+    claim = holder.post(f"job-agents/{live_world.agent.id}/jobs/{job['id']}/claim").json()
+    beat = {"claim_id": claim["claim"]["claim_id"]}
+    beats_ok, stopped_by = [], []
+    first_beat = threading.Event()
+
+    def heartbeat_loop():
+        while True:
+            r = holder.post(f"jobs/{job['id']}/heartbeat", json=beat)
+            if r.status_code != 200:
+                stopped_by.append((r.status_code, r.json()["code"]))
+                return
+            beats_ok.append(r.json()["claim_expires_at"])
+            first_beat.set()
+
+    thread = threading.Thread(target=heartbeat_loop)
+    thread.start()
+    assert first_beat.wait(30)
+    r = producer.post(f"jobs/{job['id']}/{operation}")
+    assert r.status_code == 200
+    thread.join(30)
+    assert not thread.is_alive()
+    assert stopped_by == [(409, code)]
+    assert beats_ok  # it was really beating before
+    assert not JobClaim.objects.filter(job_id=job["id"]).exists()
+    assert Job.objects.get(id=job["id"]).status == r.json()["status"]
