@@ -307,6 +307,9 @@ class Lease:
         self.backoff = Backoff(base=min(0.2, self.interval), cap=self.interval)
         self.lost_code = ""
         self.finished = False  # the report or release was accepted: answers no longer matter
+        # Held while a request carrying this claim is in flight, so that a heartbeat never
+        # crosses the claim's own report or release (which would be refused as stale).
+        self.wire = threading.Lock()
         self.stop_child = threading.Event()  # set: lease lost or drain; the child must stop
         self.lock = threading.Lock()
 
@@ -388,8 +391,20 @@ class Heartbeater(threading.Thread):
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _beat(self, due: list[Lease]) -> None:
-        for start in range(0, len(due), MAX_HEARTBEAT_BATCH):
-            self._beat_chunk(due[start:start + MAX_HEARTBEAT_BATCH])
+        ready = []
+        for lease in due:
+            if not lease.wire.acquire(blocking=False):
+                lease.next_due = time.monotonic() + 0.05  # its report is in flight
+            elif lease.finished:
+                lease.wire.release()
+            else:
+                ready.append(lease)
+        try:
+            for start in range(0, len(ready), MAX_HEARTBEAT_BATCH):
+                self._beat_chunk(ready[start:start + MAX_HEARTBEAT_BATCH])
+        finally:
+            for lease in ready:
+                lease.wire.release()
 
     def _beat_chunk(self, due: list[Lease]) -> None:
         if self.use_batch:
@@ -644,8 +659,10 @@ class Agent:
         started = time.monotonic()
         while True:
             try:
-                self.client.report(claim.job_id, claim.claim_id, status, message=message,
-                                   result=result)
+                with lease.wire:
+                    self.client.report(claim.job_id, claim.claim_id, status, message=message,
+                                       result=result)
+                    lease.finished = True
             except LeaseLost as exc:
                 lease.mark_lost(exc.code)
                 log_event("report_refused", level=logging.WARNING, job=claim.job_id,
@@ -677,7 +694,6 @@ class Agent:
                           retry_in=delay)
                 time.sleep(delay)
                 continue
-            lease.finished = True
             log_event("reported", job=claim.job_id, attempt=claim.attempt, status=status,
                       has_result=result is not None)
             return
@@ -688,7 +704,9 @@ class Agent:
         give_up = time.monotonic() + self.options.release_timeout
         while True:
             try:
-                self.client.release(claim.job_id, claim.claim_id, reason=reason)
+                with run.lease.wire:
+                    self.client.release(claim.job_id, claim.claim_id, reason=reason)
+                    run.lease.finished = True
             except LeaseLost as exc:
                 log_event("release_refused", level=logging.WARNING, job=claim.job_id,
                           attempt=claim.attempt, code=exc.code)
@@ -700,7 +718,6 @@ class Agent:
                     return
                 time.sleep(backoff.next())
                 continue
-            run.lease.finished = True
             log_event("released", job=claim.job_id, attempt=claim.attempt, reason=reason)
             return
 
