@@ -1,9 +1,12 @@
 """The served OpenAPI schema: it validates, the docs page uses local assets, and
 schemathesis, driven against a live server, finds no 5xx and no response off the schema."""
 
+import os
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -25,7 +28,9 @@ CHECKS = [
     response_headers_conformance,
     response_schema_conformance,
 ]
-EXAMPLES = 12  # per operation: the whole run stays well under a minute
+# Per operation; the whole run stays well under a minute. Raise it for a deeper local run:
+# API_SCHEMA_EXAMPLES=200 pytest tests/api/test_schema.py
+EXAMPLES = int(os.environ.get("API_SCHEMA_EXAMPLES", "12"))
 
 
 @pytest.fixture
@@ -42,17 +47,14 @@ def api_target(live_server, transactional_db):
     }
 
 
-def test_api_conforms_to_its_schema(live_server, api_target):
-    """Every operation of the served schema, EXAMPLES generated requests each (the
-    schemathesis pytest plugin's lazy fixture loader does not run on pytest 9, so the
-    operations are driven here with Hypothesis directly)."""
+def _drive(live_server, api_target, mode, checks):
     schema = schemathesis.openapi.from_url(f"{live_server.url}/v1/schema/")
     headers = {"X-API-Key": api_target["world"].key}
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 17
     for operation in operations:
 
-        @given(case=operation.as_strategy())
+        @given(case=operation.as_strategy(generation_mode=mode))
         @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck))
         def check(case):
@@ -62,9 +64,24 @@ def test_api_conforms_to_its_schema(live_server, api_target):
                     case.path_parameters[name] = value
             if isinstance(case.body, dict) and "job_agent_id" in case.body:
                 case.body["job_agent_id"] = api_target["paths"]["agent_id"]
-            case.call_and_validate(headers=headers, checks=CHECKS)
+            case.call_and_validate(headers=headers, checks=checks)
 
         check()
+
+
+def test_api_conforms_to_its_schema(live_server, api_target):
+    """Every operation of the served schema, EXAMPLES valid requests each (the schemathesis
+    pytest plugin's lazy fixture loader does not run on pytest 9, so the operations are
+    driven here with Hypothesis directly)."""
+    _drive(live_server, api_target, GenerationMode.POSITIVE, CHECKS)
+
+
+def test_invalid_requests_never_get_a_server_error(live_server, api_target):
+    """Requests that break the schema (wrong types, missing fields, bad values): each is
+    answered with a documented 4xx, never a 5xx."""
+    _drive(live_server, api_target, GenerationMode.NEGATIVE,
+           [not_a_server_error, status_code_conformance, content_type_conformance,
+            response_schema_conformance])
 
 
 def test_schema_is_served_and_names_every_endpoint(live_world):
