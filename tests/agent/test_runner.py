@@ -221,3 +221,31 @@ def test_cli_rejects_bad_numbers(monkeypatch, capsys):
         cli.build_parser().parse_args(["--concurrency", "0"])
     assert exc.value.code == 2
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_the_entry_point_is_installed_and_documents_every_option():
+    script = Path(sys.executable).with_name("jobqueue-agent")
+    assert script.exists(), "run `make install` (pip install -e .) to get the entry point"
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for option in ("--server", "--workspace", "--agent", "--token", "--concurrency",
+                   "--drain-timeout", "JOBQUEUE_TOKEN"):
+        assert option in proc.stdout
+
+
+def test_lease_deadline_uses_the_servers_clock_difference_not_ours():
+    import datetime as dt
+
+    from agents.agent.client import Claim
+    from agents.agent.runner import Lease
+
+    server_now = dt.datetime(2001, 1, 1, tzinfo=dt.UTC)  # far from this machine's clock
+    claim = Claim(job={"id": "j"}, claim_id="c", attempt=1, lease_seconds=30,
+                  heartbeat_interval_seconds=10, server_time=server_now,
+                  claim_expires_at=server_now + dt.timedelta(seconds=30))
+    lease = Lease(claim, sent_at=1000.0)
+    assert lease.deadline == 1030.0 and lease.interval == 10
+    lease.renewed(sent_at=1020.0, remaining=30)
+    assert lease.deadline == 1050.0 and lease.next_due == 1030.0
+    assert lease.mark_lost("claim_superseded") and not lease.mark_lost("job_finished")
+    assert lease.lost_code == "claim_superseded" and lease.stop_child.is_set()
