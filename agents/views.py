@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 
 from jobqueue import lifecycle, states
 from jobqueue.db import Now
-from jobqueue.models import Job, JobAgent, JobClaim
+from jobqueue.models import Job, JobAgent, JobClaim, Workspace
 
 from . import credentials, health
 from . import serializers as s
@@ -440,8 +440,6 @@ class JobAgentsView(ProducerView):
 
 
 def _workspace(workspace_id):
-    from jobqueue.models import Workspace
-
     return Workspace.objects.get(id=workspace_id)
 
 
