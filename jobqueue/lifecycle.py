@@ -10,6 +10,12 @@ the reaper takes job rows with SKIP LOCKED, so it never waits on a report in fli
 
 SQLite runs every write transaction as BEGIN IMMEDIATE (see config/settings.py), so writers
 are serialized; the same conditional updates and row counts keep the rules there.
+
+On PostgreSQL the hot paths are one statement each (round trips are their main cost, see
+docs/performance.md): a claim (named, next or batch) and a status report are each a single
+CTE statement in its own transaction with the same guards in the WHERE of its UPDATE, and the
+same lock order (the report's UPDATE locks the job row; the claim row is deleted from the
+rows it returns). A batch heartbeat locks its claim rows in job_id order, as the reaper does.
 """
 
 from __future__ import annotations
@@ -374,14 +380,88 @@ def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
     return grants
 
 
+# PostgreSQL: the whole claim is one statement (one round trip, its own transaction). The
+# same query as claim_candidates() locks the candidates in claim order with SKIP LOCKED; a
+# MATERIALIZED CTE evaluates it exactly once (never `IN (SELECT ... LIMIT n FOR UPDATE)`).
+# Then the guarded UPDATE (status still 'queued'), the claim rows and the events, all from
+# the rows that UPDATE returned. Lock order: job rows; the claim rows are new.
+_PG_CLAIM_SQL = """
+WITH locked AS MATERIALIZED (
+    SELECT id FROM job
+    WHERE job_agent_id = %(agent)s AND status = 'queued'
+      AND available_at <= STATEMENT_TIMESTAMP() {only}
+    ORDER BY priority DESC, available_at, created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
+        last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
+        updated_at = STATEMENT_TIMESTAMP()
+    FROM locked WHERE job.id = locked.id AND job.status = 'queued'
+    RETURNING job.*
+), claims AS (
+    INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
+                           claim_expires_at)
+    SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
+           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s)
+    FROM claimed
+), events AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT id, %(kind)s, attempt, %(actor)s, last_claim_id, %(detail)s::jsonb,
+           STATEMENT_TIMESTAMP()
+    FROM claimed
+)
+SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now FROM claimed
+ORDER BY priority DESC, available_at, created_at
+"""
+
+
+def _claim_pg(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None):
+    lease = lease_for(job_agent)
+    params = {
+        "agent": job_agent.id,
+        "limit": limit,
+        "lease": lease,
+        "kind": JobEvent.CLAIMED,
+        "actor": agent_actor(job_agent.id),
+        "detail": json.dumps({"lease_seconds": lease}),
+    }
+    only = ""
+    if job_id is not None:
+        only = "AND id = %(job)s"
+        params["job"] = job_id
+    jobs = list(Job.objects.raw(_PG_CLAIM_SQL.format(only=only), params))
+    if not jobs:
+        return []
+    now = jobs[0].db_now
+    expires = now + dt.timedelta(seconds=lease)
+    interval = heartbeat_interval_for(lease)
+    return [
+        ClaimGrant(
+            job=job,
+            claim_id=job.last_claim_id,
+            attempt=job.attempt,
+            lease_seconds=lease,
+            claimed_at=now,
+            claim_expires_at=expires,
+            heartbeat_interval_seconds=interval,
+            server_time=now,
+        )
+        for job in jobs
+    ]
+
+
 def claim_job(job_agent: JobAgent, job_id) -> ClaimGrant:
     """Claim the named job for this agent: at most once, whoever races for it."""
     try:
         job_uuid = uuid.UUID(str(job_id))
     except ValueError as exc:
         raise NotFound("No such job.") from exc
-    with transaction.atomic():
-        grants = _claim(job_agent, Job.objects.filter(id=job_uuid), 1)
+    if connection.vendor == "postgresql":
+        grants = _claim_pg(job_agent, 1, job_id=job_uuid)
+    else:
+        with transaction.atomic():
+            grants = _claim(job_agent, Job.objects.filter(id=job_uuid), 1)
     if grants:
         observe.emit("claimed", job_agent_id=job_agent.id, count=1)
         return grants[0]
@@ -395,8 +475,11 @@ def claim_next_jobs(job_agent: JobAgent, limit: int = 1) -> list[ClaimGrant]:
     max_batch = jobqueue_settings()["MAX_CLAIM_BATCH"]
     if not isinstance(limit, int) or isinstance(limit, bool) or not (1 <= limit <= max_batch):
         raise InvalidInput(f"limit must be an integer from 1 to {max_batch}.", field="limit")
-    with transaction.atomic():
-        grants = _claim(job_agent, Job.objects.all(), limit)
+    if connection.vendor == "postgresql":
+        grants = _claim_pg(job_agent, limit)
+    else:
+        with transaction.atomic():
+            grants = _claim(job_agent, Job.objects.all(), limit)
     if grants:
         observe.emit("claimed", job_agent_id=job_agent.id, count=len(grants))
     return grants
@@ -706,6 +789,42 @@ def report_status(
         fields["result"] = result
     if external_id is not None:
         fields["external_id"] = external_id
+    ids = (_try_uuid(job_id), _try_uuid(job_agent_id, True), _try_uuid(workspace_id, True))
+    if connection.vendor == "postgresql" and None not in ids:
+        job = _report_pg(ids[0], claim_uuid, status, actor, fields, result, ids[1], ids[2])
+    else:
+        job = _report_orm(job_id, claim_uuid, status, actor, fields, result, job_agent_id,
+                          workspace_id)
+    if job is not None:
+        if status == states.IN_PROGRESS:
+            observe.emit("progress", job_agent_id=job.job_agent_id)
+        else:
+            observe.emit("reported", job_agent_id=job.job_agent_id, status=status)
+        return job
+    # Nothing changed. A retried terminal report after a lost response is a success.
+    job = _fetch_job(job_id, workspace_id=workspace_id, job_agent_id=job_agent_id)
+    if status in states.TERMINAL and job.status == status and job.last_claim_id == claim_uuid:
+        return job
+    _refuse(job.id, claim_uuid, "status", workspace_id=workspace_id,
+            job_agent_id=job_agent_id, actor=actor)
+
+
+def _try_uuid(value, none_ok=False):
+    """The UUID, or None when it does not parse (the ORM path then handles the input)."""
+    if value is None:
+        return _ANY if none_ok else None
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+_ANY = object()  # "no scope" for _try_uuid(..., none_ok=True)
+
+
+def _report_orm(job_id, claim_uuid, status, actor, fields, result, job_agent_id,
+                workspace_id) -> Job | None:
+    """Conditional ORM updates (SQLite, and any input the PostgreSQL path leaves to it)."""
     guard = Q(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_uuid)
     with transaction.atomic():
         qs = _scoped_jobs(workspace_id, job_agent_id).filter(guard)
@@ -720,28 +839,86 @@ def report_status(
                 if deleted != 1:  # pragma: no cover - would break invariant 2
                     raise ClaimSuperseded()
             kind = JobEvent.STATUS_REPORTED
-        if n == 1:
-            job = Job.objects.get(id=job_id)
-            _event(
-                job.id,
-                kind,
-                attempt=job.attempt,
-                actor=actor,
-                claim_id=claim_uuid,
-                status=status,
-                has_result=result is not None,
-            ).save()
-            if kind == JobEvent.PROGRESS_REPORTED:
-                observe.emit("progress", job_agent_id=job.job_agent_id)
-            else:
-                observe.emit("reported", job_agent_id=job.job_agent_id, status=status)
-            return job
-    # Nothing changed. A retried terminal report after a lost response is a success.
-    job = _fetch_job(job_id, workspace_id=workspace_id, job_agent_id=job_agent_id)
-    if status in states.TERMINAL and job.status == status and job.last_claim_id == claim_uuid:
+        if n != 1:
+            return None
+        job = Job.objects.get(id=job_id)
+        _event(
+            job.id,
+            kind,
+            attempt=job.attempt,
+            actor=actor,
+            claim_id=claim_uuid,
+            status=status,
+            has_result=result is not None,
+        ).save()
         return job
-    _refuse(job.id, claim_uuid, "status", workspace_id=workspace_id,
-            job_agent_id=job_agent_id, actor=actor)
+
+
+# PostgreSQL: a report is one statement. The guarded UPDATE of the job row comes first (it
+# locks the job row); a terminal report also requires the claim row (same claim_id) in its
+# WHERE, and deletes it in a CTE fed by the UPDATE's rows, so the claim row is locked second
+# (the documented order). The event is written from the same rows.
+_PG_REPORT_SQL = """
+WITH done AS (
+    UPDATE job SET {sets}updated_at = STATEMENT_TIMESTAMP()
+    {claim_from}
+    WHERE job.id = %(job)s AND job.status = 'in_progress' AND job.last_claim_id = %(claim)s
+      {scope}{claim_guard}
+    RETURNING job.*
+){gone}, event AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
+    FROM done
+)
+SELECT done.*{gone_count} FROM done
+"""
+
+
+def _report_pg(job_uuid, claim_uuid, status, actor, fields, result, agent_uuid,
+               ws_uuid) -> Job | None:
+    params = {
+        "job": job_uuid,
+        "claim": claim_uuid,
+        "actor": actor,
+        "detail": json.dumps({"status": status, "has_result": result is not None}),
+    }
+    sets = ""
+    for name in ("message", "external_id"):
+        if name in fields:
+            sets += f"{name} = %({name})s, "
+            params[name] = fields[name]
+    if "result" in fields:
+        sets += "result = %(result)s::jsonb, "
+        params["result"] = json.dumps(fields["result"])
+    scope = ""
+    if agent_uuid is not _ANY:
+        scope += "AND job.job_agent_id = %(agent)s "
+        params["agent"] = agent_uuid
+    if ws_uuid is not _ANY:
+        scope += "AND job.workspace_id = %(ws)s "
+        params["ws"] = ws_uuid
+    parts = {"sets": sets, "scope": scope, "claim_from": "", "claim_guard": "", "gone": "",
+             "gone_count": ""}
+    if status == states.IN_PROGRESS:
+        params["kind"] = JobEvent.PROGRESS_REPORTED
+    else:
+        params["kind"] = JobEvent.STATUS_REPORTED
+        params["status"] = status
+        parts.update(
+            sets="status = %(status)s, completed_at = STATEMENT_TIMESTAMP(), " + sets,
+            claim_from="FROM job_claim c",
+            claim_guard="AND c.job_id = job.id AND c.claim_id = %(claim)s",
+            gone=", gone AS (DELETE FROM job_claim c USING done WHERE c.job_id = done.id "
+            "AND c.claim_id = %(claim)s RETURNING c.job_id)",
+            gone_count=", (SELECT count(*) FROM gone) AS claims_deleted",
+        )
+    jobs = list(Job.objects.raw(_PG_REPORT_SQL.format(**parts), params))
+    if not jobs:
+        return None
+    job = jobs[0]
+    if status != states.IN_PROGRESS and job.claims_deleted != 1:  # pragma: no cover
+        raise RuntimeError("report: the claim row changed under the job row's lock")
+    return job
 
 
 def release_job(

@@ -1,0 +1,200 @@
+"""The one-statement claim and report (PostgreSQL) keep every rule of the ORM path: checked
+here by the statements they send, their plans, and real callers racing them. The field and
+scope tests run on both backends (SQLite takes the ORM path)."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobqueue import lifecycle, states
+from jobqueue.db import NowPlusSeconds, db_now
+from jobqueue.exceptions import ClaimSuperseded, Conflict, NotFound
+from jobqueue.models import Job, JobClaim, JobEvent
+from tests.factories import JobAgentFactory, JobFactory
+from tests.utils import run_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def sent(ctx):
+    return [q["sql"] for q in ctx.captured_queries]
+
+
+@pytest.mark.postgres_only
+def test_claim_and_report_are_one_statement_each():
+    agent = JobAgentFactory()
+    JobFactory.create_batch(3, job_agent=agent)
+    with CaptureQueriesContext(connection) as claim:
+        grant = lifecycle.claim_next_job(agent)
+    with CaptureQueriesContext(connection) as progress:
+        lifecycle.report_status(grant.job.id, grant.claim_id, states.IN_PROGRESS, message="half")
+    with CaptureQueriesContext(connection) as report:
+        lifecycle.report_status(grant.job.id, grant.claim_id, states.SUCCESSFUL,
+                                job_agent_id=agent.id)
+    with CaptureQueriesContext(connection) as batch:
+        grants = lifecycle.claim_next_jobs(agent, 2)
+    with CaptureQueriesContext(connection) as named:
+        lifecycle.report_status(grants[0].job.id, grants[0].claim_id, states.FAILURE)
+    for ctx in (claim, progress, report, batch, named):
+        assert len(sent(ctx)) == 1, sent(ctx)  # no BEGIN/COMMIT either: autocommit
+    assert len(grants) == 2
+
+
+@pytest.mark.postgres_only
+def test_claim_statement_locks_through_the_partial_index_without_sorting():
+    from tests.core.test_races import bulk_jobs
+
+    agent = JobAgentFactory()
+    bulk_jobs(agent, 20000, status=states.SUCCESSFUL, completed_at=db_now(), attempt=1)
+    bulk_jobs(agent, 20)
+    params = {"agent": agent.id, "limit": 5, "lease": 60, "kind": "claimed", "actor": "a",
+              "detail": "{}"}
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE job")
+        cur.execute("EXPLAIN " + lifecycle._PG_CLAIM_SQL.format(only=""), params)
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    locking = plan.split("CTE locked", 1)[1].split("CTE claimed", 1)[0]
+    assert "job_claim_order_idx" in locking, plan
+    assert "LockRows" in locking and "Sort" not in locking, plan
+    # LIMIT sits above the row locks, inside a CTE evaluated once (not IN (SELECT ...)).
+    assert locking.index("Limit") < locking.index("LockRows"), plan
+
+
+def test_report_sets_fields_and_respects_scope():
+    agent = JobAgentFactory()
+    other = JobAgentFactory(workspace=agent.workspace)
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id)
+    with pytest.raises(NotFound):
+        lifecycle.report_status(job.id, grant.claim_id, states.SUCCESSFUL, job_agent_id=other.id)
+    assert Job.objects.get(id=job.id).status == states.IN_PROGRESS
+    progress = lifecycle.report_status(job.id, grant.claim_id, states.IN_PROGRESS,
+                                       message="50% done", result={"step": 1})
+    assert progress.status == states.IN_PROGRESS and progress.message == "50% done"
+    assert progress.result == {"step": 1} and progress.completed_at is None
+    done = lifecycle.report_status(
+        job.id, grant.claim_id, states.SUCCESSFUL, message="ok", result=[1, "two", None],
+        external_id="ext-9", job_agent_id=agent.id, workspace_id=agent.workspace_id,
+    )
+    stored = Job.objects.get(id=job.id)
+    for j in (done, stored):
+        assert j.status == states.SUCCESSFUL and j.message == "ok" and j.external_id == "ext-9"
+        assert j.result == [1, "two", None] and j.completed_at is not None
+    assert done.completed_at == stored.completed_at and done.updated_at == stored.updated_at
+    assert not JobClaim.objects.filter(job_id=job.id).exists()
+    events = list(JobEvent.objects.filter(job_id=job.id).order_by("id"))
+    assert [e.kind for e in events][-3:] == ["claimed", "progress_reported", "status_reported"]
+    assert events[-1].detail == {"status": "successful", "has_result": True}
+    assert events[-1].claim_id == grant.claim_id and events[-1].attempt == 1
+    assert events[-1].actor == f"agent:{agent.id}"
+    # A retried identical report is a success; another status is refused.
+    again = lifecycle.report_status(job.id, grant.claim_id, states.SUCCESSFUL)
+    assert again.id == job.id and again.status == states.SUCCESSFUL
+    with pytest.raises(Conflict) as refused:
+        lifecycle.report_status(job.id, grant.claim_id, states.FAILURE)
+    assert refused.value.code == "job_finished"
+
+
+def test_claim_grant_matches_what_is_stored():
+    agent = JobAgentFactory(lease_seconds=45)
+    JobFactory.create_batch(3, job_agent=agent, dispatch_context={"secret": "s"})
+    for grant in lifecycle.claim_next_jobs(agent, 3) + [None]:
+        if grant is None:
+            break
+        claim = JobClaim.objects.get(job_id=grant.job.id)
+        job = Job.objects.get(id=grant.job.id)
+        assert grant.claim_id == claim.claim_id == job.last_claim_id
+        assert grant.claim_expires_at == claim.claim_expires_at
+        assert grant.claimed_at == claim.claimed_at == job.started_at == grant.server_time
+        assert (grant.claim_expires_at - grant.claimed_at).total_seconds() == 45
+        assert grant.job.dispatch_context == {"secret": "s"} and grant.job.attempt == 1
+        assert grant.heartbeat_interval_seconds == 15
+        event = JobEvent.objects.get(job_id=job.id, kind="claimed")
+        assert event.claim_id == grant.claim_id and event.detail == {"lease_seconds": 45}
+        assert "secret" not in str(event.detail)
+
+
+@pytest.mark.postgres_only
+def test_race_reports_against_reapers_exactly_one_wins_each_job():
+    """Every claim has just expired; one thread reports each job while two reap. Each job
+    ends either reported (no reap event) or reaped (the report refused, claim_superseded),
+    never both; nothing deadlocks; in_progress <=> one claim row."""
+    agent = JobAgentFactory(max_attempts=5)
+    JobFactory.create_batch(80, job_agent=agent)
+    grants = lifecycle.claim_next_jobs(agent, 80)
+    JobClaim.objects.update(claim_expires_at=NowPlusSeconds(-1))
+
+    def work(i, barrier):
+        barrier.wait()
+        if i == 0:
+            outcomes = {}
+            for g in grants:
+                try:
+                    lifecycle.report_status(g.job.id, g.claim_id, states.SUCCESSFUL,
+                                            job_agent_id=agent.id)
+                    outcomes[g.job.id] = "reported"
+                except ClaimSuperseded:
+                    outcomes[g.job.id] = "refused"
+            return outcomes
+        for _ in range(40):
+            lifecycle.reap_expired_claims_once(3)
+        return None
+
+    outcomes = run_threads(work, 3)[0]
+    lifecycle.reap_expired_claims_once(1000)
+    reaped = set(JobEvent.objects.filter(kind="reaped").values_list("job_id", flat=True))
+    reported = set(JobEvent.objects.filter(kind="status_reported").values_list("job_id",
+                                                                                 flat=True))
+    statuses = dict(Job.objects.values_list("id", "status"))
+    assert not JobClaim.objects.exists()
+    for g in grants:
+        if outcomes[g.job.id] == "reported":
+            assert g.job.id in reported and g.job.id not in reaped
+            assert statuses[g.job.id] == states.SUCCESSFUL
+        else:
+            assert g.job.id in reaped and g.job.id not in reported
+            assert statuses[g.job.id] == states.QUEUED
+
+
+@pytest.mark.postgres_only
+def test_race_reports_against_cancels_requeues_and_heartbeats():
+    """A report, an operator action and batch heartbeats race on every job: exactly one of
+    report and operator action takes effect, and the timeline says which."""
+    agent = JobAgentFactory()
+    JobFactory.create_batch(40, job_agent=agent)
+    grants = lifecycle.claim_next_jobs(agent, 40)
+    pairs = [(g.job.id, g.claim_id) for g in grants]
+
+    def work(i, barrier):
+        barrier.wait()
+        won = {}
+        for k, g in enumerate(grants):
+            try:
+                if i == 0:
+                    lifecycle.report_status(g.job.id, g.claim_id, states.SUCCESSFUL)
+                elif i == 1:
+                    (lifecycle.cancel_job if k % 2 else lifecycle.requeue_job)(g.job.id)
+                else:
+                    lifecycle.heartbeat_many(agent.id, pairs[k:] + pairs[:k])
+                    continue
+                won[g.job.id] = True
+            except Conflict:
+                won[g.job.id] = False
+        return won
+
+    report_won, operator_won, _ = run_threads(work, 3)
+    assert not JobClaim.objects.exists()
+    for k, g in enumerate(grants):
+        job = Job.objects.get(id=g.job.id)
+        kinds = list(JobEvent.objects.filter(job_id=g.job.id).values_list("kind", flat=True))
+        if report_won[g.job.id]:
+            # The report came first; the operator then acted on a finished job.
+            assert kinds.count("status_reported") == 1
+            if k % 2:  # cancel of a finished job is refused
+                assert job.status == states.SUCCESSFUL and not operator_won[g.job.id]
+            else:  # requeue of a finished job is allowed and queues it again
+                assert job.status == states.QUEUED and operator_won[g.job.id]
+        else:
+            assert "status_reported" not in kinds
+            assert operator_won[g.job.id]
+            assert job.status == (states.CANCELLED if k % 2 else states.QUEUED)
