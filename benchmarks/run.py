@@ -240,8 +240,9 @@ def run_peer(system, concurrency, n, batch=None):
 
 CORE_SYSTEMS = [
     ("pgbench", "pgbench: one single-row UPDATE by primary key per transaction (the limit)"),
-    ("raw_shape", "raw psycopg, the lifecycle's statements (same SQL shape, no Django)"),
-    ("raw_cte", "raw psycopg, one CTE per phase (2 round trips a job)"),
+    ("raw_cte", "raw psycopg, the lifecycle's SQL on PostgreSQL: one CTE per phase, 2 round "
+     "trips a job (same SQL shape, no Django)"),
+    ("raw_shape", "raw psycopg, the ORM path's statements (12 round trips a job, 2 commits)"),
     ("jobqueue", "jobqueue lifecycle: claim-next + terminal report"),
     ("jobqueue_b10", "jobqueue lifecycle: batch claim of 10 + a report per job"),
     ("pgqueuer_b1", "pgqueuer 1.6.0, batch 1"),
@@ -288,8 +289,9 @@ def core_table(res):
     levels, med = res["levels"], res["median"]
     lines = [
         f"Drain of {res['jobs']:,} no-op jobs per run, median of {res['reps']} runs, jobs/s "
-        "(pgbench: transactions/s); in brackets the ratio to pgbench and to the raw loop of the "
-        "same SQL shape, measured in the same run.",
+        "(pgbench: transactions/s); in brackets the ratio to pgbench and to the raw psycopg loop "
+        "of the same SQL shape (the lifecycle's statements on PostgreSQL), measured in the same "
+        "run.",
         "",
         "| system | " + " | ".join(f"c={c}" for c in levels) + " |",
         "|---|" + "---|" * len(levels),
@@ -304,11 +306,11 @@ def core_table(res):
                 cells.append("")
                 continue
             limit = med["pgbench"].get(c)
-            shape = med["raw_shape"].get(c)
+            shape = med["raw_cte"].get(c)
             cell = f"{v:,.0f}"
             if key != "pgbench" and limit:
                 cell += f" ({v / limit:.2f}"
-                cell += f"; {v / shape:.2f}× raw)" if shape and key != "raw_shape" else ")"
+                cell += f"; {v / shape:.2f}× raw)" if shape and key != "raw_cte" else ")"
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
@@ -684,10 +686,21 @@ def reaper_table(res):
 # --- output -------------------------------------------------------------------------------
 
 
+def _int_keys(value):
+    """JSON turned our integer keys (concurrency, sizes, batch sizes) into strings."""
+    if isinstance(value, dict):
+        return {(int(k) if isinstance(k, str) and k.isdigit() else k): _int_keys(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_int_keys(v) for v in value]
+    return value
+
+
+
 def markdown(results):
     started = results["started_at"]
     lines = [
-        f"Run of {started} on {results['machine']}; PostgreSQL {results['postgres']}. "
+        f"Last run {started} on {results['machine']}; PostgreSQL {results['postgres']}. "
         f"Sizes: {json.dumps(results['sizes'])}.",
         "",
     ]
@@ -700,7 +713,9 @@ def markdown(results):
     ]
     for key, title, fn in sections:
         if key in results["scenarios"]:
-            lines += [f"### {title}", "", *fn(results["scenarios"][key]), ""]
+            res = results["scenarios"][key]
+            when = f" (measured {res['measured_at']})" if res.get("measured_at") else ""
+            lines += [f"### {title}{when}", "", *fn(res), ""]
     return "\n".join(lines)
 
 
@@ -745,7 +760,16 @@ def main(argv=None):
         log(f"scenario {name}")
         t = time.perf_counter()
         results["scenarios"][name] = runners[name]()
+        results["scenarios"][name]["measured_at"] = dt.datetime.now(dt.UTC).strftime(
+            "%Y-%m-%d %H:%M UTC")
         log(f"scenario {name} done in {time.perf_counter() - t:.0f}s")
+    # Scenarios not run this time keep their latest results (each says when it was measured).
+    previous = RESULTS_DIR / "latest.json"
+    if not args.no_write and previous.exists():
+        old = json.loads(previous.read_text()).get("scenarios", {})
+        for name, value in old.items():
+            if name not in results["scenarios"]:
+                results["scenarios"][name] = _int_keys(value)
     md = markdown(results) if args.no_write else write_outputs(results)
     print(md)
     from django.db import connections

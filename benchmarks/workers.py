@@ -134,33 +134,55 @@ def raw_shape(agent_id: str) -> None:
     worker_done(n=n, t0=t0, t1=time.time())
 
 
-# The same guards as one statement per phase (the shape a PostgreSQL fast path can have).
-CTE_CLAIM = (
-    "WITH locked AS (SELECT id FROM job WHERE job_agent_id = %(agent)s AND status = 'queued' "
-    "AND available_at <= STATEMENT_TIMESTAMP() ORDER BY priority DESC, available_at, created_at "
-    "LIMIT 1 FOR UPDATE SKIP LOCKED), "
-    "upd AS (UPDATE job j SET status = 'in_progress', attempt = j.attempt + 1, "
-    "last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(), "
-    "updated_at = STATEMENT_TIMESTAMP() FROM locked WHERE j.id = locked.id "
-    "AND j.status = 'queued' RETURNING j.*), "
-    "cl AS (INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, "
-    "claimed_at, claim_expires_at) SELECT id, job_agent_id, last_claim_id, attempt, 60, "
-    "STATEMENT_TIMESTAMP(), STATEMENT_TIMESTAMP() + interval '60 seconds' FROM upd), "
-    "ev AS (INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at) "
-    "SELECT id, 'claimed', attempt, %(actor)s, last_claim_id, '{\"lease_seconds\": 60}', "
-    "STATEMENT_TIMESTAMP() FROM upd) SELECT upd.id, upd.last_claim_id, upd.* FROM upd"
+# What the lifecycle sends on PostgreSQL (jobqueue/lifecycle.py, _PG_CLAIM_SQL and the terminal
+# form of _PG_REPORT_SQL with the agent scope), copied here so that this loop runs without
+# Django: the same SQL shape, one statement per phase.
+CTE_CLAIM = """
+WITH locked AS MATERIALIZED (
+    SELECT id FROM job
+    WHERE job_agent_id = %(agent)s AND status = 'queued'
+      AND available_at <= STATEMENT_TIMESTAMP()
+    ORDER BY priority DESC, available_at, created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
+        last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
+        updated_at = STATEMENT_TIMESTAMP()
+    FROM locked WHERE job.id = locked.id AND job.status = 'queued'
+    RETURNING job.*
+), claims AS (
+    INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
+                           claim_expires_at)
+    SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
+           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s)
+    FROM claimed
+), events AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT id, 'claimed', attempt, %(actor)s, last_claim_id, %(detail)s::jsonb,
+           STATEMENT_TIMESTAMP()
+    FROM claimed
 )
-CTE_REPORT = (
-    "WITH upd AS (UPDATE job SET status = 'successful', completed_at = STATEMENT_TIMESTAMP(), "
-    "updated_at = STATEMENT_TIMESTAMP() WHERE id = %(job)s AND job_agent_id = %(agent)s "
-    "AND status = 'in_progress' AND last_claim_id = %(claim)s RETURNING *), "
-    "del AS (DELETE FROM job_claim c USING upd WHERE c.job_id = upd.id "
-    "AND c.claim_id = %(claim)s RETURNING c.job_id), "
-    "ev AS (INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at) "
-    "SELECT id, 'status_reported', attempt, %(actor)s, %(claim)s, "
-    "'{\"status\": \"successful\", \"has_result\": false}', STATEMENT_TIMESTAMP() FROM upd) "
-    "SELECT upd.*, (SELECT count(*) FROM del) FROM upd"
+SELECT claimed.id, claimed.last_claim_id, claimed.*, STATEMENT_TIMESTAMP() AS db_now
+FROM claimed ORDER BY priority DESC, available_at, created_at
+"""
+CTE_REPORT = """
+WITH done AS (
+    UPDATE job SET status = 'successful', completed_at = STATEMENT_TIMESTAMP(),
+        updated_at = STATEMENT_TIMESTAMP()
+    FROM job_claim c
+    WHERE job.id = %(job)s AND job.status = 'in_progress' AND job.last_claim_id = %(claim)s
+      AND job.job_agent_id = %(agent)s AND c.job_id = job.id AND c.claim_id = %(claim)s
+    RETURNING job.*
+), gone AS (DELETE FROM job_claim c USING done WHERE c.job_id = done.id
+    AND c.claim_id = %(claim)s RETURNING c.job_id), event AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT id, 'status_reported', attempt, %(actor)s, %(claim)s, %(detail)s::jsonb,
+           STATEMENT_TIMESTAMP()
+    FROM done
 )
+SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
+"""
 
 
 def raw_cte(agent_id: str) -> None:
@@ -173,7 +195,8 @@ def raw_cte(agent_id: str) -> None:
     t0 = time.time()
     n = 0
     while True:
-        row = conn.execute(CTE_CLAIM, {"agent": agent, "actor": actor}).fetchone()
+        row = conn.execute(CTE_CLAIM, {"agent": agent, "actor": actor, "limit": 1, "lease": 60,
+                                       "detail": '{"lease_seconds": 60}'}).fetchone()
         if row is None:
             if conn.execute(
                 "SELECT 1 FROM job WHERE job_agent_id = %s AND status = 'queued' LIMIT 1",
@@ -183,7 +206,8 @@ def raw_cte(agent_id: str) -> None:
             break
         job_id, claim_id = row[0], row[1]
         done = conn.execute(
-            CTE_REPORT, {"job": job_id, "agent": agent, "claim": claim_id, "actor": actor}
+            CTE_REPORT, {"job": job_id, "agent": agent, "claim": claim_id, "actor": actor,
+                         "detail": '{"status": "successful", "has_result": false}'}
         ).fetchone()
         assert done is not None and done[-1] == 1
         n += 1
