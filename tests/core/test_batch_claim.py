@@ -66,7 +66,8 @@ def test_one_write_per_table_whatever_the_batch_size():
         grants = lifecycle.claim_next_jobs(agent, 50)
     assert len(grants) == 50
     assert len(fifty.captured_queries) == len(one.captured_queries)
-    updates = [q for q in fifty.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    updates = [q for q in fifty.captured_queries
+               if (q["sql"] or "").lstrip().upper().startswith("UPDATE")]
     assert len(updates) <= 1
     assert_grants_match_database(grants)
 
