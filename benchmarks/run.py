@@ -71,6 +71,22 @@ DOC = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
+def retry(fn, what, attempts=3):
+    """Run one measurement again (from scratch) when the database went away under it: the
+    PostgreSQL of a shared machine may be restarted by someone else's test."""
+    from django.db import connections
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - logged, retried, re-raised at the end
+            if attempt == attempts:
+                raise
+            log(f"{what}: {type(exc).__name__}: {str(exc)[:200]}; retrying")
+            connections.close_all()
+            time.sleep(10)
+
+
 def conf(name):
     value = os.environ.get(name, DEFAULTS[name])
     if isinstance(DEFAULTS[name], int):
@@ -277,7 +293,7 @@ def scenario_core(peers=True):
                     "djtasks": lambda c=c: run_peer("djtasks", c, n),
                 })
             for key, fn in runs.items():
-                value = fn()
+                value = retry(fn, f"core c={c} {key}")
                 raw[key][c].append(value)
                 log(f"core rep {rep + 1}/{reps} c={c} {key}: {value:,.0f}/s")
     drop_database("bench_pgbench")
@@ -355,8 +371,6 @@ def start_gunicorn(workers):
 
 
 def scenario_http():
-    from agents import credentials
-
     n, reps = conf("BENCH_HTTP_JOBS"), conf("BENCH_REPS")
     levels, workers = conf("BENCH_HTTP_AGENTS"), conf("BENCH_HTTP_WORKERS")
     proc, port = start_gunicorn(workers)
@@ -365,40 +379,49 @@ def scenario_http():
     try:
         for rep in range(reps):
             for c in levels:
-                reset_tables()
-                agent = make_agent()
-                token = credentials.issue_agent_token(agent)
-                insert_jobs(agent, n)
-                sql("ANALYZE job")
-                base = f"{root}v1/workspaces/{agent.workspace_id}/"
-                results = run_workers(
-                    [[APP_PY, "-m", "benchmarks.workers", "http_agent", base, str(agent.id),
-                      token]] * c
-                )
-                verify_http(agent, n)
-                total, elapsed, rate = throughput(results)
-                trivial = run_workers(
-                    [[APP_PY, "-m", "benchmarks.workers", "http_trivial", root, token,
-                      str(max(50, 3 * n // c))]] * c
-                )
-                t_total, t_elapsed, t_rate = throughput(trivial)
-                lat = {k: [x for r in results for x in r["lat"][k]]
-                       for k in ("claim", "heartbeat", "status")}
-                lat["trivial"] = [x for r in trivial for x in r["lat"]["trivial"]]
-                row = {
-                    "jobs_per_s": rate,
-                    "trivial_per_s": t_rate,
-                    "requests_per_s": 3 * total / elapsed,
-                    "p50_ms": {k: 1000 * percentile(v, 50) for k, v in lat.items()},
-                    "p99_ms": {k: 1000 * percentile(v, 99) for k, v in lat.items()},
-                }
-                raw[c].append(row)
-                log(f"http rep {rep + 1}/{reps} agents={c}: {rate:,.0f} jobs/s, trivial "
-                    f"{t_rate:,.0f}/s, p50 {row['p50_ms']}")
+                raw[c].append(retry(lambda c=c: http_level(c, n, root), f"http agents={c}"))
+                log(f"http rep {rep + 1}/{reps} agents={c}: {raw[c][-1]['jobs_per_s']:,.0f} "
+                    f"jobs/s, trivial {raw[c][-1]['trivial_per_s']:,.0f}/s")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    return _http_summary(raw, levels, n, reps, workers)
 
+
+def http_level(c, n, root):
+    from agents import credentials
+
+    reset_tables()
+    agent = make_agent()
+    token = credentials.issue_agent_token(agent)
+    insert_jobs(agent, n)
+    sql("ANALYZE job")
+    base = f"{root}v1/workspaces/{agent.workspace_id}/"
+    results = run_workers(
+        [[APP_PY, "-m", "benchmarks.workers", "http_agent", base, str(agent.id),
+          token]] * c
+    )
+    verify_http(agent, n)
+    total, elapsed, rate = throughput(results)
+    trivial = run_workers(
+        [[APP_PY, "-m", "benchmarks.workers", "http_trivial", root, token,
+          str(max(50, 3 * n // c))]] * c
+    )
+    t_total, t_elapsed, t_rate = throughput(trivial)
+    lat = {k: [x for r in results for x in r["lat"][k]]
+           for k in ("claim", "heartbeat", "status")}
+    lat["trivial"] = [x for r in trivial for x in r["lat"]["trivial"]]
+    row = {
+        "jobs_per_s": rate,
+        "trivial_per_s": t_rate,
+        "requests_per_s": 3 * total / elapsed,
+        "p50_ms": {k: 1000 * percentile(v, 50) for k, v in lat.items()},
+        "p99_ms": {k: 1000 * percentile(v, 99) for k, v in lat.items()},
+    }
+    return row
+
+
+def _http_summary(raw, levels, n, reps, workers):
     def med(c, path):
         vals = []
         for row in raw[c]:
