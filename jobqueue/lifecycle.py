@@ -385,6 +385,11 @@ def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
 # MATERIALIZED CTE evaluates it exactly once (never `IN (SELECT ... LIMIT n FOR UPDATE)`).
 # Then the guarded UPDATE (status still 'queued'), the claim rows and the events, all from
 # the rows that UPDATE returned. Lock order: job rows; the claim rows are new.
+# The job's columns by name, never `job.*`: these statements are prepared once per
+# connection, and a prepared `RETURNING job.*` fails ("cached plan must not change result
+# type") on every connection after a migration adds a column to `job`.
+_JOB_COLUMNS = ", ".join(f'job."{f.column}"' for f in Job._meta.concrete_fields)
+
 _PG_CLAIM_SQL = """
 WITH locked AS MATERIALIZED (
     SELECT id FROM job
@@ -398,7 +403,7 @@ WITH locked AS MATERIALIZED (
         last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
         updated_at = STATEMENT_TIMESTAMP()
     FROM locked WHERE job.id = locked.id AND job.status = 'queued'
-    RETURNING job.*
+    RETURNING {job_columns}
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at)
@@ -430,7 +435,8 @@ def _claim_pg(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None):
     if job_id is not None:
         only = "AND id = %(job)s"
         params["job"] = job_id
-    jobs = _jobs_from_rows(*_pg_run(_PG_CLAIM_SQL.format(only=only), params), "db_now")
+    sql = _PG_CLAIM_SQL.format(only=only, job_columns=_JOB_COLUMNS)
+    jobs = _jobs_from_rows(*_pg_run(sql, params), "db_now")
     if not jobs:
         return []
     now = jobs[0].db_now
@@ -931,7 +937,7 @@ WITH done AS (
     {claim_from}
     WHERE job.id = %(job)s AND job.status = 'in_progress' AND job.last_claim_id = %(claim)s
       {scope}{claim_guard}
-    RETURNING job.*
+    RETURNING {job_columns}
 ){gone}, event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
@@ -964,8 +970,8 @@ def _report_pg(job_uuid, claim_uuid, status, actor, fields, result, agent_uuid,
     if ws_uuid is not _ANY:
         scope += "AND job.workspace_id = %(ws)s "
         params["ws"] = ws_uuid
-    parts = {"sets": sets, "scope": scope, "claim_from": "", "claim_guard": "", "gone": "",
-             "gone_count": ""}
+    parts = {"job_columns": _JOB_COLUMNS, "sets": sets, "scope": scope, "claim_from": "",
+             "claim_guard": "", "gone": "", "gone_count": ""}
     if status == states.IN_PROGRESS:
         params["kind"] = JobEvent.PROGRESS_REPORTED
     else:

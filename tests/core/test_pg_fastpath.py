@@ -51,7 +51,8 @@ def test_claim_statement_locks_through_the_partial_index_without_sorting():
               "detail": "{}"}
     with connection.cursor() as cur:
         cur.execute("ANALYZE job")
-        cur.execute("EXPLAIN " + lifecycle._PG_CLAIM_SQL.format(only=""), params)
+        sql = lifecycle._PG_CLAIM_SQL.format(only="", job_columns=lifecycle._JOB_COLUMNS)
+        cur.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cur.fetchall())
     locking = plan.split("CTE locked", 1)[1].split("CTE claimed", 1)[0]
     assert "job_claim_order_idx" in locking, plan
