@@ -1051,6 +1051,16 @@ def release_job(
 # --- operator transitions ------------------------------------------------------------------
 
 
+def _supersede_claim(job_id):
+    """Remove the job's claim, if any, and return its claim_id. The caller has already
+    locked (updated) the job row, and cleared last_claim_id there: a report carrying the
+    superseded claim_id can then never pass for a retried report of its own."""
+    claim_id = JobClaim.objects.filter(job_id=job_id).values_list("claim_id", flat=True).first()
+    if claim_id is not None:
+        JobClaim.objects.filter(job_id=job_id).delete()
+    return claim_id
+
+
 def cancel_job(job_id, *, actor: str = "", reason: str = "", workspace_id=None) -> Job:
     """Any non-terminal job -> cancelled. Supersedes a live claim. Cancelling a cancelled
     job returns it unchanged; any other terminal job raises JobFinished."""
@@ -1058,17 +1068,19 @@ def cancel_job(job_id, *, actor: str = "", reason: str = "", workspace_id=None) 
         n = (
             _scoped_jobs(workspace_id)
             .filter(id=job_id, status__in=states.ACTIVE)
-            .update(status=states.CANCELLED, completed_at=Now(), updated_at=Now())
+            .update(
+                status=states.CANCELLED, completed_at=Now(), updated_at=Now(), last_claim_id=None
+            )
         )
         if n == 1:
-            superseded, _ = JobClaim.objects.filter(job_id=job_id).delete()
+            superseded = _supersede_claim(job_id)
             job = Job.objects.get(id=job_id)
             _event(
                 job.id,
                 JobEvent.CANCELLED,
                 attempt=job.attempt,
                 actor=actor,
-                claim_id=job.last_claim_id if superseded else None,
+                claim_id=superseded,
                 reason=(reason or "")[:500],
                 superseded_claim=bool(superseded),
             ).save()
@@ -1094,17 +1106,18 @@ def requeue_job(job_id, *, actor: str = "", reason: str = "", workspace_id=None)
                 completed_at=None,
                 max_attempts=F("attempt") + F("initial_max_attempts"),
                 updated_at=Now(),
+                last_claim_id=None,
             )
         )
         if n == 1:
-            superseded, _ = JobClaim.objects.filter(job_id=job_id).delete()
+            superseded = _supersede_claim(job_id)
             job = Job.objects.get(id=job_id)
             _event(
                 job.id,
                 JobEvent.REQUEUED,
                 attempt=job.attempt,
                 actor=actor,
-                claim_id=job.last_claim_id if superseded else None,
+                claim_id=superseded,
                 reason=(reason or "")[:500],
                 superseded_claim=bool(superseded),
                 max_attempts=job.max_attempts,
@@ -1126,17 +1139,18 @@ def mark_failed(job_id, *, actor: str = "", reason: str = "", workspace_id=None)
                 completed_at=Now(),
                 updated_at=Now(),
                 message=(reason or "Marked failed by an operator.")[:2000],
+                last_claim_id=None,
             )
         )
         if n == 1:
-            superseded, _ = JobClaim.objects.filter(job_id=job_id).delete()
+            superseded = _supersede_claim(job_id)
             job = Job.objects.get(id=job_id)
             _event(
                 job.id,
                 JobEvent.STATUS_REPORTED,
                 attempt=job.attempt,
                 actor=actor,
-                claim_id=job.last_claim_id if superseded else None,
+                claim_id=superseded,
                 status=states.FAILURE,
                 reason=(reason or "")[:500],
                 superseded_claim=bool(superseded),

@@ -356,6 +356,29 @@ def test_requeue_grants_initial_attempts_again():
     assert lifecycle.claim_job(agent, job.id).attempt == 3
 
 
+@pytest.mark.parametrize(
+    "operator_action,status,error",
+    [
+        (lifecycle.cancel_job, states.CANCELLED, JobCancelled),
+        (lifecycle.mark_failed, states.FAILURE, JobFinished),
+    ],
+)
+def test_superseded_holder_reporting_the_same_terminal_status_is_refused(
+    operator_action, status, error
+):
+    """Not mistaken for a retry of its own report: the operator ended the job, not it."""
+    job, grant = claimed_job()
+    ended = operator_action(job.id, actor="operator:dan")
+    with pytest.raises(error):
+        lifecycle.report_status(job.id, grant.claim_id, status, message="mine", result={"x": 1})
+    row = Job.objects.get(id=job.id)
+    assert (row.message, row.result, row.updated_at) == (ended.message, None, ended.updated_at)
+    assert kinds(job)[-1] == JobEvent.STALE_WRITE_REFUSED
+    ended_event = JobEvent.objects.filter(job=job).exclude(
+        kind=JobEvent.STALE_WRITE_REFUSED).last()
+    assert ended_event.claim_id == grant.claim_id  # the timeline names the superseded claim
+
+
 def test_mark_failed():
     job, grant = claimed_job()
     out = lifecycle.mark_failed(job.id, actor="operator:carol", reason="poison")
