@@ -49,6 +49,12 @@ class CredentialAdmin(admin.ModelAdmin):
     actions = ["revoke_selected"]
     search_fields = ["name", "prefix"]
 
+    def lookup_allowed(self, lookup, value, request=None):
+        # The stored hash is never filterable from the query string.
+        if lookup.split("__", 1)[0] == "secret_hash":
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
     def get_readonly_fields(self, request, obj=None):
         return [self.owner_field, "name", "masked", "created_at", "revoked_at"]
 

@@ -19,6 +19,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import ADDITION, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, F, Q
+from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Now
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -319,6 +320,14 @@ class JobAdmin(admin.ModelAdmin):
     search_fields = ["=id", "=idempotency_key", "=external_id"]
     search_help_text = "Search by job id, idempotency key or external id (exact)."
     actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed"]
+    # Never filterable from the query string: a `?dispatch_context__key__startswith=` would
+    # be a character-by-character oracle on a secret (and the same for the fencing token).
+    hidden_lookups = frozenset({"dispatch_context", "last_claim_id", "idempotency_fingerprint"})
+
+    def lookup_allowed(self, lookup, value, request=None):
+        if lookup.split(LOOKUP_SEP, 1)[0] in self.hidden_lookups:
+            return False
+        return super().lookup_allowed(lookup, value, request)
     show_full_result_count = False
     fields = [
         "id",

@@ -129,3 +129,26 @@ def test_view_only_staff_cannot_issue_or_revoke(viewer_client, agent):
 def test_issue_form_names_agents_with_their_workspace(op_client, agent):
     html = op_client.get(reverse("admin:agents_agenttoken_add")).content.decode()
     assert f"{agent.workspace.name} / {agent.name}" in html
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/jobqueue/job/?dispatch_context__api_key__startswith=h",
+        "/admin/jobqueue/job/?dispatch_context__icontains=hunter",
+        "/admin/jobqueue/job/?last_claim_id__isnull=False",
+        "/admin/jobqueue/job/?idempotency_fingerprint__startswith=a",
+        "/admin/jobqueue/jobagent/?jobs__dispatch_context__api_key__startswith=h",
+        "/admin/agents/agenttoken/?secret_hash__startswith=a",
+        "/admin/agents/workspaceapikey/?secret_hash__startswith=a",
+    ],
+)
+def test_query_string_cannot_probe_secrets(viewer_client, url):
+    """A filter on dispatch_context (or a token or hash) would be a guessing oracle: each
+    guess answering "1 result" or "0 results". The admin refuses such lookups outright."""
+    from tests.factories import JobFactory
+
+    JobFactory(dispatch_context={"api_key": SECRET})
+    response = viewer_client.get(url)
+    assert response.status_code == 400
+    assert SECRET.encode() not in response.content
