@@ -5,14 +5,17 @@ names a direction and the row at the edge of the page; the next page is the rows
 row in the ordering, compared in SQL against the row's stored values (subqueries on the
 primary key). So ties are never skipped or repeated, whatever the clock's resolution, and the
 comparison reads stored values on both backends. A cursor that cannot be decoded is a 400.
+
+Cursors are signed (SECRET_KEY, salted with the request's path): a caller can only hand back
+a cursor the service gave it for that listing, so it cannot aim one at a row of another
+workspace or agent and learn from the page whether that row exists.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
 
+from django.core import signing
 from django.db.models import Q, Subquery
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
@@ -66,21 +69,24 @@ class KeysetPagination:
             )
         return value
 
+    def _signer(self, request) -> signing.Signer:
+        return signing.Signer(salt=f"jobqueue.cursor:{request.path}")
+
     def decode_cursor(self, request):
         raw = request.query_params.get(self.cursor_query_param)
         if raw is None:
             return "n", None
         try:
-            text = base64.urlsafe_b64decode(raw.encode("ascii") + b"==").decode("ascii")
-            direction, anchor = text.split(":", 1)
+            text = self._signer(request).unsign(raw)
+            direction, anchor = text.split(".", 1)
             if direction not in ("n", "p"):
                 raise ValueError(direction)
             return direction, uuid.UUID(anchor)
-        except (ValueError, UnicodeError, binascii.Error) as exc:
+        except (ValueError, signing.BadSignature) as exc:
             raise ValidationError({"cursor": ["Invalid cursor."]}) from exc
 
     def encode_cursor(self, direction: str, pk) -> str:
-        token = base64.urlsafe_b64encode(f"{direction}:{pk}".encode()).decode().rstrip("=")
+        token = self._signer(self.request).sign(f"{direction}.{pk}")
         url = self.request.build_absolute_uri()
         return replace_query_param(remove_query_param(url, "cursor"), "cursor", token)
 

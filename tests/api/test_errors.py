@@ -200,6 +200,29 @@ def test_list_filters_and_cursor_validation(world):
               "validation_error")
 
 
+def test_a_cursor_cannot_be_aimed_at_another_tenants_row(world):
+    """Cursors are signed: one naming a job the caller never listed (here another
+    workspace's) is refused, so paging cannot tell whether such a job exists."""
+    import base64
+
+    from tests.factories import JobAgentFactory
+
+    JobFactory(job_agent=world.agent)
+    foreign = JobFactory(job_agent=JobAgentFactory())
+    producer = world.producer()
+    for forged in (
+        base64.urlsafe_b64encode(f"n:{foreign.id}".encode()).decode().rstrip("="),
+        f"n.{foreign.id}",
+        f"n.{foreign.id}:forged-signature",
+    ):
+        _is_error(producer.get(f"jobs?cursor={forged}"), 400, "validation_error")
+    # A cursor issued for one listing is not valid on another.
+    JobFactory(job_agent=world.agent)
+    issued = producer.get("jobs?page_size=1").json()["next"].split("cursor=", 1)[1]
+    _is_error(world.agent_caller().get(f"job-agents/{world.agent.id}/jobs?cursor={issued}"),
+              400, "validation_error")
+
+
 def test_cursor_pagination_walks_every_job_once(world):
     for priority in (1, 1, 2, 3, 3):
         JobFactory(job_agent=world.agent, priority=priority)
