@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 
 from django.db.models.functions import Now
@@ -15,6 +16,7 @@ from django.db.models.functions import Now
 from .models import AgentToken, WorkspaceApiKey
 
 API_KEY_KIND = "jqk"
+_PREFIX = re.compile(r"[0-9a-f]{12}")
 AGENT_TOKEN_KIND = "jqa"
 
 
@@ -32,7 +34,7 @@ def _split(raw: str, kind: str) -> str | None:
     if not isinstance(raw, str) or len(raw) > 200:
         return None
     parts = raw.split("_", 2)
-    if len(parts) != 3 or parts[0] != kind or len(parts[1]) != 12:
+    if len(parts) != 3 or parts[0] != kind or not _PREFIX.fullmatch(parts[1]):
         return None
     return parts[1]
 

@@ -212,9 +212,14 @@ def create_job(
         raise InvalidInput("delay_seconds must be a non-negative integer.", field="delay_seconds")
     fingerprint = ""
     if idempotency_key is not None:
-        if not idempotency_key or len(idempotency_key) > 255:
+        if (
+            not idempotency_key
+            or len(idempotency_key) > 255
+            or not idempotency_key.isprintable()
+        ):
             raise InvalidInput(
-                "Idempotency-Key must be 1 to 255 characters.", field="idempotency_key"
+                "Idempotency-Key must be 1 to 255 printable characters.",
+                field="idempotency_key",
             )
         fingerprint = _fingerprint(
             {

@@ -191,6 +191,9 @@ def test_revoked_workspace_key_is_refused_at_once(world):
         ({"X-API-Key": ""}, "authentication_failed"),
         ({"X-API-Key": "nonsense"}, "authentication_failed"),
         ({"X-API-Key": "jqk_" + "x" * 300}, "authentication_failed"),
+        # A NUL in the lookup prefix must not reach the database (PostgreSQL refuses it).
+        ({"X-API-Key": "jqk_aaaaaaaaaa\x00a_x"}, "authentication_failed"),
+        ({"Authorization": "Bearer jqa_aaaaaaaaaa\x00a_x"}, "authentication_failed"),
     ],
 )
 def test_missing_and_malformed_credentials(world, headers, code):

@@ -200,6 +200,15 @@ def test_list_filters_and_cursor_validation(world):
               "validation_error")
 
 
+@pytest.mark.parametrize("key", ["a\x00b", "tab\there", "x" * 256, ""])
+def test_bad_idempotency_keys_are_400_and_create_nothing(world, key):
+    r = world.producer().post(
+        "jobs", json={"job_agent_id": str(world.agent.id)}, headers={"Idempotency-Key": key}
+    )
+    _is_error(r, 400, "validation_error")
+    assert Job.objects.count() == 0
+
+
 def test_a_cursor_cannot_be_aimed_at_another_tenants_row(world):
     """Cursors are signed: one naming a job the caller never listed (here another
     workspace's) is refused, so paging cannot tell whether such a job exists."""
