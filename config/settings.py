@@ -4,6 +4,8 @@ Deployment needs at least DATABASE_URL, DJANGO_SECRET_KEY, DJANGO_ALLOWED_HOSTS 
 DJANGO_DEBUG. Without DATABASE_URL the service runs on an embedded SQLite file under var/.
 """
 
+import os
+import time
 from pathlib import Path
 
 import environ
@@ -18,11 +20,30 @@ env = environ.Env(
 )
 
 DEBUG = env("DJANGO_DEBUG")
-SECRET_KEY = env.str(
-    "DJANGO_SECRET_KEY",
-    # Only good for a laptop: a deployment sets its own.
-    default="insecure-dev-key-change-me-0123456789abcdefghijklmnopqrstuvwxyz",
-)
+
+
+def _local_secret_key(path: Path) -> str:
+    """Without DJANGO_SECRET_KEY, a random key made once for this installation and kept in
+    var/secret_key (0600), so that no two installations share a key and sessions survive
+    restarts. Several processes starting at once agree on the first one written."""
+    import secrets
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):
+            key = path.read_text().strip()
+            if key:
+                return key
+            time.sleep(0.02)  # another process is writing it right now
+        raise
+    key = secrets.token_urlsafe(50)
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    return key
+
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _local_secret_key(VAR_DIR / "secret_key")
 ALLOWED_HOSTS = env("DJANGO_ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -90,7 +111,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["OPTIONS"].setdefault("timeout", env.float("SQLITE_BUSY_TIMEOUT_SECONDS", 30.0))
     _db["OPTIONS"].setdefault(
         "init_command",
-        "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL;PRAGMA busy_timeout="
+        # synchronous=FULL: a commit the service has answered survives a power loss too.
+        "PRAGMA journal_mode=WAL;PRAGMA synchronous=FULL;PRAGMA busy_timeout="
         + str(int(env.float("SQLITE_BUSY_TIMEOUT_SECONDS", 30.0) * 1000)),
     )
     # Tests use a real file (not :memory:) so that threads and processes share it.

@@ -684,7 +684,7 @@ def recovery_context(request) -> dict:
         "reaper_runs": [
             {
                 "run": r,
-                "ago": describe_age(r.started_at, now),
+                "ago": describe_age(r.finished_at or r.started_at, now),
                 "duration": "—" if r.duration_seconds is None else f"{r.duration_seconds:.3f} s",
             }
             for r in runs
@@ -703,6 +703,8 @@ class ReaperRunAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "started_at",
+        "finished_at",
+        "sweeps",
         "duration",
         "batches",
         "requeued",
@@ -718,6 +720,7 @@ class ReaperRunAdmin(admin.ModelAdmin):
         "started_at",
         "finished_at",
         "duration_seconds",
+        "sweeps",
         "batches",
         "requeued",
         "expired",

@@ -161,7 +161,7 @@ class DatabaseCollector:
             ).count()
             in_flight = JobClaim.objects.count()
             runs = ReaperRun.objects.filter(dry_run=False).aggregate(
-                runs=Count("id"),
+                runs=Sum("sweeps"),
                 requeued=Sum("requeued"),
                 expired=Sum("expired"),
                 last=Max("finished_at"),

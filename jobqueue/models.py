@@ -232,11 +232,15 @@ class JobEvent(models.Model):
 
 
 class ReaperRun(models.Model):
+    """One sweep, or a stretch of idle sweeps of one looping reaper (`sweeps` counts them):
+    a reaper looping every few seconds adds a row when it reaps something, not every pass."""
+
     id = models.BigAutoField(primary_key=True)
     started_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_seconds = models.FloatField(null=True, blank=True)
     batches = models.PositiveIntegerField(default=0)
+    sweeps = models.PositiveIntegerField(default=1)
     requeued = models.PositiveIntegerField(default=0)
     expired = models.PositiveIntegerField(default=0)
     dry_run = models.BooleanField(default=False)

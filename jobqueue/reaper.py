@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from django.db import close_old_connections
+from django.db.models import F
 from django.db.models.functions import Now
 
 from . import lifecycle
@@ -44,10 +45,14 @@ class SweepResult:
 
 
 def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
-          dry_run: bool = False, record: bool = True, actor: str = "reaper") -> SweepResult:
+          dry_run: bool = False, record: bool = True, actor: str = "reaper",
+          idle_run_id: int | None = None) -> SweepResult:
     """Reap every expired claim, `batch_size` per transaction, at most `max_batches`.
 
-    `actor` names who reaped in the job events ("operator:<username>" from the admin)."""
+    `actor` names who reaped in the job events ("operator:<username>" from the admin).
+    `idle_run_id`: the row of this process's previous sweep when that one reaped nothing;
+    an idle sweep then extends that row (sweeps + 1) instead of adding one, so a reaper
+    looping every few seconds does not grow reaper_run by thousands of rows a day."""
     batch_size = batch_size or jobqueue_settings()["REAPER_BATCH_SIZE"]
     started = time.monotonic()
     result = SweepResult(dry_run=dry_run)
@@ -66,6 +71,17 @@ def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
             if batch.reaped < batch_size:
                 break
     result.duration_seconds = time.monotonic() - started
+    idle = not dry_run and not (result.requeued or result.expired)
+    if record and idle and idle_run_id is not None:
+        extended = ReaperRun.objects.filter(id=idle_run_id, requeued=0, expired=0).update(
+            sweeps=F("sweeps") + 1,
+            finished_at=Now(),
+            duration_seconds=result.duration_seconds,
+            batches=F("batches") + result.batches,
+        )
+        if extended:
+            result.run_id = idle_run_id
+            record = False
     if record:
         run = ReaperRun.objects.create(
             finished_at=Now(),
@@ -98,10 +114,12 @@ def run_forever(*, interval: float, batch_size: int | None, max_batches: int | N
     dropped, and the next sweep tries again after a backoff.
     """
     backoff = interval
+    idle_run_id = None
     while not should_stop():
         close_old_connections()
         try:
-            result = sweep(batch_size=batch_size, max_batches=max_batches)
+            result = sweep(batch_size=batch_size, max_batches=max_batches,
+                           idle_run_id=idle_run_id)
         except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
             log.warning("reaper sweep failed (%s: %s); retrying", type(exc).__name__, exc)
             if on_error:
@@ -111,6 +129,7 @@ def run_forever(*, interval: float, batch_size: int | None, max_batches: int | N
             _sleep(backoff, should_stop)
             continue
         backoff = interval
+        idle_run_id = result.run_id if not (result.requeued or result.expired) else None
         if on_result:
             on_result(result)
         _sleep(interval, should_stop)

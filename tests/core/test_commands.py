@@ -99,6 +99,7 @@ def test_reap_claims_loop_reaps_and_stops_gracefully_on_sigterm():
         while Job.objects.get(id=job2.id).status != states.EXPIRED:
             assert time.monotonic() < deadline, "the loop stopped reaping"
             time.sleep(0.1)
+        time.sleep(1.5)  # idle sweeps, every 0.2 s
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -107,4 +108,10 @@ def test_reap_claims_loop_reaps_and_stops_gracefully_on_sigterm():
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert sum(line["expired"] for line in lines) == 2
     assert ReaperRun.objects.filter(expired=1).count() == 2
+    # Idle sweeps extend one row per idle stretch instead of adding a row each.
+    idle = ReaperRun.objects.filter(requeued=0, expired=0)
+    assert idle.count() <= 3
+    assert max(run.sweeps for run in idle) >= 3
+    last = ReaperRun.objects.order_by("-started_at").first()
+    assert last.finished_at > last.started_at and last.sweeps >= 3
     assert lifecycle.count_expired_claims() == {"would_requeue": 0, "would_expire": 0}
