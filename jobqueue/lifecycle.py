@@ -505,15 +505,22 @@ def _pg_run(sql: str, params: dict) -> tuple[list[str], list[tuple]]:
         return columns, cursor.fetchall()
 
 
+_ROW_LAYOUTS: dict = {}  # (alias, columns, extra) -> where each field is and its converters
+
+
 def _jobs_from_rows(columns: list[str], rows: list[tuple], *extra: str) -> list[Job]:
     """Job instances (with the fields' own converters) from `RETURNING job.*` rows; each
     name in `extra` becomes an attribute of the instance."""
-    fields = [
-        (f.attname, columns.index(f.column), f.get_db_converters(connection), f.cached_col)
-        for f in Job._meta.concrete_fields
-    ]
-    extra_at = [(name, columns.index(name)) for name in extra]
-    attnames = [f[0] for f in fields]
+    key = (connection.alias, tuple(columns), extra)
+    cached = _ROW_LAYOUTS.get(key)
+    if cached is None:
+        fields = [
+            (f.attname, columns.index(f.column), f.get_db_converters(connection), f.cached_col)
+            for f in Job._meta.concrete_fields
+        ]
+        extra_at = [(name, columns.index(name)) for name in extra]
+        cached = _ROW_LAYOUTS[key] = (fields, extra_at, [f[0] for f in fields])
+    fields, extra_at, attnames = cached
     jobs = []
     for row in rows:
         values = []
