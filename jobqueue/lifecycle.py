@@ -297,8 +297,9 @@ def dispatch_job(job_id, *, workspace_id=None, actor: str = "") -> Job:
 
 
 def claim_candidates(job_agent: JobAgent, candidates=None):
-    """The locking query of every claim: this agent's claimable jobs in claim order,
-    SKIP LOCKED, with the database's clock alongside. Served by job_claim_order_idx."""
+    """The locking query of a claim on SQLite (PostgreSQL runs the same SELECT inside
+    _PG_CLAIM_SQL): this agent's claimable jobs in claim order, SKIP LOCKED, with the
+    database's clock alongside. Served by job_claim_order_idx."""
     qs = Job.objects.all() if candidates is None else candidates
     return (
         qs.filter(job_agent_id=job_agent.id)
@@ -614,6 +615,11 @@ def _as_uuid(value, field="claim_id") -> uuid.UUID:
 
 # --- heartbeat ---------------------------------------------------------------------------
 
+# SQLite's now() and now() + the claim's lease, in the text format Django stores datetimes
+# in (so that comparisons with stored values stay correct).
+_SQLITE_NOW = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
+_SQLITE_LEASE_END = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', lease_seconds || ' seconds')"
+
 _HEARTBEAT_SQL = {
     "postgresql": (
         "UPDATE job_claim SET claim_expires_at = STATEMENT_TIMESTAMP() "
@@ -622,11 +628,10 @@ _HEARTBEAT_SQL = {
         "{scope}RETURNING claim_expires_at, STATEMENT_TIMESTAMP()"
     ),
     "sqlite": (
-        "UPDATE job_claim SET claim_expires_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', "
-        "lease_seconds || ' seconds'), heartbeat_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW') "
-        "WHERE job_id = %s AND claim_id = %s "
-        "AND claim_expires_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW') "
-        "{scope}RETURNING claim_expires_at, STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
+        "UPDATE job_claim SET claim_expires_at = " + _SQLITE_LEASE_END + ", "
+        "heartbeat_at = " + _SQLITE_NOW + " "
+        "WHERE job_id = %s AND claim_id = %s AND claim_expires_at > " + _SQLITE_NOW + " "
+        "{scope}RETURNING claim_expires_at, " + _SQLITE_NOW
     ),
 }
 
@@ -715,10 +720,9 @@ _HEARTBEAT_MANY_SQL_PG = (
     "AND c.claim_expires_at > STATEMENT_TIMESTAMP() {scope}"
     "RETURNING c.job_id, c.claim_expires_at, STATEMENT_TIMESTAMP()"
 )
-_SQLITE_NOW = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
 _HEARTBEAT_MANY_SQL_SQLITE = (
-    "UPDATE job_claim SET claim_expires_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', "
-    "lease_seconds || ' seconds'), heartbeat_at = " + _SQLITE_NOW + " "
+    "UPDATE job_claim SET claim_expires_at = " + _SQLITE_LEASE_END + ", "
+    "heartbeat_at = " + _SQLITE_NOW + " "
     "WHERE job_agent_id = %s AND claim_expires_at > " + _SQLITE_NOW + " "
     "AND (job_id, claim_id) IN (VALUES {pairs}) {scope}"
     "RETURNING job_id, claim_expires_at, " + _SQLITE_NOW
@@ -1204,6 +1208,7 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = "reaper") -> ReapR
         ids = [c.job_id for c in expired_claims]
         JobClaim.objects.filter(job_id__in=ids).delete()
         to_expire = [c.job_id for c in expired_claims if c.job.attempt >= c.job.max_attempts]
+        expiring = set(to_expire)
         to_requeue = [c.job_id for c in expired_claims if c.job.attempt < c.job.max_attempts]
         requeued = expired = 0
         if to_requeue:
@@ -1222,7 +1227,7 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = "reaper") -> ReapR
         JobEvent.objects.bulk_create(
             _event(
                 c.job_id,
-                JobEvent.EXPIRED if c.job_id in set(to_expire) else JobEvent.REAPED,
+                JobEvent.EXPIRED if c.job_id in expiring else JobEvent.REAPED,
                 attempt=c.attempt,
                 actor=actor,
                 claim_id=c.claim_id,
