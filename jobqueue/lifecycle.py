@@ -26,8 +26,9 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, F, Q, UUIDField, Value, When
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
+from django.db.models import Case, DateTimeField, F, Q, UUIDField, Value, When
+from django.db.models.base import ModelState
 from django.db.models.functions import Now
 
 from . import observe, states
@@ -427,7 +428,11 @@ ORDER BY priority DESC, available_at, created_at
 """
 
 
-def _claim_pg(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None):
+_PG_CLAIM_SQL_NEXT = _PG_CLAIM_SQL.format(only="", job_columns=_JOB_COLUMNS)
+_PG_CLAIM_SQL_NAMED = _PG_CLAIM_SQL.format(only="AND id = %(job)s", job_columns=_JOB_COLUMNS)
+
+
+def _claim_pg(db, job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None):
     lease = lease_for(job_agent)
     params = {
         "agent": job_agent.id,
@@ -437,12 +442,11 @@ def _claim_pg(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None):
         "actor": agent_actor(job_agent.id),
         "detail": json.dumps({"lease_seconds": lease}),
     }
-    only = ""
+    sql = _PG_CLAIM_SQL_NEXT
     if job_id is not None:
-        only = "AND id = %(job)s"
+        sql = _PG_CLAIM_SQL_NAMED
         params["job"] = job_id
-    sql = _PG_CLAIM_SQL.format(only=only, job_columns=_JOB_COLUMNS)
-    jobs = _jobs_from_rows(*_pg_run(sql, params), "db_now")
+    jobs = _jobs_from_rows(db, *_pg_run(db, sql, params), "db_now")
     if not jobs:
         return []
     now = jobs[0].db_now
@@ -481,60 +485,116 @@ def _preparing_cursor(conn):
     return _preparing_cursor_class(conn)
 
 
-def _pg_run(sql: str, params: dict) -> tuple[list[str], list[tuple]]:
-    """One statement on PostgreSQL with server-side parameter binding, prepared once per
-    connection (the SQL text never varies with the values), through Django's cursor wrapper
-    (error wrapping, query logging). A claim or report then skips parsing and planning its
-    CTE: about a sixth of its cost (docs/performance.md)."""
-    from django.db.backends.postgresql import base as pg
+def _new_hot_cursor(db):
+    from psycopg.types.datetime import TimestamptzLoader
 
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        conn = connection.connection
-        if conn.prepare_threshold is None:
-            # Django turns psycopg's automatic preparing off (None), which also ignores an
-            # explicit prepare=True. A threshold never reached keeps it off for every other
-            # query and lets these statements be prepared.
-            conn.prepare_threshold = 2**31 - 1
-        raw = _preparing_cursor(conn)
-        tzloader = connection.connection.adapters.get_loader(pg.TIMESTAMPTZ_OID, pg.Format.TEXT)
-        if connection.timezone != tzloader.timezone:
-            pg.register_tzloader(connection.timezone, raw)
-    with connection._prepare_cursor(raw) as cursor:
-        cursor.execute(sql, params)
-        columns = [col.name for col in cursor.description]
-        return columns, cursor.fetchall()
+    raw_conn = db.connection
+    if raw_conn.prepare_threshold is None:
+        # Django turns psycopg's automatic preparing off (None), which also ignores an
+        # explicit prepare=True. A threshold never reached keeps it off for every other
+        # query and lets these statements be prepared.
+        raw_conn.prepare_threshold = 2**31 - 1
+    cur = _preparing_cursor(raw_conn)
+    # psycopg's own timestamptz loader (its C version) instead of Django's pure-Python
+    # subclass: it yields the session's time zone, which Django keeps equal to
+    # db.timezone; _jobs_from_rows() then sets db.timezone's tzinfo as Django's would.
+    cur.adapters.register_loader("timestamptz", TimestamptzLoader)
+    return cur
+
+
+def _hot_cursor(db):
+    """This connection's cursor for the hot statements, created once per psycopg connection
+    (a connection opened after a drop gets a new one)."""
+    cached = getattr(db, "_jobqueue_hot_cursor", None)
+    if cached is not None and cached[0] is db.connection and not cached[1].closed:
+        return cached[1]
+    cur = _new_hot_cursor(db)
+    db._jobqueue_hot_cursor = (db.connection, cur)
+    return cur
+
+
+def _pg_run(db, sql: str, params: dict) -> tuple[tuple[str, ...], list[tuple]]:
+    """One statement on PostgreSQL with server-side parameter binding, prepared once per
+    connection (the SQL text never varies with the values). A claim or report then skips
+    parsing and planning its CTE: about a sixth of its cost (docs/performance.md).
+
+    The hot path skips Django's cursor wrapper (a new cursor and a column description per
+    call were a tenth of a claim's client time) but keeps what the wrapper guards: errors
+    wrapped as django.db errors and the broken-transaction check. While queries are logged
+    or wrapped (DEBUG, CaptureQueriesContext, execute_wrapper) it goes through the wrapper."""
+    db.ensure_connection()
+    if db.queries_logged or db.execute_wrappers:
+        with db.wrap_database_errors:
+            raw = _new_hot_cursor(db)
+        with db._prepare_cursor(raw) as cursor:
+            cursor.execute(sql, params)
+            return _columns(db, sql, cursor), cursor.fetchall()
+    db.validate_no_broken_transaction()
+    with db.wrap_database_errors:
+        cur = _hot_cursor(db)
+        cur.execute(sql, params)
+        return _columns(db, sql, cur), cur.fetchall()
+
+
+_COLUMNS: dict = {}  # (alias, sql) -> the statement's column names (its text names them)
+
+
+def _columns(db, sql, cursor) -> tuple[str, ...]:
+    key = (db.alias, sql)
+    names = _COLUMNS.get(key)
+    if names is None:
+        names = _COLUMNS[key] = tuple(col.name for col in cursor.description)
+    return names
 
 
 _ROW_LAYOUTS: dict = {}  # (alias, columns, extra) -> where each field is and its converters
 
 
-def _jobs_from_rows(columns: list[str], rows: list[tuple], *extra: str) -> list[Job]:
-    """Job instances (with the fields' own converters) from `RETURNING job.*` rows; each
-    name in `extra` becomes an attribute of the instance."""
-    key = (connection.alias, tuple(columns), extra)
+def _jobs_from_rows(db, columns, rows: list[tuple], *extra: str) -> list[Job]:
+    """Job instances (with the fields' own converters) from rows naming the job's columns;
+    each name in `extra` becomes an attribute of the instance."""
+    key = (db.alias, columns, extra)
     cached = _ROW_LAYOUTS.get(key)
     if cached is None:
-        fields = [
-            (f.attname, columns.index(f.column), f.get_db_converters(connection), f.cached_col)
-            for f in Job._meta.concrete_fields
-        ]
-        extra_at = [(name, columns.index(name)) for name in extra]
-        cached = _ROW_LAYOUTS[key] = (fields, extra_at, [f[0] for f in fields])
-    fields, extra_at, attnames = cached
+        plain, times, converted = [], [], []
+        for f in Job._meta.concrete_fields:
+            converters = f.get_db_converters(db)
+            at = columns.index(f.column)
+            if converters:
+                converted.append((f.attname, at, converters, f.cached_col))
+            elif isinstance(f, DateTimeField):
+                times.append((f.attname, at))
+            else:
+                plain.append((f.attname, at))
+        times += [(name, columns.index(name)) for name in extra]  # extras are times (db_now)
+        cached = _ROW_LAYOUTS[key] = (plain, times, converted)
+    plain, times, converted = cached
+    tz = db.timezone
     jobs = []
     for row in rows:
-        values = []
-        for _name, at, converters, col in fields:
+        values = {name: row[at] for name, at in plain}
+        for name, at in times:
+            value = row[at]
+            values[name] = None if value is None else value.astimezone(tz)
+        for name, at, converters, col in converted:
             value = row[at]
             for convert in converters:
-                value = convert(value, col, connection)
-            values.append(value)
-        job = Job.from_db(connection.alias, attnames, values)
-        for name, at in extra_at:
-            setattr(job, name, row[at])
-        jobs.append(job)
+                value = convert(value, col, db)
+            values[name] = value
+        jobs.append(_loaded_job(db.alias, values))
     return jobs
+
+
+def _loaded_job(alias: str, values: dict) -> Job:
+    """A Job as Model.from_db() builds it from a full row, minus the per-field setattr loop
+    and the pre_init/post_init signals (no receiver in this project listens to Job)."""
+    job = Job.__new__(Job)
+    job.__dict__.update(values)
+    state = ModelState()
+    state.adding = False
+    state.db = alias
+    job._state = state
+    return job
 
 
 def claim_job(job_agent: JobAgent, job_id) -> ClaimGrant:
@@ -543,8 +603,9 @@ def claim_job(job_agent: JobAgent, job_id) -> ClaimGrant:
         job_uuid = uuid.UUID(str(job_id))
     except ValueError as exc:
         raise NotFound("No such job.") from exc
-    if connection.vendor == "postgresql":
-        grants = _claim_pg(job_agent, 1, job_id=job_uuid)
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "postgresql":
+        grants = _claim_pg(db, job_agent, 1, job_id=job_uuid)
     else:
         with transaction.atomic():
             grants = _claim(job_agent, Job.objects.filter(id=job_uuid), 1)
@@ -561,8 +622,9 @@ def claim_next_jobs(job_agent: JobAgent, limit: int = 1) -> list[ClaimGrant]:
     max_batch = jobqueue_settings()["MAX_CLAIM_BATCH"]
     if not isinstance(limit, int) or isinstance(limit, bool) or not (1 <= limit <= max_batch):
         raise InvalidInput(f"limit must be an integer from 1 to {max_batch}.", field="limit")
-    if connection.vendor == "postgresql":
-        grants = _claim_pg(job_agent, limit)
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "postgresql":
+        grants = _claim_pg(db, job_agent, limit)
     else:
         with transaction.atomic():
             grants = _claim(job_agent, Job.objects.all(), limit)
@@ -879,8 +941,9 @@ def report_status(
     if external_id is not None:
         fields["external_id"] = external_id
     ids = (_try_uuid(job_id), _try_uuid(job_agent_id, True), _try_uuid(workspace_id, True))
-    if connection.vendor == "postgresql" and None not in ids:
-        job = _report_pg(ids[0], claim_uuid, status, actor, fields, result, ids[1], ids[2])
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "postgresql" and None not in ids:
+        job = _report_pg(db, ids[0], claim_uuid, status, actor, fields, result, ids[1], ids[2])
     else:
         job = _report_orm(job_id, claim_uuid, status, actor, fields, result, job_agent_id,
                           workspace_id)
@@ -963,7 +1026,10 @@ SELECT done.*{gone_count} FROM done
 """
 
 
-def _report_pg(job_uuid, claim_uuid, status, actor, fields, result, agent_uuid,
+_REPORT_SQL_CACHE: dict = {}  # the statement's parts -> its text (a handful of variants)
+
+
+def _report_pg(db, job_uuid, claim_uuid, status, actor, fields, result, agent_uuid,
                ws_uuid) -> Job | None:
     params = {
         "job": job_uuid,
@@ -1001,10 +1067,14 @@ def _report_pg(job_uuid, claim_uuid, status, actor, fields, result, agent_uuid,
             "AND c.claim_id = %(claim)s RETURNING c.job_id)",
             gone_count=", (SELECT count(*) FROM gone) AS claims_deleted",
         )
-    columns, rows = _pg_run(_PG_REPORT_SQL.format(**parts), params)
+    key = tuple(parts.values())
+    sql = _REPORT_SQL_CACHE.get(key)
+    if sql is None:
+        sql = _REPORT_SQL_CACHE[key] = _PG_REPORT_SQL.format(**parts)
+    columns, rows = _pg_run(db, sql, params)
     if not rows:
         return None
-    (job,) = _jobs_from_rows(columns, rows)
+    (job,) = _jobs_from_rows(db, columns, rows)
     if status != states.IN_PROGRESS and rows[0][-1] != 1:  # pragma: no cover
         raise RuntimeError("report: the claim row changed under the job row's lock")
     return job
