@@ -8,6 +8,16 @@ One statement renews every current, unexpired claim (lifecycle.heartbeat_many); 
 claim is answered with lease_expired, claim_superseded, job_cancelled, job_finished, or
 not_found (not one of this agent's jobs). Bad input is a 400 and renews nothing. The batch
 claim is the `{"limit": N}` form of POST job-agents/{agent_id}/jobs/claim (agents/views.py).
+
+POST job-agents/{agent_id}/reports  {"reports": [{"job_id", "claim_id", "status",
+                                                  "message"?, "result"?, "external_id"?}, ...]}
+  -> 200 {"results": [{"job_id", "accepted": true, "status", "completed_at"} |
+                      {"job_id", "accepted": false, "code"}]}
+
+Ends many jobs at once (lifecycle.report_many): every report whose claim is current, in one
+transaction. Each other report gets the single report's answer: accepted when it repeats the
+job's final report, else job_cancelled, job_finished, claim_superseded or not_found. Bad input
+is a 400 and ends nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from rest_framework.response import Response
 from jobqueue import lifecycle
 
 from .schema import COMMON, WITH_BODY, errors
+from .serializers import StrictUUIDField
 from .views import AGENT, ApiView
 
 REFUSAL_CODES = ["lease_expired", "claim_superseded", "job_cancelled", "job_finished",
@@ -92,3 +103,82 @@ class BatchHeartbeatView(ApiView):
         pairs = [(item["job_id"], item["claim_id"]) for item in data["claims"]]
         result = lifecycle.heartbeat_many(agent.id, pairs)
         return Response(BatchHeartbeatResponse(result).data)
+
+
+REPORT_REFUSAL_CODES = ["claim_superseded", "job_cancelled", "job_finished", "not_found"]
+
+
+class BatchReportItem(serializers.Serializer):
+    job_id = StrictUUIDField()
+    claim_id = StrictUUIDField()
+    status = serializers.ChoiceField(choices=sorted(lifecycle.BATCH_REPORT_STATUSES))
+    message = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    result = serializers.JSONField(required=False, allow_null=True)
+    external_id = serializers.CharField(
+        required=False, allow_blank=True, max_length=255, trim_whitespace=False
+    )
+
+    class Meta:
+        ref_name = "BatchReportItem"
+
+
+class BatchReportInput(serializers.Serializer):
+    reports = serializers.ListField(
+        child=BatchReportItem(),
+        min_length=1,
+        max_length=10_000,
+        help_text="Up to JOBQUEUE_MAX_REPORT_BATCH final reports (default 500), each job once.",
+    )
+
+    class Meta:
+        ref_name = "BatchReportRequest"
+
+
+class BatchReportOutcome(serializers.Serializer):
+    job_id = serializers.UUIDField()
+    accepted = serializers.BooleanField()
+    status = serializers.ChoiceField(
+        choices=sorted(lifecycle.BATCH_REPORT_STATUSES), required=False,
+        help_text="The job's final status (accepted reports only).",
+    )
+    completed_at = serializers.DateTimeField(required=False, help_text="Accepted reports only.")
+    code = serializers.ChoiceField(
+        choices=REPORT_REFUSAL_CODES, required=False, help_text="Why not (refused reports only)."
+    )
+
+    class Meta:
+        ref_name = "BatchReportOutcome"
+
+    def to_representation(self, outcome):
+        if outcome.accepted:
+            return {
+                "job_id": str(outcome.job_id),
+                "accepted": True,
+                "status": outcome.job.status,
+                "completed_at": serializers.DateTimeField().to_representation(
+                    outcome.job.completed_at
+                ),
+            }
+        return {"job_id": str(outcome.job_id), "accepted": False, "code": outcome.code}
+
+
+class BatchReportResponse(serializers.Serializer):
+    results = BatchReportOutcome(many=True)
+
+    class Meta:
+        ref_name = "BatchReportResponse"
+
+
+class BatchReportView(ApiView):
+    @extend_schema(
+        tags=AGENT,
+        operation_id="report_many",
+        summary="End many jobs of this agent at once; per report: accepted, or why not",
+        request=BatchReportInput,
+        responses={200: BatchReportResponse, **errors(*WITH_BODY, *COMMON)},
+    )
+    def post(self, request, workspace_id, agent_id):
+        data = self.validated(BatchReportInput)
+        agent = self.agent_in_path()
+        result = lifecycle.report_many(agent.id, [dict(item) for item in data["reports"]])
+        return Response(BatchReportResponse(result).data)

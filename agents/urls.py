@@ -31,6 +31,7 @@ urlpatterns = [
     path(A + "jobs/claim", views.ClaimNextView.as_view(), name="agent-claim-next"),
     path(A + "jobs/<anyid:job_id>/claim", views.ClaimJobView.as_view(), name="agent-claim"),
     path(A + "heartbeat", batch_views.BatchHeartbeatView.as_view(), name="agent-heartbeat"),
+    path(A + "reports", batch_views.BatchReportView.as_view(), name="agent-reports"),
     path(J + "heartbeat", views.HeartbeatView.as_view(), name="job-heartbeat"),
     path(J + "status", views.StatusView.as_view(), name="job-status"),
     path(J + "release", views.ReleaseView.as_view(), name="job-release"),

@@ -207,7 +207,7 @@ def pgbench_tps(clients, seconds):
     return float(m.group(1))
 
 
-def run_project_drain(kind, concurrency, n, batch=1):
+def run_project_drain(kind, concurrency, n, batch=1, ack="single"):
     reset_tables()
     agent = make_agent()
     insert_jobs(agent, n)
@@ -215,7 +215,7 @@ def run_project_drain(kind, concurrency, n, batch=1):
     from django.db import connections
 
     connections.close_all()
-    args = {"core": [str(agent.id), str(batch)], "raw_shape": [str(agent.id)],
+    args = {"core": [str(agent.id), str(batch), ack], "raw_shape": [str(agent.id)],
             "raw_cte": [str(agent.id)]}[kind]
     cmds = [[APP_PY, "-m", "benchmarks.workers", kind, *args]] * concurrency
     results = run_workers(cmds, env={"DATABASE_URL": db_url(DB),
@@ -261,6 +261,7 @@ CORE_SYSTEMS = [
     ("raw_shape", "raw psycopg, the ORM path's statements (12 round trips a job, 2 commits)"),
     ("jobqueue", "jobqueue lifecycle: claim-next + terminal report"),
     ("jobqueue_b10", "jobqueue lifecycle: batch claim of 10 + a report per job"),
+    ("jobqueue_b10_ack", "jobqueue lifecycle: batch claim of 10 + one batch report (report_many)"),
     ("pgqueuer_b1", "pgqueuer 1.6.0, batch 1"),
     ("pgqueuer_b10", "pgqueuer 1.6.0, its default batch (10)"),
     ("procrastinate", "procrastinate 3.10.0"),
@@ -284,6 +285,7 @@ def scenario_core(peers=True):
                 "raw_cte": lambda c=c: run_project_drain("raw_cte", c, n),
                 "jobqueue": lambda c=c: run_project_drain("core", c, n, 1),
                 "jobqueue_b10": lambda c=c: run_project_drain("core", c, n, 10),
+                "jobqueue_b10_ack": lambda c=c: run_project_drain("core", c, n, 10, "batch"),
             }
             if peers:
                 runs.update({

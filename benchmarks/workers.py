@@ -1,6 +1,6 @@
 """Worker processes of the benchmark suite (run with the app's virtualenv).
 
-    python -m benchmarks.workers core AGENT_ID BATCH          # lifecycle claim-next + report
+    python -m benchmarks.workers core AGENT_ID BATCH [ACK]    # lifecycle claim-next + report(s)
     python -m benchmarks.workers raw_shape AGENT_ID           # same statements, raw psycopg
     python -m benchmarks.workers raw_cte AGENT_ID             # one CTE per phase, raw psycopg
     python -m benchmarks.workers heartbeat AGENT_ID FILE MODE ROUNDS   # MODE single|batch
@@ -34,9 +34,10 @@ def _queued_left(agent_id) -> bool:
     return Job.objects.filter(job_agent_id=agent_id, status=states.QUEUED).exists()
 
 
-def core(agent_id: str, batch: str = "1") -> None:
+def core(agent_id: str, batch: str = "1", ack: str = "single") -> None:
     """Drain through the project's lifecycle: claim-next (or a batch), then a terminal
-    report per job, each in its own transaction as the HTTP edge would do it."""
+    report per job (ack=single) or one batch report for the batch (ack=batch), each in its
+    own transaction as the HTTP edge would do it."""
     _django()
     from jobqueue import lifecycle, states
     from jobqueue.models import JobAgent
@@ -52,6 +53,15 @@ def core(agent_id: str, batch: str = "1") -> None:
             if _queued_left(agent.id):
                 continue
             break
+        if ack == "batch":
+            out = lifecycle.report_many(agent.id, [
+                {"job_id": g.job.id, "claim_id": g.claim_id, "status": states.SUCCESSFUL}
+                for g in grants
+            ])
+            if not all(r.accepted for r in out.results):
+                raise RuntimeError(f"batch report refused: {out.results}")
+            n += len(grants)
+            continue
         for g in grants:
             lifecycle.report_status(g.job.id, g.claim_id, states.SUCCESSFUL, job_agent_id=agent.id)
             n += 1

@@ -181,6 +181,7 @@ JOBQUEUE = {
     "MAX_CLAIM_BATCH": env.int("JOBQUEUE_MAX_CLAIM_BATCH", 100),
     # Upper bound on how many claims one batch heartbeat may renew.
     "MAX_HEARTBEAT_BATCH": env.int("JOBQUEUE_MAX_HEARTBEAT_BATCH", 500),
+    "MAX_REPORT_BATCH": env.int("JOBQUEUE_MAX_REPORT_BATCH", 500),
     # Upper bound on a release's retry_after_seconds.
     "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
 }

@@ -391,7 +391,8 @@ def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
 # same query as claim_candidates() locks the candidates in claim order with SKIP LOCKED; a
 # MATERIALIZED CTE evaluates it exactly once (never `IN (SELECT ... LIMIT n FOR UPDATE)`).
 # Then the guarded UPDATE (status still 'queued'), the claim rows and the events, all from
-# the rows that UPDATE returned. Lock order: job rows; the claim rows are new.
+# the rows that UPDATE returned. Lock order: job rows; the claim rows are new. FOR NO KEY
+# UPDATE (the UPDATE's own lock): a foreign-key check's KEY SHARE does not make it skip a job.
 # The job's columns by name, never `job.*`: these statements are prepared once per
 # connection, and a prepared `RETURNING job.*` fails ("cached plan must not change result
 # type") on every connection after a migration adds a column to `job`.
@@ -404,7 +405,7 @@ WITH locked AS MATERIALIZED (
       AND available_at <= STATEMENT_TIMESTAMP() {only}
     ORDER BY priority DESC, available_at, created_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
         last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
@@ -1078,6 +1079,237 @@ def _report_pg(db, job_uuid, claim_uuid, status, actor, fields, result, agent_uu
     if status != states.IN_PROGRESS and rows[0][-1] != 1:  # pragma: no cover
         raise RuntimeError("report: the claim row changed under the job row's lock")
     return job
+
+
+# --- batch status reports ------------------------------------------------------------------
+
+BATCH_REPORT_STATUSES = frozenset(states.REPORTABLE & states.TERMINAL)
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """One report's answer in a batch: accepted (with the job as it now is), or why not."""
+
+    job_id: uuid.UUID
+    accepted: bool
+    job: Job | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchReportResult:
+    results: list[ReportOutcome]
+
+
+@dataclass(frozen=True)
+class _Report:
+    job_id: uuid.UUID
+    claim_id: uuid.UUID
+    status: str
+    message: str | None
+    result: object
+    external_id: str | None
+
+
+def _optional_text(item: dict, name: str, max_length: int | None = None) -> str | None:
+    value = item.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or "\x00" in value:
+        raise InvalidInput(f"{name} must be a string without NUL characters.", field=name)
+    if max_length is not None and len(value) > max_length:
+        raise InvalidInput(f"{name} must be at most {max_length} characters.", field=name)
+    return value
+
+
+def _has_nul(value) -> bool:
+    """A NUL anywhere in a JSON value's strings (PostgreSQL's jsonb refuses it)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _parse_report_batch(reports) -> list[_Report]:
+    limit = jobqueue_settings()["MAX_REPORT_BATCH"]
+    if not isinstance(reports, (list, tuple)) or not 1 <= len(reports) <= limit:
+        raise InvalidInput(f"reports must be a list of 1 to {limit} items.", field="reports")
+    parsed, seen = [], set()
+    allowed = ", ".join(sorted(BATCH_REPORT_STATUSES))
+    for item in reports:
+        if not isinstance(item, dict):
+            raise InvalidInput("each report must be an object.", field="reports")
+        job_id = _as_uuid(item.get("job_id"), "job_id")
+        claim_id = _as_uuid(item.get("claim_id"), "claim_id")
+        status = item.get("status")
+        if status not in BATCH_REPORT_STATUSES:
+            raise InvalidInput(f"status must be one of: {allowed}.", field="status")
+        if job_id in seen:
+            raise InvalidInput(f"job {job_id} appears more than once.", field="reports")
+        seen.add(job_id)
+        result = item.get("result")
+        if result is not None and _has_nul(result):
+            raise InvalidInput("result must not contain NUL characters.", field="result")
+        parsed.append(_Report(
+            job_id, claim_id, status, _optional_text(item, "message"), result,
+            _optional_text(item, "external_id", 255),
+        ))
+    return parsed
+
+
+# PostgreSQL: one statement ends every report whose claim is current. It locks each job row
+# and then its claim row in job_id order (the order batch heartbeats and the reaper use for
+# claims, with the job row first as everywhere), so batches never deadlock each other or
+# them; the UPDATE repeats every guard of the single report. Job rows are locked FOR NO KEY
+# UPDATE (what the UPDATE takes anyway), never FOR UPDATE: a transaction whose deferred
+# foreign-key check at COMMIT takes KEY SHARE on these rows (an event inserted for a job it
+# does not lock, e.g. a recorded refusal) must not wait on them while holding a row this
+# statement waits for (found by test_race_batch_reports_against_each_other_...).
+_PG_REPORT_MANY_SQL = """
+WITH req AS (
+    SELECT * FROM unnest(%(jobs)s::uuid[], %(claims)s::uuid[], %(statuses)s::text[],
+                         %(messages)s::text[], %(has_messages)s::boolean[],
+                         %(external_ids)s::text[], %(has_external_ids)s::boolean[],
+                         %(results)s::text[], %(has_results)s::boolean[])
+        AS r(job_id, claim_id, status, message, has_message, external_id, has_external_id,
+             result, has_result)
+), locked AS MATERIALIZED (
+    SELECT j.id FROM job j
+    JOIN req ON req.job_id = j.id
+    JOIN job_claim c ON c.job_id = j.id AND c.claim_id = req.claim_id
+    WHERE j.job_agent_id = %(agent)s {scope}AND j.status = 'in_progress'
+      AND j.last_claim_id = req.claim_id
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j FOR UPDATE OF c
+), done AS (
+    UPDATE job SET status = req.status, completed_at = STATEMENT_TIMESTAMP(),
+        message = CASE WHEN req.has_message THEN req.message ELSE job.message END,
+        external_id = CASE WHEN req.has_external_id THEN req.external_id
+                           ELSE job.external_id END,
+        result = CASE WHEN req.has_result THEN req.result::jsonb ELSE job.result END,
+        updated_at = STATEMENT_TIMESTAMP()
+    FROM locked JOIN req ON req.job_id = locked.id
+    WHERE job.id = locked.id AND job.status = 'in_progress' AND job.last_claim_id = req.claim_id
+    RETURNING {job_columns}
+), gone AS (
+    DELETE FROM job_claim c USING done
+    WHERE c.job_id = done.id AND c.claim_id = done.last_claim_id
+    RETURNING c.job_id
+), events AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT done.id, %(kind)s, done.attempt, %(actor)s, done.last_claim_id,
+           jsonb_build_object('status', done.status, 'has_result', req.has_result),
+           STATEMENT_TIMESTAMP()
+    FROM done JOIN req ON req.job_id = done.id
+)
+SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
+"""
+_PG_REPORT_MANY = {
+    scoped: _PG_REPORT_MANY_SQL.format(
+        scope="AND j.workspace_id = %(ws)s " if scoped else "", job_columns=_JOB_COLUMNS
+    )
+    for scoped in (False, True)
+}
+
+
+def report_many(job_agent_id, reports, *, workspace_id=None) -> BatchReportResult:
+    """End many jobs of one agent at once: `reports` is a list of
+    {"job_id", "claim_id", "status", "message"?, "result"?, "external_id"?} with a terminal
+    status (successful, failure or cancelled).
+
+    Every report whose claim is current is applied in one transaction (on PostgreSQL, one
+    statement), with the single report's guards and events. Each other report is answered
+    as the single report would: accepted when it repeats the job's final report (a retry
+    after a lost response), else job_cancelled, job_finished, claim_superseded or not_found;
+    refusals are recorded like the single path's. Results keep the order of `reports`. Bad
+    input (too many items, a malformed UUID, a job twice, a status that does not end the
+    job) raises InvalidInput and changes nothing.
+    """
+    items = _parse_report_batch(reports)
+    agent_uuid = _as_uuid(job_agent_id, "job_agent_id")
+    ws_uuid = _as_uuid(workspace_id, "workspace_id") if workspace_id is not None else None
+    actor = agent_actor(agent_uuid)
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "postgresql":
+        done = _report_many_pg(db, items, agent_uuid, ws_uuid, actor)
+    else:
+        done = {}
+        with transaction.atomic():
+            for r in items:
+                fields = {"updated_at": Now()}
+                for name in ("message", "result", "external_id"):
+                    if getattr(r, name) is not None:
+                        fields[name] = getattr(r, name)
+                job = _report_orm(r.job_id, r.claim_id, r.status, actor, fields, r.result,
+                                  agent_uuid, ws_uuid)
+                if job is not None:
+                    done[job.id] = job
+    rest = [r for r in items if r.job_id not in done]
+    outcomes = _explain_report_refusals(rest, agent_uuid, ws_uuid, actor) if rest else {}
+    results = []
+    for r in items:
+        if r.job_id in done:
+            observe.emit("reported", job_agent_id=agent_uuid, status=r.status)
+            results.append(ReportOutcome(r.job_id, True, job=done[r.job_id]))
+        else:
+            results.append(outcomes[r.job_id])
+    return BatchReportResult(results=results)
+
+
+def _report_many_pg(db, items, agent_uuid, ws_uuid, actor) -> dict[uuid.UUID, Job]:
+    params = {
+        "jobs": [r.job_id for r in items],
+        "claims": [r.claim_id for r in items],
+        "statuses": [r.status for r in items],
+        "messages": [r.message or "" for r in items],
+        "has_messages": [r.message is not None for r in items],
+        "external_ids": [r.external_id or "" for r in items],
+        "has_external_ids": [r.external_id is not None for r in items],
+        "results": [json.dumps(r.result) if r.result is not None else "" for r in items],
+        "has_results": [r.result is not None for r in items],
+        "agent": agent_uuid,
+        "kind": JobEvent.STATUS_REPORTED,
+        "actor": actor,
+    }
+    if ws_uuid is not None:
+        params["ws"] = ws_uuid
+    columns, rows = _pg_run(db, _PG_REPORT_MANY[ws_uuid is not None], params)
+    if rows and rows[0][-1] != len(rows):  # pragma: no cover - would break invariant 2
+        raise RuntimeError("batch report: a claim row changed under its job row's lock")
+    return {job.id: job for job in _jobs_from_rows(db, columns, rows)}
+
+
+def _explain_report_refusals(rest, agent_uuid, ws_uuid, actor) -> dict[uuid.UUID, ReportOutcome]:
+    """The single report's answers for the reports that changed nothing, and the record of
+    each refusal (a retried identical final report is accepted, as it is singly)."""
+    jobs = {job.id: job for job in _scoped_jobs(ws_uuid, agent_uuid).filter(
+        id__in=[r.job_id for r in rest])}
+    outcomes, events = {}, []
+    for r in rest:
+        job = jobs.get(r.job_id)
+        if job is None:
+            outcomes[r.job_id] = ReportOutcome(r.job_id, False, code=NotFound.code)
+            continue
+        if job.status == r.status and job.last_claim_id == r.claim_id:
+            outcomes[r.job_id] = ReportOutcome(r.job_id, True, job=job)
+            continue
+        if job.status == states.CANCELLED:
+            code = JobCancelled.code
+        elif job.status in states.TERMINAL:
+            code = JobFinished.code
+        else:
+            code = ClaimSuperseded.code
+        outcomes[r.job_id] = ReportOutcome(r.job_id, False, code=code)
+        events.append(_event(job.id, JobEvent.STALE_WRITE_REFUSED, attempt=job.attempt,
+                             actor=actor, claim_id=r.claim_id, operation="status", code=code))
+    if events:
+        JobEvent.objects.bulk_create(events)
+        for event in events:
+            observe.emit("refused", operation="status", code=event.detail["code"])
+    return outcomes
 
 
 def release_job(

@@ -1,5 +1,6 @@
-"""The batch endpoints: POST job-agents/{id}/jobs/claim {"limit": N} and
-POST job-agents/{id}/heartbeat, in-process and over a live server, on both backends."""
+"""The batch endpoints: POST job-agents/{id}/jobs/claim {"limit": N},
+POST job-agents/{id}/heartbeat and POST job-agents/{id}/reports, in-process and over a live
+server, on both backends."""
 
 import datetime as dt
 import uuid
@@ -141,3 +142,124 @@ def test_batch_heartbeat_scope_and_auth(world):
     r = other_ws.post(path, json=body)
     assert r.status_code in (403, 404)
     assert world.agent_caller().get(path).status_code == 405
+
+
+# --- POST job-agents/{id}/reports ------------------------------------------------------------
+
+
+def test_batch_claim_then_batch_report_over_http(live_world):
+    JobFactory.create_batch(4, job_agent=live_world.agent)
+    agent = live_world.agent_caller()
+    claims = batch_claim(agent, live_world, 4)
+    reports = [
+        {"job_id": c["job"]["id"], "claim_id": c["claim"]["claim_id"], "status": status}
+        for c, status in zip(claims, ["successful", "failure", "cancelled", "successful"],
+                             strict=True)
+    ]
+    reports[1] |= {"message": "exit 3", "result": {"code": 3}, "external_id": "run-7"}
+    path = f"job-agents/{live_world.agent.id}/reports"
+    r = agent.post(path, json={"reports": reports})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["job_id"] for x in results] == [x["job_id"] for x in reports]
+    for x, sent in zip(results, reports, strict=True):
+        assert set(x) == {"job_id", "accepted", "status", "completed_at"}
+        assert x["accepted"] is True and x["status"] == sent["status"]
+        job = Job.objects.get(id=x["job_id"])
+        assert job.status == sent["status"] and job.completed_at == _ts(x["completed_at"])
+    failed = Job.objects.get(id=reports[1]["job_id"])
+    assert (failed.message, failed.result, failed.external_id) == ("exit 3", {"code": 3},
+                                                                   "run-7")
+    assert not JobClaim.objects.exists()
+    # The same batch again (a lost response): the same answers, nothing new recorded.
+    n_events = JobEvent.objects.count()
+    again = agent.post(path, json={"reports": reports})
+    assert again.status_code == 200 and again.json() == r.json()
+    assert JobEvent.objects.count() == n_events
+    # With another status now: job_finished each, recorded as refusals.
+    changed = [x | {"status": "failure" if x["status"] != "failure" else "successful"}
+               for x in reports]
+    r = agent.post(path, json={"reports": changed})
+    assert [(x["accepted"], x["code"]) for x in r.json()["results"]] == [
+        (False, "job_finished"), (False, "job_finished"), (False, "job_cancelled"),
+        (False, "job_finished")]
+    assert JobEvent.objects.filter(kind="stale_write_refused").count() == 4
+
+
+def test_batch_report_answers_each_report(world):
+    JobFactory.create_batch(3, job_agent=world.agent)
+    live, superseded, cancelled = lifecycle.claim_next_jobs(world.agent, 3)
+    lifecycle.requeue_job(superseded.job.id)
+    lifecycle.cancel_job(cancelled.job.id)
+    foreign = JobFactory(job_agent=world.other_agent)
+    foreign_grant = lifecycle.claim_job(world.other_agent, foreign.id)
+    body = {"reports": [
+        {"job_id": str(g.job.id), "claim_id": str(g.claim_id), "status": "successful"}
+        for g in (live, superseded, cancelled, foreign_grant)
+    ]}
+    r = world.agent_caller().post(f"job-agents/{world.agent.id}/reports", json=body)
+    assert r.status_code == 200, r.content
+    results = r.json()["results"]
+    assert [(x["accepted"], x.get("code")) for x in results] == [
+        (True, None), (False, "claim_superseded"), (False, "job_cancelled"),
+        (False, "not_found")]
+    assert all(set(x) == {"job_id", "accepted", "code"} for x in results[1:])
+    assert Job.objects.get(id=foreign.id).status == "in_progress"
+    assert not JobEvent.objects.filter(job_id=foreign.id, kind="stale_write_refused").exists()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"reports": []},
+        {"reports": "x"},
+        {"reports": [{"job_id": "nope", "claim_id": str(uuid.uuid4()), "status": "successful"}]},
+        {"reports": [{"job_id": str(uuid.uuid4()), "claim_id": str(uuid.uuid4())}]},
+        {"reports": [{"job_id": str(uuid.uuid4()), "claim_id": str(uuid.uuid4()),
+                      "status": "in_progress"}]},
+        {"reports": [{"job_id": str(uuid.uuid4()), "claim_id": str(uuid.uuid4()),
+                      "status": "successful", "external_id": "x" * 256}]},
+        {"reports": [{"job_id": str(uuid.uuid4()), "claim_id": str(uuid.uuid4()),
+                      "status": "successful", "message": ["not", "text"]}]},
+        "DUPLICATE",
+        "TOO_MANY",
+    ],
+)
+def test_batch_report_bad_input_is_400_and_ends_nothing(world, body, settings):
+    settings.JOBQUEUE = {"MAX_REPORT_BATCH": 2}
+    JobFactory(job_agent=world.agent)
+    (grant,) = lifecycle.claim_next_jobs(world.agent, 1)
+    item = {"job_id": str(grant.job.id), "claim_id": str(grant.claim_id), "status": "successful"}
+    if body == "DUPLICATE":
+        body = {"reports": [item, item]}
+    elif body == "TOO_MANY":
+        body = {"reports": [item] + [item | {"job_id": str(uuid.uuid4())} for _ in range(2)]}
+    elif body.get("reports") and isinstance(body["reports"], list):
+        body = {"reports": [item, *body["reports"]]}
+    r = world.agent_caller().post(f"job-agents/{world.agent.id}/reports", json=body)
+    assert r.status_code == 400, r.content
+    assert r.json()["code"] == "validation_error"
+    assert Job.objects.get(id=grant.job.id).status == "in_progress"
+    assert JobClaim.objects.filter(job_id=grant.job.id).exists()
+
+
+def test_batch_report_scope_and_auth(world):
+    JobFactory(job_agent=world.agent)
+    (grant,) = lifecycle.claim_next_jobs(world.agent, 1)
+    body = {"reports": [{"job_id": str(grant.job.id), "claim_id": str(grant.claim_id),
+                         "status": "successful"}]}
+    path = f"job-agents/{world.agent.id}/reports"
+    r = world.agent_caller(world.other_token).post(path, json=body)
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
+    r = world.agent_caller(world.other_token).post(
+        f"job-agents/{world.other_agent.id}/reports", json=body
+    )
+    assert r.status_code == 200 and r.json()["results"][0]["code"] == "not_found"
+    assert world.anonymous().post(path, json=body).status_code == 401
+    other_ws = world.producer().with_headers({"X-API-Key": world.other_key})
+    assert other_ws.post(path, json=body).status_code in (403, 404)
+    assert world.agent_caller().get(path).status_code == 405
+    assert Job.objects.get(id=grant.job.id).status == "in_progress"
+    r = world.producer().post(path, json=body)
+    assert r.status_code == 200 and r.json()["results"][0]["accepted"] is True
