@@ -154,9 +154,9 @@ class BatchReportOutcome(serializers.Serializer):
             return {
                 "job_id": str(outcome.job_id),
                 "accepted": True,
-                "status": outcome.job.status,
+                "status": outcome.status,
                 "completed_at": serializers.DateTimeField().to_representation(
-                    outcome.job.completed_at
+                    outcome.completed_at
                 ),
             }
         return {"job_id": str(outcome.job_id), "accepted": False, "code": outcome.code}

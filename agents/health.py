@@ -11,7 +11,7 @@ import threading
 import time
 
 from django.db import DatabaseError
-from django.db.models import Count, IntegerField, OuterRef, Q, Subquery, Value
+from django.db.models import Count, IntegerField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce, Now
 
 from jobqueue.conf import jobqueue_settings
@@ -62,7 +62,7 @@ def with_health(queryset):
             job__job_agent_id=OuterRef("pk"),
             created_at__gte=NowPlusSeconds(-EXPIRED_WINDOW_SECONDS),
         )
-        .filter(Q(kind=JobEvent.REAPED) | Q(kind=JobEvent.EXPIRED))
+        .filter(kind__in=[JobEvent.REAPED, JobEvent.EXPIRED])  # job_event_lease_lost_idx
         .order_by()
         .values("job__job_agent_id")
         .annotate(n=Count("pk"))

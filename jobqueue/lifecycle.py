@@ -1088,11 +1088,13 @@ BATCH_REPORT_STATUSES = frozenset(states.REPORTABLE & states.TERMINAL)
 
 @dataclass(frozen=True)
 class ReportOutcome:
-    """One report's answer in a batch: accepted (with the job as it now is), or why not."""
+    """One report's answer in a batch: accepted (with the job's final status and its
+    completed_at), or why not (code)."""
 
     job_id: uuid.UUID
     accepted: bool
-    job: Job | None = None
+    status: str | None = None
+    completed_at: dt.datetime | None = None
     code: str | None = None
 
 
@@ -1170,12 +1172,7 @@ def _parse_report_batch(reports) -> list[_Report]:
 # statement waits for (found by test_race_batch_reports_against_each_other_...).
 _PG_REPORT_MANY_SQL = """
 WITH req AS (
-    SELECT * FROM unnest(%(jobs)s::uuid[], %(claims)s::uuid[], %(statuses)s::text[],
-                         %(messages)s::text[], %(has_messages)s::boolean[],
-                         %(external_ids)s::text[], %(has_external_ids)s::boolean[],
-                         %(results)s::text[], %(has_results)s::boolean[])
-        AS r(job_id, claim_id, status, message, has_message, external_id, has_external_id,
-             result, has_result)
+    SELECT * FROM unnest({arrays}) AS r({names})
 ), locked AS MATERIALIZED (
     SELECT j.id FROM job j
     JOIN req ON req.job_id = j.id
@@ -1185,15 +1182,11 @@ WITH req AS (
     ORDER BY j.id
     FOR NO KEY UPDATE OF j FOR UPDATE OF c
 ), done AS (
-    UPDATE job SET status = req.status, completed_at = STATEMENT_TIMESTAMP(),
-        message = CASE WHEN req.has_message THEN req.message ELSE job.message END,
-        external_id = CASE WHEN req.has_external_id THEN req.external_id
-                           ELSE job.external_id END,
-        result = CASE WHEN req.has_result THEN req.result::jsonb ELSE job.result END,
+    UPDATE job SET status = req.status, completed_at = STATEMENT_TIMESTAMP(),{sets}
         updated_at = STATEMENT_TIMESTAMP()
     FROM locked JOIN req ON req.job_id = locked.id
     WHERE job.id = locked.id AND job.status = 'in_progress' AND job.last_claim_id = req.claim_id
-    RETURNING {job_columns}
+    RETURNING job.id, job.status, job.completed_at, job.attempt, job.last_claim_id
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = done.id AND c.claim_id = done.last_claim_id
@@ -1201,16 +1194,37 @@ WITH req AS (
 ), events AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT done.id, %(kind)s, done.attempt, %(actor)s, done.last_claim_id,
-           jsonb_build_object('status', done.status, 'has_result', req.has_result),
+           jsonb_build_object('status', done.status, 'has_result', {has_result}),
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
 )
-SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
+SELECT done.id, done.status, done.completed_at, (SELECT count(*) FROM gone) FROM done
 """
+# The plain acknowledgement (no message, result or external_id in the batch) binds three
+# arrays; a batch that sets any of them binds the full set.
+_REPORT_MANY_ARRAYS = {
+    False: [("jobs", "job_id", "uuid"), ("claims", "claim_id", "uuid"),
+            ("statuses", "status", "text")],
+    True: [("jobs", "job_id", "uuid"), ("claims", "claim_id", "uuid"),
+           ("statuses", "status", "text"), ("messages", "message", "text"),
+           ("has_messages", "has_message", "boolean"), ("external_ids", "external_id", "text"),
+           ("has_external_ids", "has_external_id", "boolean"), ("results", "result", "text"),
+           ("has_results", "has_result", "boolean")],
+}
+_REPORT_MANY_SETS = """
+        message = CASE WHEN req.has_message THEN req.message ELSE job.message END,
+        external_id = CASE WHEN req.has_external_id THEN req.external_id
+                           ELSE job.external_id END,
+        result = CASE WHEN req.has_result THEN req.result::jsonb ELSE job.result END,"""
 _PG_REPORT_MANY = {
-    scoped: _PG_REPORT_MANY_SQL.format(
-        scope="AND j.workspace_id = %(ws)s " if scoped else "", job_columns=_JOB_COLUMNS
+    (full, scoped): _PG_REPORT_MANY_SQL.format(
+        arrays=", ".join(f"%({p})s::{t}[]" for p, _, t in _REPORT_MANY_ARRAYS[full]),
+        names=", ".join(n for _, n, _ in _REPORT_MANY_ARRAYS[full]),
+        sets=_REPORT_MANY_SETS if full else "",
+        has_result="req.has_result" if full else "false",
+        scope="AND j.workspace_id = %(ws)s " if scoped else "",
     )
+    for full in (False, True)
     for scoped in (False, True)
 }
 
@@ -1236,7 +1250,7 @@ def report_many(job_agent_id, reports, *, workspace_id=None) -> BatchReportResul
     if db.vendor == "postgresql":
         done = _report_many_pg(db, items, agent_uuid, ws_uuid, actor)
     else:
-        done = {}
+        done: dict[uuid.UUID, tuple[str, dt.datetime]] = {}
         with transaction.atomic():
             for r in items:
                 fields = {"updated_at": Now()}
@@ -1246,40 +1260,47 @@ def report_many(job_agent_id, reports, *, workspace_id=None) -> BatchReportResul
                 job = _report_orm(r.job_id, r.claim_id, r.status, actor, fields, r.result,
                                   agent_uuid, ws_uuid)
                 if job is not None:
-                    done[job.id] = job
+                    done[job.id] = (job.status, job.completed_at)
     rest = [r for r in items if r.job_id not in done]
     outcomes = _explain_report_refusals(rest, agent_uuid, ws_uuid, actor) if rest else {}
     results = []
     for r in items:
         if r.job_id in done:
             observe.emit("reported", job_agent_id=agent_uuid, status=r.status)
-            results.append(ReportOutcome(r.job_id, True, job=done[r.job_id]))
+            status, completed_at = done[r.job_id]
+            results.append(ReportOutcome(r.job_id, True, status, completed_at))
         else:
             results.append(outcomes[r.job_id])
     return BatchReportResult(results=results)
 
 
-def _report_many_pg(db, items, agent_uuid, ws_uuid, actor) -> dict[uuid.UUID, Job]:
+def _report_many_pg(db, items, agent_uuid, ws_uuid, actor):
+    full = any(r.message is not None or r.result is not None or r.external_id is not None
+               for r in items)
     params = {
         "jobs": [r.job_id for r in items],
         "claims": [r.claim_id for r in items],
         "statuses": [r.status for r in items],
-        "messages": [r.message or "" for r in items],
-        "has_messages": [r.message is not None for r in items],
-        "external_ids": [r.external_id or "" for r in items],
-        "has_external_ids": [r.external_id is not None for r in items],
-        "results": [json.dumps(r.result) if r.result is not None else "" for r in items],
-        "has_results": [r.result is not None for r in items],
         "agent": agent_uuid,
         "kind": JobEvent.STATUS_REPORTED,
         "actor": actor,
     }
+    if full:
+        params.update(
+            messages=[r.message or "" for r in items],
+            has_messages=[r.message is not None for r in items],
+            external_ids=[r.external_id or "" for r in items],
+            has_external_ids=[r.external_id is not None for r in items],
+            results=[json.dumps(r.result) if r.result is not None else "" for r in items],
+            has_results=[r.result is not None for r in items],
+        )
     if ws_uuid is not None:
         params["ws"] = ws_uuid
-    columns, rows = _pg_run(db, _PG_REPORT_MANY[ws_uuid is not None], params)
+    _columns, rows = _pg_run(db, _PG_REPORT_MANY[full, ws_uuid is not None], params)
     if rows and rows[0][-1] != len(rows):  # pragma: no cover - would break invariant 2
         raise RuntimeError("batch report: a claim row changed under its job row's lock")
-    return {job.id: job for job in _jobs_from_rows(db, columns, rows)}
+    tz = db.timezone
+    return {job_id: (status, completed.astimezone(tz)) for job_id, status, completed, _ in rows}
 
 
 def _explain_report_refusals(rest, agent_uuid, ws_uuid, actor) -> dict[uuid.UUID, ReportOutcome]:
@@ -1294,7 +1315,7 @@ def _explain_report_refusals(rest, agent_uuid, ws_uuid, actor) -> dict[uuid.UUID
             outcomes[r.job_id] = ReportOutcome(r.job_id, False, code=NotFound.code)
             continue
         if job.status == r.status and job.last_claim_id == r.claim_id:
-            outcomes[r.job_id] = ReportOutcome(r.job_id, True, job=job)
+            outcomes[r.job_id] = ReportOutcome(r.job_id, True, job.status, job.completed_at)
             continue
         if job.status == states.CANCELLED:
             code = JobCancelled.code

@@ -81,7 +81,11 @@ class JobQuerySet(models.QuerySet):
 
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="jobs")
+    # No index of its own: the workspace indexes below lead with workspace_id (each index a
+    # job update writes costs; see docs/performance.md).
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.CASCADE, related_name="jobs", db_index=False
+    )
     job_agent = models.ForeignKey(JobAgent, on_delete=models.PROTECT, related_name="jobs")
     status = models.CharField(max_length=16, choices=states.CHOICES, default=states.QUEUED)
     job_agent_config = models.JSONField(default=dict, blank=True)
@@ -225,7 +229,15 @@ class JobEvent(models.Model):
     class Meta:
         db_table = "job_event"
         ordering = ["id"]
-        indexes = [models.Index(fields=["kind", "-created_at"], name="job_event_kind_idx")]
+        indexes = [
+            # Lost leases by time (agent health). Partial: the events every job writes
+            # (claimed, status_reported) stay out of it.
+            models.Index(
+                fields=["kind", "-created_at"],
+                condition=Q(kind__in=["reaped", "expired"]),
+                name="job_event_lease_lost_idx",
+            ),
+        ]
 
     def __str__(self):
         return f"{self.kind} on {self.job_id}"
