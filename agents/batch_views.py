@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from jobqueue import lifecycle
 
 from .schema import COMMON, WITH_BODY, errors
-from .serializers import StrictUUIDField
+from .serializers import StrictUUIDField, represent
 from .views import AGENT, ApiView
 
 REFUSAL_CODES = ["lease_expired", "claim_superseded", "job_cancelled", "job_finished",
@@ -102,7 +102,7 @@ class BatchHeartbeatView(ApiView):
         agent = self.agent_in_path()
         pairs = [(item["job_id"], item["claim_id"]) for item in data["claims"]]
         result = lifecycle.heartbeat_many(agent.id, pairs)
-        return Response(BatchHeartbeatResponse(result).data)
+        return Response(represent(BatchHeartbeatResponse, result))
 
 
 REPORT_REFUSAL_CODES = ["claim_superseded", "job_cancelled", "job_finished", "not_found"]
@@ -181,4 +181,4 @@ class BatchReportView(ApiView):
         data = self.validated(BatchReportInput)
         agent = self.agent_in_path()
         result = lifecycle.report_many(agent.id, [dict(item) for item in data["reports"]])
-        return Response(BatchReportResponse(result).data)
+        return Response(represent(BatchReportResponse, result))

@@ -117,7 +117,7 @@ def _status_filter(request, default=None):
 
 
 def claim_body(grant) -> dict:
-    return s.ClaimResponseSerializer(grant).data
+    return s.represent(s.ClaimResponseSerializer, grant)
 
 
 # --- agent endpoints ---------------------------------------------------------------------
@@ -179,7 +179,9 @@ class ClaimNextView(ApiView):
         },
     )
     def post(self, request, workspace_id, agent_id):
-        data = self.validated(s.ClaimNextInput)
+        # The usual request has no body or `{}`: nothing to validate.
+        body = request.data
+        data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimNextInput)
         agent = self.agent_in_path()
         if "limit" in data:
             grants = lifecycle.claim_next_jobs(agent, data["limit"])
@@ -201,7 +203,7 @@ class HeartbeatView(ApiView):
     def post(self, request, workspace_id, job_id):
         data = self.validated(s.HeartbeatInput)
         result = lifecycle.heartbeat(self.path_uuid("job_id"), data["claim_id"], **self.job_scope())
-        return Response(s.HeartbeatResponseSerializer(result).data)
+        return Response(s.represent(s.HeartbeatResponseSerializer, result))
 
 
 class StatusView(ApiView):
@@ -223,7 +225,7 @@ class StatusView(ApiView):
             external_id=data.get("external_id"),
             **self.job_scope(),
         )
-        return Response(s.JobSerializer(job).data)
+        return Response(s.represent(s.JobSerializer, job))
 
 
 class ReleaseView(ApiView):
@@ -243,7 +245,7 @@ class ReleaseView(ApiView):
             retry_after_seconds=data.get("retry_after_seconds"),
             **self.job_scope(),
         )
-        return Response(s.JobSerializer(job).data)
+        return Response(s.represent(s.JobSerializer, job))
 
 
 # --- producer and operator endpoints -------------------------------------------------------
@@ -359,7 +361,7 @@ class _OperatorTransition(ProducerView):
             reason=data.get("reason", ""),
             workspace_id=self.principal.workspace_id,
         )
-        return Response(s.JobSerializer(job).data)
+        return Response(s.represent(s.JobSerializer, job))
 
 
 def _transition_schema(operation_id, summary):
@@ -402,7 +404,7 @@ class DispatchView(ProducerView):
             workspace_id=self.principal.workspace_id,
             actor=self.principal.actor,
         )
-        return Response(s.JobSerializer(job).data)
+        return Response(s.represent(s.JobSerializer, job))
 
 
 class JobAgentsView(ProducerView):

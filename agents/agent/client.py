@@ -362,6 +362,35 @@ class AgentClient:
             body["external_id"] = external_id
         return self._json(self._request("PUT", f"jobs/{job_id}/status", json=body))
 
+    def report_batch(self, reports: list[dict]) -> list[ApiError | None]:
+        """End several jobs of this agent at once: each item {"job_id", "claim_id",
+        "status", "message"?, "result"?}. Returns, per item in order, None when accepted
+        (a retried identical report is accepted again) or the error the single report would
+        have raised (LeaseLost, NotFound). Raises Unsupported (404/405) when the server has
+        no batch report, and any request-level error as report() would."""
+        try:
+            response = self._request("POST", self._agent_path("reports"),
+                                     json={"reports": reports})
+        except (NotFound, InvalidRequest) as exc:
+            if exc.status in (404, 405):
+                raise Unsupported(exc.status, exc.code, exc.detail) from None
+            raise
+        body = self._json(response)
+        results = body.get("results") if isinstance(body, dict) else None
+        if not isinstance(results, list) or len(results) != len(reports):
+            raise ServerError(response.status_code, "invalid_response",
+                              "Unexpected batch report body.")
+        out: list[ApiError | None] = []
+        for item in results:
+            if item.get("accepted"):
+                out.append(None)
+            elif item.get("code") == "not_found":
+                out.append(NotFound(404, "not_found", "No such job."))
+            else:
+                code = str(item.get("code") or "claim_superseded")
+                out.append(LeaseLost(409, code, "The report was refused."))
+        return out
+
     def release(self, job_id: str, claim_id: str, *, reason: str | None = None,
                 retry_after_seconds: int | None = None) -> dict:
         """Give the job back to the queue. Returns the job (status queued)."""

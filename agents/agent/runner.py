@@ -3,7 +3,8 @@
 Threads: the caller's thread runs the claim loop (`Agent.run`); each claimed job runs in its
 own thread (child process, then report); one heartbeat thread renews every lease the agent
 holds, at the interval each claim suggests (batch path when the agent runs several jobs at once
-and the server has it, single path otherwise).
+and the server has it, single path otherwise); with several jobs at once, one reporter thread
+sends the terminal reports that are waiting together in one batch report (ReportBatcher).
 
 Guarantees the agent keeps:
 - it publishes (reports) only while it believes it holds the claim; once a heartbeat or a report
@@ -54,6 +55,12 @@ TERMINAL_REPORT_CAP_SECONDS = 600.0
 MAX_CLAIM_BATCH = 100
 # ... and on one batch heartbeat (JOBQUEUE_MAX_HEARTBEAT_BATCH).
 MAX_HEARTBEAT_BATCH = 500
+# ... and on one batch report (JOBQUEUE_MAX_REPORT_BATCH).
+MAX_REPORT_BATCH = 500
+# A report bigger than this (its result, mostly) goes alone; a batch stays well under the
+# server's default body cap (JOBQUEUE_MAX_REQUEST_BYTES, 1 MiB).
+BATCH_REPORT_ITEM_BYTES = 16 * 1024
+BATCH_REPORT_BYTES = 512 * 1024
 
 
 def log_event(event: str, *, level: int = logging.INFO, job: str | None = None,
@@ -469,6 +476,117 @@ class Heartbeater(threading.Thread):
                   retry_in=delay, lease_left=remaining)
 
 
+class _Single(Exception):  # noqa: N818 - an internal signal, not an error
+    """This report must take the single path (alone, no batch report on the server, or the
+    batch refused as a whole)."""
+
+
+@dataclass
+class _PendingReport:
+    body: dict
+    size: int
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class ReportBatcher(threading.Thread):
+    """Group commit for terminal reports, used when the agent runs several jobs at once.
+
+    A job thread hands in its report and waits for the answer. This thread sends the
+    reports one request at a time: every report waiting at that moment goes in one request
+    (POST job-agents/{id}/reports), those that arrive meanwhile in the next. A lone report
+    goes at once through the single path, so nothing waits for company; under load one
+    request and one transaction end many jobs. Each report gets the answer the single
+    report would have given (accepted, LeaseLost, NotFound, or the request's own error), so
+    the job thread's retry rules are unchanged. A server without batch reports (404/405),
+    or a batch refused as a whole (400/413), sends its reports through the single path.
+    """
+
+    def __init__(self, client: AgentClient):
+        super().__init__(name="reporter", daemon=True)
+        self.client = client
+        self.supported = True
+        self._cond = threading.Condition()
+        self._queue: deque[_PendingReport] = deque()
+        self._stopped = False
+
+    def report(self, job_id: str, claim_id: str, status: str, *, message: str | None = None,
+               result: Any = None) -> None:
+        """Raises what AgentClient.report() raises."""
+        body: dict[str, Any] = {"job_id": job_id, "claim_id": claim_id, "status": status}
+        size = 200 + len(message or "")
+        if message is not None:
+            body["message"] = message
+        if result is not None:
+            body["result"] = result
+            size += len(json.dumps(result))
+        if self.supported and size <= BATCH_REPORT_ITEM_BYTES and self.is_alive():
+            item = _PendingReport(body, size)
+            with self._cond:
+                queued = not self._stopped  # run() drains the queue before it returns
+                if queued:
+                    self._queue.append(item)
+                    self._cond.notify()
+            if queued:
+                item.done.wait()
+                if item.error is None:
+                    return
+                if not isinstance(item.error, _Single):
+                    raise item.error
+        self.client.report(job_id, claim_id, status, message=message, result=result)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                batch, total = [self._queue.popleft()], 0
+                total = batch[0].size
+                while (self._queue and len(batch) < MAX_REPORT_BATCH
+                       and total + self._queue[0].size <= BATCH_REPORT_BYTES):
+                    batch.append(self._queue.popleft())
+                    total += batch[-1].size
+            self._send(batch)
+
+    def _send(self, batch: list[_PendingReport]) -> None:
+        errors: list[BaseException | None]
+        if len(batch) == 1:
+            body = batch[0].body
+            try:
+                self.client.report(body["job_id"], body["claim_id"], body["status"],
+                                   message=body.get("message"), result=body.get("result"))
+                errors = [None]
+            except Exception as exc:  # noqa: BLE001 - handed to the job thread, as is
+                errors = [exc]
+        else:
+            try:
+                errors = list(self.client.report_batch([item.body for item in batch]))
+                log_event("reported_batch", level=logging.DEBUG, reports=len(batch))
+            except Unsupported:
+                self.supported = False
+                log_event("batch_report_unsupported", level=logging.WARNING, fallback="single")
+                errors = [_Single()] * len(batch)
+            except InvalidRequest as exc:
+                log_event("batch_report_refused", level=logging.WARNING, code=exc.code,
+                          reports=len(batch), fallback="single")
+                errors = [_Single()] * len(batch)
+            except ApiError as exc:
+                errors = [exc] * len(batch)
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave job threads waiting
+                log.exception("event=report_batch_error")
+                errors = [exc] * len(batch)
+        for item, error in zip(batch, errors, strict=True):
+            item.error = error
+            item.done.set()
+
+
 def _request_timeout(interval: float) -> float:
     return max(1.0, min(10.0, interval * 2))
 
@@ -504,6 +622,7 @@ class Agent:
         self._batch_cap = MAX_CLAIM_BATCH
         self.heartbeater = Heartbeater(client, use_batch=self.batch,
                                        workers=min(8, self.options.concurrency))
+        self.reporter = ReportBatcher(client) if self.batch else None
         self._runs: dict[str, _Run] = {}
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -530,6 +649,8 @@ class Agent:
     def run(self) -> int:
         log_event("started", agent=self.client.agent_id, concurrency=self.options.concurrency)
         self.heartbeater.start()
+        if self.reporter is not None:
+            self.reporter.start()
         idle = Backoff(self.options.idle_min, self.options.idle_max)
         errors = Backoff(0.25, max(5.0, self.options.idle_max))
         while not self._stop.is_set():
@@ -560,6 +681,9 @@ class Agent:
             for claim in claims:
                 self._start(claim)
         self._drain()
+        if self.reporter is not None:
+            self.reporter.stop()
+            self.reporter.join(timeout=5)
         self.heartbeater.stop()
         self.heartbeater.join(timeout=5)
         log_event("stopped", exit_code=self.exit_code)
@@ -660,8 +784,8 @@ class Agent:
         while True:
             try:
                 with lease.wire:
-                    self.client.report(claim.job_id, claim.claim_id, status, message=message,
-                                       result=result)
+                    send = self.reporter.report if self.reporter else self.client.report
+                    send(claim.job_id, claim.claim_id, status, message=message, result=result)
                     lease.finished = True
             except LeaseLost as exc:
                 lease.mark_lost(exc.code)

@@ -13,6 +13,7 @@ import logging
 import re
 import signal
 import threading
+import time
 
 import httpx
 import pytest
@@ -30,11 +31,13 @@ AGENT_HEARTBEAT = re.compile(r"/job-agents/[^/]+/heartbeat$")
 JOB_HEARTBEAT = re.compile(r"/jobs/[^/]+/heartbeat$")
 CLAIM_NEXT = re.compile(r"/job-agents/[^/]+/jobs/claim$")
 STATUS = re.compile(r"/jobs/[^/]+/status$")
+REPORTS = re.compile(r"/job-agents/[^/]+/reports$")
 
 
 class Shim(httpx.BaseTransport):
     """Forwards to the real server over HTTP and records (method, path, json body).
-    `rules` may answer instead of the server, or lose the server's answer."""
+    `rules` may answer instead of the server, delay the request, or lose the server's
+    answer."""
 
     def __init__(self):
         self.inner = httpx.HTTPTransport()
@@ -51,6 +54,8 @@ class Shim(httpx.BaseTransport):
                                        for rule in self.rules) if a), None)
         if action and action[0] == "answer":
             return httpx.Response(action[1], json=action[2])
+        if action and action[0] == "delay":
+            time.sleep(action[1])
         response = self.inner.handle_request(request)
         if action and action[0] == "lose":
             response.read()
@@ -216,6 +221,66 @@ def test_falls_back_to_single_paths_when_the_batch_ones_are_missing(
     assert len(shim.paths(JOB_HEARTBEAT)) >= 2
     assert "event=batch_claim_unsupported" in caplog.text
     assert "event=batch_heartbeat_unsupported" in caplog.text
+
+
+def test_reports_that_wait_together_go_in_one_batch_report(stack, make_agent, make_jobs,
+                                                          in_process):
+    """Six jobs end at once while the first report is held up on the wire: the others wait
+    in the reporter and go together in one POST job-agents/{id}/reports."""
+    agent, token = make_agent(lease_seconds=5)
+    jobs = make_jobs(agent, 6, stack.command("sleep 0.5"))
+    shim = Shim()
+    shim.rules.append(once(STATUS, ("delay", 1.0), method="PUT"))
+    in_process(agent, token, shim, concurrency=6)
+    all_done([j.id for j in jobs], stack)
+    batches = shim.paths(REPORTS)
+    assert batches, shim.seen
+    assert max(len(b["reports"]) for _, b in batches) >= 2
+    sent = [r["job_id"] for _, b in batches for r in b["reports"]]
+    sent += [p.split("/")[-2] for p, _ in shim.paths(STATUS, method="PUT")]
+    assert sorted(sent) == sorted(str(j.id) for j in jobs)  # each job reported once
+    assert set(Job.objects.values_list("status", flat=True)) == {states.SUCCESSFUL}
+    for job in jobs:
+        assert JobEvent.objects.filter(job_id=job.id,
+                                       kind=JobEvent.STATUS_REPORTED).count() == 1
+    assert audit([j.id for j in jobs])["violations"] == []
+
+
+def test_a_lost_batch_report_response_is_retried(
+        stack, make_agent, make_jobs, in_process, caplog):
+    agent, token = make_agent(lease_seconds=5)
+    jobs = make_jobs(agent, 6, stack.command("sleep 0.5"))
+    shim = Shim()
+    shim.rules.append(once(STATUS, ("delay", 1.0), method="PUT"))
+    shim.rules.append(once(REPORTS, ("lose",)))
+    caplog.set_level(logging.INFO, logger="jobqueue.agent")
+    in_process(agent, token, shim, concurrency=6)
+    all_done([j.id for j in jobs], stack)
+    wait_for(lambda: caplog.text.count("event=reported ") == 6, 30, "every report")
+    # The batch was applied, its answer lost; each report was retried and accepted again.
+    assert "code=network_error" in caplog.text
+    for job in jobs:
+        assert JobEvent.objects.filter(job_id=job.id,
+                                       kind=JobEvent.STATUS_REPORTED).count() == 1
+    assert set(Job.objects.values_list("status", flat=True)) == {states.SUCCESSFUL}
+    assert audit([j.id for j in jobs])["violations"] == []
+
+
+def test_falls_back_to_single_reports_when_the_batch_report_is_missing(
+        stack, make_agent, make_jobs, in_process, caplog):
+    agent, token = make_agent(lease_seconds=5)
+    more = make_jobs(agent, 6, stack.command("sleep 0.5"))
+    caplog.set_level(logging.INFO, logger="jobqueue.agent")
+    older = Shim()
+    older.rules.append(once(STATUS, ("delay", 1.0), method="PUT"))
+    older.rules.append(lambda m, p, b: ("answer", 404, {"code": "not_found", "detail": "x"})
+                       if REPORTS.search(p) else None)
+    in_process(agent, token, older, concurrency=6)
+    all_done([j.id for j in more], stack)
+    assert "event=batch_report_unsupported" in caplog.text
+    assert len(older.paths(REPORTS)) == 1
+    assert len(older.paths(STATUS, method="PUT")) == 6
+    assert audit([j.id for j in more])["violations"] == []
 
 
 def test_lost_report_response_and_5xx_are_retried(stack, make_agent, make_jobs, in_process,
