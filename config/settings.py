@@ -229,6 +229,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "jobqueue.states.CHOICES",
         "ReportedStatusEnum": ["cancelled", "failure", "in_progress", "successful"],
+        "FinalReportStatusEnum": ["cancelled", "failure", "successful"],
     },
     "SCHEMA_PATH_PREFIX": r"/v1/",
 }
