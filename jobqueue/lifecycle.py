@@ -520,9 +520,11 @@ def _pg_run(db, sql: str, params: dict) -> tuple[tuple[str, ...], list[tuple]]:
     parsing and planning its CTE: about a sixth of its cost (docs/performance.md).
 
     The hot path skips Django's cursor wrapper (a new cursor and a column description per
-    call were a tenth of a claim's client time) but keeps what the wrapper guards: errors
-    wrapped as django.db errors and the broken-transaction check. While queries are logged
+    call were a tenth of a claim's client time) but keeps what db.cursor() and the wrapper
+    guard: the health check, errors wrapped as django.db errors, the broken-transaction
+    check. While queries are logged
     or wrapped (DEBUG, CaptureQueriesContext, execute_wrapper) it goes through the wrapper."""
+    db.close_if_health_check_failed()  # as db.cursor() does (CONN_HEALTH_CHECKS)
     db.ensure_connection()
     if db.queries_logged or db.execute_wrappers:
         with db.wrap_database_errors:

@@ -199,3 +199,74 @@ def test_race_reports_against_cancels_requeues_and_heartbeats():
             assert "status_reported" not in kinds
             assert operator_won[g.job.id]
             assert job.status == (states.CANCELLED if k % 2 else states.QUEUED)
+
+
+# --- the hot path's own cursor (PostgreSQL) ------------------------------------------------
+
+
+def _same_as_the_orm(job):
+    stored = Job.objects.get(id=job.id)
+    for field in Job._meta.concrete_fields:
+        mine, theirs = getattr(job, field.attname), getattr(stored, field.attname)
+        assert mine == theirs and type(mine) is type(theirs), field.name
+        if hasattr(mine, "tzinfo"):
+            assert mine.tzinfo == theirs.tzinfo, field.name
+    assert job._state.adding is False and job._state.db == stored._state.db
+
+
+def test_claimed_and_reported_jobs_have_the_orms_values_types_and_time_zones():
+    agent = JobAgentFactory()
+    JobFactory(job_agent=agent, dispatch_context={"k": [1, 2]}, job_agent_config={"c": "x"})
+    grant = lifecycle.claim_next_job(agent)
+    _same_as_the_orm(grant.job)
+    done = lifecycle.report_status(grant.job.id, grant.claim_id, states.FAILURE,
+                                   result={"r": True}, message="m", job_agent_id=agent.id)
+    _same_as_the_orm(done)
+    assert done.result == {"r": True} and done.completed_at is not None
+
+
+@pytest.mark.postgres_only
+def test_hot_cursor_follows_a_new_connection():
+    agent = JobAgentFactory()
+    JobFactory.create_batch(3, job_agent=agent)
+    first = lifecycle.claim_next_job(agent)
+    connection.close()  # e.g. CONN_MAX_AGE, or the database went away
+    second = lifecycle.claim_next_job(agent)
+    lifecycle.report_status(first.job.id, first.claim_id, states.SUCCESSFUL)
+    connection.close()
+    lifecycle.report_status(second.job.id, second.claim_id, states.SUCCESSFUL)
+    assert Job.objects.filter(status=states.SUCCESSFUL).count() == 2
+
+
+@pytest.mark.postgres_only
+def test_hot_path_keeps_djangos_error_wrapping_and_broken_transaction_check():
+    import psycopg
+    from django.db import DataError, OperationalError, transaction
+    from django.db.transaction import TransactionManagementError
+
+    agent = JobAgentFactory()
+    JobFactory.create_batch(2, job_agent=agent)
+    lifecycle.claim_next_job(agent)  # the hot cursor exists
+    assert not connection.queries_logged  # so the claims below take the hot path
+    # A broken transaction refuses the hot statement as it refuses any query.
+    with transaction.atomic():
+        try:
+            with transaction.atomic(savepoint=False), connection.cursor() as bad:
+                bad.execute("SELECT 1/0")
+        except DataError:
+            pass
+        with pytest.raises(TransactionManagementError):
+            lifecycle.claim_next_job(agent)
+    # A server-side failure surfaces as Django's error class, not psycopg's.
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        (pid,) = cur.fetchone()
+    s = connection.settings_dict
+    with psycopg.connect(host=s.get("HOST") or "127.0.0.1", port=s.get("PORT") or 5432,
+                         user=s.get("USER") or "postgres", dbname=s["NAME"],
+                         autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with pytest.raises(OperationalError):
+        lifecycle.claim_next_job(agent)
+    connection.close()
+    assert lifecycle.claim_next_job(agent) is not None  # a new connection, a new cursor
