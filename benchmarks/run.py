@@ -264,7 +264,10 @@ CORE_SYSTEMS = [
     ("raw_shape", "raw psycopg, the ORM path's statements (12 round trips a job, 2 commits)"),
     ("jobqueue", "jobqueue lifecycle: claim-next + terminal report"),
     ("jobqueue_b10", "jobqueue lifecycle: batch claim of 10 + a report per job"),
-    ("jobqueue_b10_ack", "jobqueue lifecycle: batch claim of 10 + one batch report (report_many)"),
+    ("jobqueue_b10_ack", "jobqueue lifecycle: batch claim of 10, then one batch report "
+     "(report_many)"),
+    ("jobqueue_b10_pipe", "jobqueue lifecycle: batch claim of 10, batch reports sent by a second "
+     "thread meanwhile (the reference agent's shape)"),
     ("pgqueuer_b1", "pgqueuer 1.6.0, batch 1"),
     ("pgqueuer_b10", "pgqueuer 1.6.0, its default batch (10)"),
     ("procrastinate", "procrastinate 3.10.0"),
@@ -289,6 +292,8 @@ def scenario_core(peers=True):
                 "jobqueue": lambda c=c: run_project_drain("core", c, n, 1),
                 "jobqueue_b10": lambda c=c: run_project_drain("core", c, n, 10),
                 "jobqueue_b10_ack": lambda c=c: run_project_drain("core", c, n, 10, "batch"),
+                "jobqueue_b10_pipe": lambda c=c: run_project_drain("core", c, n, 10,
+                                                                   "pipelined"),
             }
             if peers:
                 runs.update({

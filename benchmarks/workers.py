@@ -37,13 +37,17 @@ def _queued_left(agent_id) -> bool:
 def core(agent_id: str, batch: str = "1", ack: str = "single") -> None:
     """Drain through the project's lifecycle: claim-next (or a batch), then a terminal
     report per job (ack=single) or one batch report for the batch (ack=batch), each in its
-    own transaction as the HTTP edge would do it."""
+    own transaction as the HTTP edge would do it. ack=pipelined: a second thread (with its
+    own connection) sends the batch reports while this one claims the next batch, as the
+    reference agent's reporter thread does beside its claim loop."""
     _django()
     from jobqueue import lifecycle, states
     from jobqueue.models import JobAgent
 
     agent = JobAgent.objects.get(id=agent_id)
     batch = int(batch)
+    if ack == "pipelined":
+        return _core_pipelined(agent, batch)
     worker_ready()
     t0 = time.time()
     n = 0
@@ -66,6 +70,51 @@ def core(agent_id: str, batch: str = "1", ack: str = "single") -> None:
             lifecycle.report_status(g.job.id, g.claim_id, states.SUCCESSFUL, job_agent_id=agent.id)
             n += 1
     worker_done(n=n, t0=t0, t1=time.time())
+
+
+def _core_pipelined(agent, batch: int) -> None:
+    import queue
+    import threading
+
+    from django.db import connection
+
+    from jobqueue import lifecycle, states
+
+    handoff: queue.Queue = queue.Queue(maxsize=2)
+    done = {"n": 0, "error": None}
+
+    def reporter():
+        try:
+            while (grants := handoff.get()) is not None:
+                out = lifecycle.report_many(agent.id, [
+                    {"job_id": g.job.id, "claim_id": g.claim_id, "status": states.SUCCESSFUL}
+                    for g in grants
+                ])
+                if not all(r.accepted for r in out.results):
+                    raise RuntimeError(f"batch report refused: {out.results}")
+                done["n"] += len(grants)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            done["error"] = exc
+            while handoff.get() is not None:
+                pass
+        finally:
+            connection.close()
+
+    worker_ready()
+    t0 = time.time()
+    thread = threading.Thread(target=reporter)
+    thread.start()
+    while done["error"] is None:
+        grants = lifecycle.claim_next_jobs(agent, batch)
+        if grants:
+            handoff.put(grants)
+        elif not _queued_left(agent.id):
+            break
+    handoff.put(None)
+    thread.join()
+    if done["error"] is not None:
+        raise done["error"]
+    worker_done(n=done["n"], t0=t0, t1=time.time())
 
 
 # The statements the lifecycle sends for one claim-next and one terminal report (captured

@@ -172,7 +172,11 @@ class JobClaim(models.Model):
     job = models.OneToOneField(
         Job, on_delete=models.CASCADE, primary_key=True, related_name="claim"
     )
-    job_agent = models.ForeignKey(JobAgent, on_delete=models.CASCADE, related_name="claims")
+    # Not indexed: one row per running job, so the few lookups by agent (agent health, an
+    # agent's deletion) scan a small table, and every claim saves an index insert.
+    job_agent = models.ForeignKey(
+        JobAgent, on_delete=models.CASCADE, related_name="claims", db_index=False
+    )
     claim_id = models.UUIDField(default=uuid.uuid4, editable=False)
     attempt = models.PositiveIntegerField()
     lease_seconds = models.PositiveIntegerField()
