@@ -68,3 +68,14 @@ def run_threads(target, n: int, *args) -> list:
     if errors:
         raise errors[0]
     return results
+
+
+def final_state_is_consistent():
+    """Invariant 2: in_progress <=> exactly one claim row; claims only on in_progress jobs."""
+    from jobqueue import states
+    from jobqueue.models import Job, JobClaim
+
+    in_progress = set(Job.objects.filter(status=states.IN_PROGRESS).values_list("id", flat=True))
+    claimed = list(JobClaim.objects.values_list("job_id", flat=True))
+    assert len(claimed) == len(set(claimed))
+    assert set(claimed) == in_progress

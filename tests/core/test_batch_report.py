@@ -13,7 +13,7 @@ from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import Conflict, InvalidInput
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, WorkspaceFactory
-from tests.utils import run_threads
+from tests.utils import final_state_is_consistent, run_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -245,14 +245,6 @@ def test_a_batch_is_one_statement_on_postgres():
 
 
 # --- races ----------------------------------------------------------------------------------
-
-
-def final_state_is_consistent():
-    """Invariant 2: in_progress <=> exactly one claim row; claims only on in_progress jobs."""
-    in_progress = set(Job.objects.filter(status=states.IN_PROGRESS).values_list("id", flat=True))
-    claimed = list(JobClaim.objects.values_list("job_id", flat=True))
-    assert len(claimed) == len(set(claimed))
-    assert set(claimed) == in_progress
 
 
 @pytest.mark.postgres_only
