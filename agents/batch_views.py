@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from jobqueue import lifecycle
 
 from .schema import COMMON, WITH_BODY, errors
-from .serializers import StrictUUIDField, represent
+from .serializers import StatusInput, StrictUUIDField, represent
 from .views import AGENT, ApiView
 
 REFUSAL_CODES = ["lease_expired", "claim_superseded", "job_cancelled", "job_finished",
@@ -108,15 +108,11 @@ class BatchHeartbeatView(ApiView):
 REPORT_REFUSAL_CODES = ["claim_superseded", "job_cancelled", "job_finished", "not_found"]
 
 
-class BatchReportItem(serializers.Serializer):
+class BatchReportItem(StatusInput):
+    """PUT jobs/{job_id}/status's body plus the job_id, final statuses only."""
+
     job_id = StrictUUIDField()
-    claim_id = StrictUUIDField()
     status = serializers.ChoiceField(choices=sorted(lifecycle.BATCH_REPORT_STATUSES))
-    message = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
-    result = serializers.JSONField(required=False, allow_null=True)
-    external_id = serializers.CharField(
-        required=False, allow_blank=True, max_length=255, trim_whitespace=False
-    )
 
     class Meta:
         ref_name = "BatchReportItem"
