@@ -210,6 +210,19 @@ def pgbench_tps(clients, seconds):
     return float(m.group(1))
 
 
+def lifecycle_sql_file() -> str:
+    """The lifecycle's claim-next and terminal report statements, for the raw psycopg loop."""
+    from jobqueue import lifecycle
+
+    path = ROOT / "var" / "bench-lifecycle-sql.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({
+        "claim": lifecycle._PG_CLAIM_SQL_NEXT,
+        "report": lifecycle.report_sql(True, scope="AND job.job_agent_id = %(agent)s "),
+    }))
+    return str(path)
+
+
 def run_project_drain(kind, concurrency, n, batch=1, ack="single"):
     reset_tables()
     agent = make_agent()
@@ -219,7 +232,7 @@ def run_project_drain(kind, concurrency, n, batch=1, ack="single"):
 
     connections.close_all()
     args = {"core": [str(agent.id), str(batch), ack], "raw_shape": [str(agent.id)],
-            "raw_cte": [str(agent.id)]}[kind]
+            "raw_cte": [str(agent.id), lifecycle_sql_file()]}[kind]
     cmds = [[APP_PY, "-m", "benchmarks.workers", kind, *args]] * concurrency
     results = run_workers(cmds, env={"DATABASE_URL": db_url(DB),
                                      "DJANGO_SETTINGS_MODULE": "config.settings"})

@@ -2,7 +2,7 @@
 
     python -m benchmarks.workers core AGENT_ID BATCH [ACK]    # lifecycle claim-next + report(s)
     python -m benchmarks.workers raw_shape AGENT_ID           # same statements, raw psycopg
-    python -m benchmarks.workers raw_cte AGENT_ID             # one CTE per phase, raw psycopg
+    python -m benchmarks.workers raw_cte AGENT_ID SQL_FILE    # the lifecycle's SQL, raw psycopg
     python -m benchmarks.workers heartbeat AGENT_ID FILE MODE ROUNDS   # MODE single|batch
     python -m benchmarks.workers http_agent BASE AGENT_ID TOKEN
     python -m benchmarks.workers http_trivial BASE TOKEN COUNT
@@ -193,69 +193,31 @@ def raw_shape(agent_id: str) -> None:
     worker_done(n=n, t0=t0, t1=time.time())
 
 
-# What the lifecycle sends on PostgreSQL (jobqueue/lifecycle.py, _PG_CLAIM_SQL and the terminal
-# form of _PG_REPORT_SQL with the agent scope), copied here so that this loop runs without
-# Django: the same SQL shape, one statement per phase.
-CTE_CLAIM = """
-WITH locked AS MATERIALIZED (
-    SELECT id FROM job
-    WHERE job_agent_id = %(agent)s AND status = 'queued'
-      AND available_at <= STATEMENT_TIMESTAMP()
-    ORDER BY priority DESC, available_at, created_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
-        last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
-        updated_at = STATEMENT_TIMESTAMP()
-    FROM locked WHERE job.id = locked.id AND job.status = 'queued'
-    RETURNING job.*
-), claims AS (
-    INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
-                           claim_expires_at)
-    SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
-           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s)
-    FROM claimed
-), events AS (
-    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
-    SELECT id, 'claimed', attempt, %(actor)s, last_claim_id, %(detail)s::jsonb,
-           STATEMENT_TIMESTAMP()
-    FROM claimed
-)
-SELECT claimed.id, claimed.last_claim_id, claimed.*, STATEMENT_TIMESTAMP() AS db_now
-FROM claimed ORDER BY priority DESC, available_at, created_at
-"""
-CTE_REPORT = """
-WITH done AS (
-    UPDATE job SET status = 'successful', completed_at = STATEMENT_TIMESTAMP(),
-        updated_at = STATEMENT_TIMESTAMP()
-    FROM job_claim c
-    WHERE job.id = %(job)s AND job.status = 'in_progress' AND job.last_claim_id = %(claim)s
-      AND job.job_agent_id = %(agent)s AND c.job_id = job.id AND c.claim_id = %(claim)s
-    RETURNING job.*
-), gone AS (DELETE FROM job_claim c USING done WHERE c.job_id = done.id
-    AND c.claim_id = %(claim)s RETURNING c.job_id), event AS (
-    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
-    SELECT id, 'status_reported', attempt, %(actor)s, %(claim)s, %(detail)s::jsonb,
-           STATEMENT_TIMESTAMP()
-    FROM done
-)
-SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
-"""
+def raw_cte(agent_id: str, sql_file: str) -> None:
+    """The lifecycle's own PostgreSQL statements (claim-next, terminal report scoped to the
+    agent), written to `sql_file` by benchmarks.run from jobqueue.lifecycle, run by a plain
+    psycopg loop without Django: the same SQL shape, one statement per phase."""
+    import json
 
-
-def raw_cte(agent_id: str) -> None:
     import psycopg
 
+    with open(sql_file) as fh:
+        sql = json.load(fh)
     conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
     agent = uuid.UUID(agent_id)
     actor = f"agent:{agent}"
+    claim_params = {"agent": agent, "actor": actor, "limit": 1, "lease": 60, "kind": "claimed",
+                    "detail": '{"lease_seconds": 60}'}
+    report_params = {"agent": agent, "actor": actor, "kind": "status_reported",
+                     "status": "successful",
+                     "detail": '{"status": "successful", "has_result": false}'}
+    at = None
     worker_ready()
     t0 = time.time()
     n = 0
     while True:
-        row = conn.execute(CTE_CLAIM, {"agent": agent, "actor": actor, "limit": 1, "lease": 60,
-                                       "detail": '{"lease_seconds": 60}'}).fetchone()
+        cur = conn.execute(sql["claim"], claim_params)
+        row = cur.fetchone()
         if row is None:
             if conn.execute(
                 "SELECT 1 FROM job WHERE job_agent_id = %s AND status = 'queued' LIMIT 1",
@@ -263,10 +225,11 @@ def raw_cte(agent_id: str) -> None:
             ).fetchone():
                 continue
             break
-        job_id, claim_id = row[0], row[1]
+        if at is None:  # where id and last_claim_id are (read once, not per statement)
+            names = [c.name for c in cur.description]
+            at = names.index("id"), names.index("last_claim_id")
         done = conn.execute(
-            CTE_REPORT, {"job": job_id, "agent": agent, "claim": claim_id, "actor": actor,
-                         "detail": '{"status": "successful", "has_result": false}'}
+            sql["report"], {**report_params, "job": row[at[0]], "claim": row[at[1]]}
         ).fetchone()
         assert done is not None and done[-1] == 1
         n += 1

@@ -319,7 +319,6 @@ def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
     now = locked[0].db_now
     lease = lease_for(job_agent)
     expires = now + dt.timedelta(seconds=lease)
-    interval = heartbeat_interval_for(lease)
     actor = agent_actor(job_agent.id)
     claim_ids = {job.id: uuid.uuid4() for job in locked}
     # The rows are locked (PostgreSQL) or the database is write-locked (SQLite), so these
@@ -341,7 +340,7 @@ def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
     )
     if n != len(locked):  # pragma: no cover - impossible while the locks are held
         raise JobNotClaimable()
-    grants, claims, events = [], [], []
+    claims, events = [], []
     for job in locked:
         claim_id = claim_ids[job.id]
         job.status = states.IN_PROGRESS
@@ -370,21 +369,28 @@ def _claim(job_agent: JobAgent, candidates, limit: int) -> list[ClaimGrant]:
                 lease_seconds=lease,
             )
         )
-        grants.append(
-            ClaimGrant(
-                job=job,
-                claim_id=claim_id,
-                attempt=job.attempt,
-                lease_seconds=lease,
-                claimed_at=now,
-                claim_expires_at=expires,
-                heartbeat_interval_seconds=interval,
-                server_time=now,
-            )
-        )
     JobClaim.objects.bulk_create(claims)
     JobEvent.objects.bulk_create(events)
-    return grants
+    return _grants(locked, lease, now)
+
+
+def _grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
+    """What a claim returns for jobs just claimed at the database time `now`."""
+    expires = now + dt.timedelta(seconds=lease)
+    interval = heartbeat_interval_for(lease)
+    return [
+        ClaimGrant(
+            job=job,
+            claim_id=job.last_claim_id,
+            attempt=job.attempt,
+            lease_seconds=lease,
+            claimed_at=now,
+            claim_expires_at=expires,
+            heartbeat_interval_seconds=interval,
+            server_time=now,
+        )
+        for job in jobs
+    ]
 
 
 # PostgreSQL: the whole claim is one statement (one round trip, its own transaction). The
@@ -450,22 +456,7 @@ def _claim_pg(db, job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = No
     jobs = _jobs_from_rows(db, *_pg_run(db, sql, params), "db_now")
     if not jobs:
         return []
-    now = jobs[0].db_now
-    expires = now + dt.timedelta(seconds=lease)
-    interval = heartbeat_interval_for(lease)
-    return [
-        ClaimGrant(
-            job=job,
-            claim_id=job.last_claim_id,
-            attempt=job.attempt,
-            lease_seconds=lease,
-            claimed_at=now,
-            claim_expires_at=expires,
-            heartbeat_interval_seconds=interval,
-            server_time=now,
-        )
-        for job in jobs
-    ]
+    return _grants(jobs, lease, jobs[0].db_now)
 
 
 _preparing_cursor_class = None
@@ -1032,6 +1023,28 @@ SELECT done.*{gone_count} FROM done
 _REPORT_SQL_CACHE: dict = {}  # the statement's parts -> its text (a handful of variants)
 
 
+def report_sql(terminal: bool, sets: str = "", scope: str = "") -> str:
+    """The text of the one-statement report (parameters: job, claim, actor, detail, kind,
+    and status when terminal, plus those named in `sets` and `scope`). Also what the
+    benchmark's raw psycopg loop runs, so that it measures the same SQL."""
+    key = (terminal, sets, scope)
+    sql = _REPORT_SQL_CACHE.get(key)
+    if sql is None:
+        parts = {"job_columns": _JOB_COLUMNS, "sets": sets, "scope": scope, "claim_from": "",
+                 "claim_guard": "", "gone": "", "gone_count": ""}
+        if terminal:
+            parts.update(
+                sets="status = %(status)s, completed_at = STATEMENT_TIMESTAMP(), " + sets,
+                claim_from="FROM job_claim c",
+                claim_guard="AND c.job_id = job.id AND c.claim_id = %(claim)s",
+                gone=", gone AS (DELETE FROM job_claim c USING done WHERE c.job_id = done.id "
+                "AND c.claim_id = %(claim)s RETURNING c.job_id)",
+                gone_count=", (SELECT count(*) FROM gone) AS claims_deleted",
+            )
+        sql = _REPORT_SQL_CACHE[key] = _PG_REPORT_SQL.format(**parts)
+    return sql
+
+
 def _report_pg(db, job_uuid, claim_uuid, status, actor, fields, result, agent_uuid,
                ws_uuid) -> Job | None:
     params = {
@@ -1055,26 +1068,11 @@ def _report_pg(db, job_uuid, claim_uuid, status, actor, fields, result, agent_uu
     if ws_uuid is not _ANY:
         scope += "AND job.workspace_id = %(ws)s "
         params["ws"] = ws_uuid
-    parts = {"job_columns": _JOB_COLUMNS, "sets": sets, "scope": scope, "claim_from": "",
-             "claim_guard": "", "gone": "", "gone_count": ""}
-    if status == states.IN_PROGRESS:
-        params["kind"] = JobEvent.PROGRESS_REPORTED
-    else:
-        params["kind"] = JobEvent.STATUS_REPORTED
+    terminal = status != states.IN_PROGRESS
+    params["kind"] = JobEvent.STATUS_REPORTED if terminal else JobEvent.PROGRESS_REPORTED
+    if terminal:
         params["status"] = status
-        parts.update(
-            sets="status = %(status)s, completed_at = STATEMENT_TIMESTAMP(), " + sets,
-            claim_from="FROM job_claim c",
-            claim_guard="AND c.job_id = job.id AND c.claim_id = %(claim)s",
-            gone=", gone AS (DELETE FROM job_claim c USING done WHERE c.job_id = done.id "
-            "AND c.claim_id = %(claim)s RETURNING c.job_id)",
-            gone_count=", (SELECT count(*) FROM gone) AS claims_deleted",
-        )
-    key = tuple(parts.values())
-    sql = _REPORT_SQL_CACHE.get(key)
-    if sql is None:
-        sql = _REPORT_SQL_CACHE[key] = _PG_REPORT_SQL.format(**parts)
-    columns, rows = _pg_run(db, sql, params)
+    columns, rows = _pg_run(db, report_sql(terminal, sets, scope), params)
     if not rows:
         return None
     (job,) = _jobs_from_rows(db, columns, rows)
