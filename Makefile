@@ -17,9 +17,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
+$(VENV)/.installed: requirements.txt pyproject.toml clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements.txt
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet --no-deps -e . -e ./clients/python
 	touch $@
 
 $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
@@ -71,7 +71,7 @@ bench: install .venv-bench/.installed
 # Refreshes the admin screenshots that README.md shows (the browser test takes them).
 screenshots: install-dev
 	@sh scripts/ensure_chromium.sh
-	env -u DATABASE_URL JOBQUEUE_SCREENSHOTS_DIR=docs/screenshots $(BIN)/pytest -q tests/admin/test_browser.py
+	env -u DATABASE_URL JOBQUEUE_SCREENSHOTS_DIR=docs/screenshots $(BIN)/pytest -q tests/integration/admin/test_browser.py
 
 lint: install-dev
 	$(BIN)/ruff check .

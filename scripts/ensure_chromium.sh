@@ -1,5 +1,5 @@
 #!/bin/sh
-# The admin's browser test (tests/admin/test_browser.py) drives Debian's headless Chromium
+# The admin's browser test (tests/integration/admin/test_browser.py) drives Debian's headless Chromium
 # through /usr/bin/chromedriver. `make test` runs this first: it installs both when they are
 # missing and we are root with apt-get (CI on a fresh machine); otherwise it only says how.
 set -eu

@@ -195,7 +195,7 @@ class Stack:
             E2E_AGENT=name,
             **(extra_env or {}),
         )
-        argv = [sys.executable, "-m", "agents.agent.cli", "--concurrency", str(concurrency),
+        argv = [sys.executable, "-m", "jobqueue_client.cli", "--concurrency", str(concurrency),
                 "--drain-timeout", str(drain_timeout), "--kill-grace", str(kill_grace),
                 "--idle-max", str(idle_max)]
         return self._spawn(f"agent-{name}", argv, env)

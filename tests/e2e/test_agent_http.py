@@ -17,9 +17,9 @@ import time
 
 import httpx
 import pytest
+from jobqueue_client import client as api
+from jobqueue_client.runner import Agent, AgentOptions
 
-from agents.agent import client as api
-from agents.agent.runner import Agent, AgentOptions
 from jobqueue import lifecycle, states
 from jobqueue.models import Job, JobEvent
 

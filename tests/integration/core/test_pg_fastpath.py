@@ -42,7 +42,7 @@ def test_claim_and_report_are_one_statement_each():
 
 @pytest.mark.postgres_only
 def test_claim_statement_locks_through_the_partial_index_without_sorting():
-    from tests.core.test_races import bulk_jobs
+    from tests.integration.core.test_races import bulk_jobs
 
     agent = JobAgentFactory()
     bulk_jobs(agent, 20000, status=states.SUCCESSFUL, completed_at=db_now(), attempt=1)

@@ -29,7 +29,7 @@ CHECKS = [
     response_schema_conformance,
 ]
 # Per operation; the whole run stays well under a minute. Raise it for a deeper local run:
-# API_SCHEMA_EXAMPLES=200 pytest tests/api/test_schema.py
+# API_SCHEMA_EXAMPLES=200 pytest tests/integration/api/test_schema.py
 EXAMPLES = int(os.environ.get("API_SCHEMA_EXAMPLES", "12"))
 
 

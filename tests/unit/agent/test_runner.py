@@ -10,9 +10,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from agents.agent import cli
-from agents.agent.runner import (
+from jobqueue_client import cli
+from jobqueue_client.runner import (
     OUTPUT_TAIL_CHARS,
     Backoff,
     ConfigError,
@@ -21,7 +20,7 @@ from agents.agent.runner import (
     run_child,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def sh(script, timeout=None, env=None):
@@ -182,7 +181,7 @@ def test_the_job_env_cannot_override_the_job_variables():
 
 
 def test_the_agent_imports_without_django():
-    code = ("import sys, agents.agent.cli, agents.agent.runner, agents.agent.client;"
+    code = ("import sys, jobqueue_client.cli, jobqueue_client.runner, jobqueue_client.client;"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('django', 'jobqueue')];"
             "print(bad); sys.exit(1 if bad else 0)")
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
@@ -236,8 +235,8 @@ def test_the_entry_point_is_installed_and_documents_every_option():
 def test_lease_deadline_uses_the_servers_clock_difference_not_ours():
     import datetime as dt
 
-    from agents.agent.client import Claim
-    from agents.agent.runner import Lease
+    from jobqueue_client.client import Claim
+    from jobqueue_client.runner import Lease
 
     server_now = dt.datetime(2001, 1, 1, tzinfo=dt.UTC)  # far from this machine's clock
     claim = Claim(job={"id": "j"}, claim_id="c", attempt=1, lease_seconds=30,

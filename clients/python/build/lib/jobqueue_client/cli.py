@@ -1,0 +1,144 @@
+"""`jobqueue-agent`: the reference pull agent.
+
+    jobqueue-agent --server URL --workspace ID --agent ID --token TOKEN
+                   [--concurrency N] [--drain-timeout S] [--kill-grace S] [--idle-max S]
+                   [--log-level L]
+
+Every option can also come from the environment (JOBQUEUE_SERVER, JOBQUEUE_WORKSPACE,
+JOBQUEUE_AGENT, JOBQUEUE_TOKEN, JOBQUEUE_CONCURRENCY, JOBQUEUE_DRAIN_TIMEOUT,
+JOBQUEUE_KILL_GRACE, JOBQUEUE_IDLE_MAX, JOBQUEUE_LOG_LEVEL); prefer JOBQUEUE_TOKEN over
+--token, which other users of the machine can see in the process list.
+
+SIGTERM or SIGINT: stop claiming, let running jobs finish within the drain timeout, release
+what is left, exit 0. A second signal ends the drain at once.
+Exit status: 0 after a clean stop, 1 when the server refuses the agent's credentials or ids,
+2 for bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from .client import AgentClient
+from .runner import Agent, AgentOptions
+
+ENV = {
+    "server": "JOBQUEUE_SERVER",
+    "workspace": "JOBQUEUE_WORKSPACE",
+    "agent": "JOBQUEUE_AGENT",
+    "token": "JOBQUEUE_TOKEN",
+    "concurrency": "JOBQUEUE_CONCURRENCY",
+    "drain_timeout": "JOBQUEUE_DRAIN_TIMEOUT",
+    "kill_grace": "JOBQUEUE_KILL_GRACE",
+    "idle_max": "JOBQUEUE_IDLE_MAX",
+    "log_level": "JOBQUEUE_LOG_LEVEL",
+}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog="jobqueue-agent",
+        description="Claim jobs from a jobqueue server, run each job's command, report back.",
+        epilog="Every option can also be set in the environment variable shown in brackets.",
+    )
+    parser.add_argument("--server", default=env.get(ENV["server"]),
+                        help="base URL of the service, e.g. http://127.0.0.1:8000 "
+                             "[JOBQUEUE_SERVER]")
+    parser.add_argument("--workspace", default=env.get(ENV["workspace"]),
+                        help="workspace id [JOBQUEUE_WORKSPACE]")
+    parser.add_argument("--agent", default=env.get(ENV["agent"]),
+                        help="job agent id [JOBQUEUE_AGENT]")
+    parser.add_argument("--token", default=env.get(ENV["token"]),
+                        help="the job agent's token, jqa_... [JOBQUEUE_TOKEN] "
+                             "(prefer the variable: arguments show in the process list)")
+    parser.add_argument("--concurrency", type=_positive_int,
+                        default=env.get(ENV["concurrency"], "1"),
+                        help="jobs run at once (default 1) [JOBQUEUE_CONCURRENCY]")
+    parser.add_argument("--drain-timeout", type=_non_negative_float,
+                        default=env.get(ENV["drain_timeout"], "30"),
+                        help="on SIGTERM/SIGINT, seconds to let running jobs finish before "
+                             "stopping and releasing them (default 30) [JOBQUEUE_DRAIN_TIMEOUT]")
+    parser.add_argument("--kill-grace", type=_non_negative_float,
+                        default=env.get(ENV["kill_grace"], "5"),
+                        help="seconds between SIGTERM and SIGKILL when a job must stop "
+                             "(default 5) [JOBQUEUE_KILL_GRACE]")
+    parser.add_argument("--idle-max", type=_non_negative_float,
+                        default=env.get(ENV["idle_max"], "5"),
+                        help="longest pause between claim attempts while no job is due; the "
+                             "pause grows with jitter from 0.2 s up to this (default 5) "
+                             "[JOBQUEUE_IDLE_MAX]")
+    parser.add_argument("--log-level", default=env.get(ENV["log_level"], "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="default INFO [JOBQUEUE_LOG_LEVEL]")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    missing = [f"--{name} ({ENV[name]})" for name in ("server", "workspace", "agent", "token")
+               if not getattr(args, name)]
+    if missing:
+        parser.error("missing " + ", ".join(missing))
+    if not args.server.startswith(("http://", "https://")):
+        parser.error("--server must be an http:// or https:// URL")
+
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s jobqueue-agent %(message)s",
+        stream=sys.stderr,
+    )
+    # httpx logs every request at INFO; the agent logs its own events instead.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+
+    client = AgentClient(args.server, args.workspace, args.agent, args.token)
+    agent = Agent(client, AgentOptions(
+        concurrency=args.concurrency,
+        drain_timeout=args.drain_timeout,
+        kill_grace=args.kill_grace,
+        idle_min=min(0.2, args.idle_max) or 0.05,
+        idle_max=max(args.idle_max, 0.05),
+    ))
+
+    def on_signal(signum, frame):
+        logging.getLogger("jobqueue.agent").info(
+            "event=signal name=%s action=%s", signal.Signals(signum).name,
+            "abort_drain" if agent._stop.is_set() else "drain")
+        agent.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return agent.run()
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,402 @@
+"""A small synchronous HTTP client for the agent side of the v1 API (httpx).
+
+Importable without Django: it imports nothing from `django` or `jobqueue`. Every error the
+server answers becomes an `ApiError` subclass carrying the response's stable `code`, so callers
+branch on types (or `code`), never on text. Network failures become `TransportError`.
+
+One client may be shared by several threads (httpx.Client pools its connections).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+# Codes that mean "this claim is no longer yours": stop the job, publish nothing.
+LEASE_LOST_CODES = frozenset({"claim_superseded", "lease_expired", "job_cancelled", "job_finished"})
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """An error answer from the server (or, for TransportError, no answer at all)."""
+
+    #: True when the same request may succeed later (network, 5xx, 429).
+    transient = False
+
+    def __init__(self, status: int, code: str, detail: str = "", *, fields=None,
+                 retry_after: float | None = None):
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.fields = fields or {}
+        self.retry_after = retry_after
+        super().__init__(f"{status} {code}: {detail}" if status else f"{code}: {detail}")
+
+
+class TransportError(ApiError):
+    """No response: connection refused or reset, timeout, DNS, protocol error."""
+
+    transient = True
+
+    def __init__(self, detail: str):
+        super().__init__(0, "network_error", detail)
+
+
+class ServerError(ApiError):
+    """5xx: the server failed; the request may be retried."""
+
+    transient = True
+
+
+class Throttled(ApiError):
+    """429: slow down; `retry_after` holds the server's hint in seconds."""
+
+    transient = True
+
+
+class AuthError(ApiError):
+    """401/403: the token is wrong, revoked, or not allowed here. Not retried."""
+
+
+class NotFound(ApiError):
+    """404: no such job or agent, or not yours."""
+
+
+class Unsupported(ApiError):
+    """404/405 from an optional endpoint (batch claim, batch heartbeat) the server lacks."""
+
+
+class LeaseLost(ApiError):
+    """409 claim_superseded / lease_expired / job_cancelled / job_finished."""
+
+
+class NotClaimable(ApiError):
+    """409 job_not_claimable."""
+
+
+class Conflict(ApiError):
+    """Any other 409 (e.g. invalid_transition)."""
+
+
+class InvalidRequest(ApiError):
+    """400, 413, 415, 422: the request itself is wrong; retrying it cannot help."""
+
+
+def error_from_response(response: httpx.Response) -> ApiError:
+    status = response.status_code
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {}
+    code = str(body.get("code") or _default_code(status))
+    detail = str(body.get("detail") or response.reason_phrase or "")
+    fields = body.get("fields") if isinstance(body.get("fields"), dict) else None
+    retry_after = _retry_after(response.headers.get("Retry-After"))
+    if status >= 500:
+        cls = ServerError
+    elif status == 429:
+        cls = Throttled
+    elif status in (401, 403):
+        cls = AuthError
+    elif status == 404:
+        cls = NotFound
+    elif status == 409:
+        if code in LEASE_LOST_CODES:
+            cls = LeaseLost
+        elif code == "job_not_claimable":
+            cls = NotClaimable
+        else:
+            cls = Conflict
+    elif status == 408:
+        cls = ServerError
+    else:
+        cls = InvalidRequest
+    return cls(status, code, detail, fields=fields, retry_after=retry_after)
+
+
+def _default_code(status: int) -> str:
+    return {
+        400: "validation_error", 401: "not_authenticated", 403: "permission_denied",
+        404: "not_found", 405: "method_not_allowed", 409: "conflict",
+        413: "payload_too_large", 415: "unsupported_media_type", 429: "throttled",
+    }.get(status, "server_error" if status >= 500 else f"http_{status}")
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+# --- results -----------------------------------------------------------------------------
+
+
+def parse_time(value: str) -> dt.datetime:
+    """ISO 8601 from the server (`Z` or an offset); naive values are taken as UTC."""
+    parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One granted claim: the job (with its dispatch_context) and its lease."""
+
+    job: dict
+    claim_id: str
+    attempt: int
+    lease_seconds: int
+    heartbeat_interval_seconds: float
+    claim_expires_at: dt.datetime
+    server_time: dt.datetime
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job["id"])
+
+    @property
+    def lease_remaining(self) -> float:
+        """Seconds of lease left when the server answered, by the server's own clock."""
+        return (self.claim_expires_at - self.server_time).total_seconds()
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> Claim:
+        job, claim = payload["job"], payload["claim"]
+        return cls(
+            job=job,
+            claim_id=str(claim["claim_id"]),
+            attempt=int(claim.get("attempt", job.get("attempt", 0))),
+            lease_seconds=int(claim["lease_seconds"]),
+            heartbeat_interval_seconds=float(
+                claim.get("heartbeat_interval_seconds") or max(1, int(claim["lease_seconds"]) // 3)
+            ),
+            claim_expires_at=parse_time(claim["claim_expires_at"]),
+            server_time=parse_time(claim.get("server_time") or claim["claim_expires_at"]),
+        )
+
+    def __repr__(self) -> str:  # never print dispatch_context
+        return f"Claim(job_id={self.job_id!r}, attempt={self.attempt})"
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """A heartbeat's answer for one job: renewed with a new expiry, or refused with a code."""
+
+    job_id: str
+    renewed: bool
+    claim_expires_at: dt.datetime | None = None
+    server_time: dt.datetime | None = None
+    code: str = ""
+
+    @property
+    def lease_remaining(self) -> float:
+        if self.claim_expires_at is None or self.server_time is None:
+            return 0.0
+        return (self.claim_expires_at - self.server_time).total_seconds()
+
+
+# --- the client --------------------------------------------------------------------------
+
+
+class AgentClient:
+    """The agent's view of the API: claim, heartbeat, report, release (single and batch)."""
+
+    def __init__(self, server: str, workspace_id: str, agent_id: str, token: str, *,
+                 timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+                 user_agent: str = "jobqueue-agent/1"):
+        self.server = server.rstrip("/")
+        self.workspace_id = str(workspace_id)
+        self.agent_id = str(agent_id)
+        self.timeout = timeout
+        self._http = httpx.Client(
+            base_url=f"{self.server}/v1/workspaces/{self.workspace_id}/",
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/json",
+                "User-Agent": user_agent,
+            },
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:  # never print the token
+        return f"AgentClient(server={self.server!r}, agent={self.agent_id!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- plumbing --
+
+    def _request(self, method: str, path: str, *, json: Any = None, params=None,
+                 timeout: float | None = None) -> httpx.Response:
+        kwargs: dict[str, Any] = {"params": params}
+        if json is not None:
+            kwargs["json"] = json
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}") from None
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return response
+
+    def _agent_path(self, suffix: str) -> str:
+        return f"job-agents/{self.agent_id}/{suffix}"
+
+    @staticmethod
+    def _json(response: httpx.Response) -> Any:
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ServerError(response.status_code, "invalid_response",
+                              "The server answered with something that is not JSON.") from exc
+
+    # -- agent endpoints --
+
+    def list_jobs(self, status: str = "queued", *, cursor: str | None = None,
+                  page_size: int | None = None) -> dict:
+        """One page of this agent's jobs (lightweight items, never dispatch_context)."""
+        params = {"status": status}
+        if cursor:
+            params["cursor"] = cursor
+        if page_size:
+            params["page_size"] = page_size
+        return self._json(self._request("GET", self._agent_path("jobs"), params=params))
+
+    def claim(self, job_id: str) -> Claim:
+        """Claim the named job. Raises NotClaimable when someone else has it or it is not due."""
+        response = self._request("POST", self._agent_path(f"jobs/{job_id}/claim"))
+        return Claim.from_payload(self._json(response))
+
+    def claim_next(self) -> Claim | None:
+        """Claim the next due job (single path); None when nothing is claimable (204)."""
+        response = self._request("POST", self._agent_path("jobs/claim"), json={})
+        if response.status_code == 204 or not response.content:
+            return None
+        return Claim.from_payload(self._json(response))
+
+    def claim_batch(self, limit: int) -> list[Claim]:
+        """Claim up to `limit` due jobs in one request. Raises Unsupported (404/405) when the
+        server has no batch claim, so the caller can fall back to claim_next()."""
+        try:
+            response = self._request("POST", self._agent_path("jobs/claim"),
+                                     json={"limit": int(limit)})
+        except (NotFound, InvalidRequest) as exc:
+            if exc.status in (404, 405):  # a server without batch claim
+                raise Unsupported(exc.status, exc.code, exc.detail) from None
+            raise
+        if response.status_code == 204 or not response.content:
+            return []
+        body = self._json(response)
+        if isinstance(body, dict) and "claims" in body:
+            return [Claim.from_payload(item) for item in body["claims"]]
+        if isinstance(body, dict) and "job" in body:  # a server that ignored "limit"
+            return [Claim.from_payload(body)]
+        raise ServerError(response.status_code, "invalid_response", "Unexpected claim body.")
+
+    def heartbeat(self, job_id: str, claim_id: str, *, timeout: float | None = None) -> Renewal:
+        """Extend one lease. Raises LeaseLost when the claim is no longer current."""
+        response = self._request("POST", f"jobs/{job_id}/heartbeat",
+                                 json={"claim_id": claim_id}, timeout=timeout)
+        body = self._json(response)
+        return Renewal(
+            job_id=str(body.get("job_id", job_id)),
+            renewed=True,
+            claim_expires_at=parse_time(body["claim_expires_at"]),
+            server_time=parse_time(body.get("server_time") or body["claim_expires_at"]),
+        )
+
+    def heartbeat_batch(self, claims: list[tuple[str, str]], *,
+                        timeout: float | None = None) -> list[Renewal]:
+        """Extend several leases of this agent at once: [(job_id, claim_id), ...].
+        Raises Unsupported (404/405) when the server has no agent-level heartbeat."""
+        payload = {"claims": [{"job_id": j, "claim_id": c} for j, c in claims]}
+        try:
+            response = self._request("POST", self._agent_path("heartbeat"), json=payload,
+                                     timeout=timeout)
+        except (NotFound, InvalidRequest) as exc:
+            if exc.status in (404, 405):
+                raise Unsupported(exc.status, exc.code, exc.detail) from None
+            raise
+        body = self._json(response)
+        server_time = parse_time(body["server_time"]) if body.get("server_time") else None
+        out = []
+        for item in body.get("results", []):
+            renewed = bool(item.get("renewed"))
+            out.append(Renewal(
+                job_id=str(item["job_id"]),
+                renewed=renewed,
+                claim_expires_at=parse_time(item["claim_expires_at"]) if renewed else None,
+                server_time=server_time,
+                code="" if renewed else str(item.get("code") or "claim_superseded"),
+            ))
+        return out
+
+    def report(self, job_id: str, claim_id: str, status: str, *, message: str | None = None,
+               result: Any = None, external_id: str | None = None) -> dict:
+        """PUT the job's status (in_progress, successful, failure, cancelled). Returns the job.
+        An identical retried terminal report answers 200 again, so retrying is safe."""
+        body: dict[str, Any] = {"claim_id": claim_id, "status": status}
+        if message is not None:
+            body["message"] = message
+        if result is not None:
+            body["result"] = result
+        if external_id is not None:
+            body["external_id"] = external_id
+        return self._json(self._request("PUT", f"jobs/{job_id}/status", json=body))
+
+    def report_batch(self, reports: list[dict]) -> list[ApiError | None]:
+        """End several jobs of this agent at once: each item {"job_id", "claim_id",
+        "status", "message"?, "result"?}. Returns, per item in order, None when accepted
+        (a retried identical report is accepted again) or the error the single report would
+        have raised (LeaseLost, NotFound). Raises Unsupported (404/405) when the server has
+        no batch report, and any request-level error as report() would."""
+        try:
+            response = self._request("POST", self._agent_path("reports"),
+                                     json={"reports": reports})
+        except (NotFound, InvalidRequest) as exc:
+            if exc.status in (404, 405):
+                raise Unsupported(exc.status, exc.code, exc.detail) from None
+            raise
+        body = self._json(response)
+        results = body.get("results") if isinstance(body, dict) else None
+        if not isinstance(results, list) or len(results) != len(reports):
+            raise ServerError(response.status_code, "invalid_response",
+                              "Unexpected batch report body.")
+        out: list[ApiError | None] = []
+        for item in results:
+            if item.get("accepted"):
+                out.append(None)
+            elif item.get("code") == "not_found":
+                out.append(NotFound(404, "not_found", "No such job."))
+            else:
+                code = str(item.get("code") or "claim_superseded")
+                out.append(LeaseLost(409, code, "The report was refused."))
+        return out
+
+    def release(self, job_id: str, claim_id: str, *, reason: str | None = None,
+                retry_after_seconds: int | None = None) -> dict:
+        """Give the job back to the queue. Returns the job (status queued)."""
+        body: dict[str, Any] = {"claim_id": claim_id}
+        if reason:
+            body["reason"] = reason
+        if retry_after_seconds is not None:
+            body["retry_after_seconds"] = int(retry_after_seconds)
+        return self._json(self._request("POST", f"jobs/{job_id}/release", json=body))

@@ -1,0 +1,866 @@
+"""The agent's engine: claim loop, child processes, heartbeats, reports, drain.
+
+Threads: the caller's thread runs the claim loop (`Agent.run`); each claimed job runs in its
+own thread (child process, then report); one heartbeat thread renews every lease the agent
+holds, at the interval each claim suggests (batch path when the agent runs several jobs at once
+and the server has it, single path otherwise); with several jobs at once, one reporter thread
+sends the terminal reports that are waiting together in one batch report (ReportBatcher).
+
+Guarantees the agent keeps:
+- it publishes (reports) only while it believes it holds the claim; once a heartbeat or a report
+  says the lease is lost (claim_superseded, lease_expired, job_cancelled, job_finished) it stops
+  the child (SIGTERM, then SIGKILL after a grace period) and publishes nothing for that job;
+- network errors, 5xx and 429 are retried with jittered backoff while the lease allows;
+  heartbeats continue meanwhile; a terminal report is retried after a lost response (the server
+  answers 200 again to an identical retry);
+- dispatch_context reaches the child only through a 0600 file named by JOB_CONTEXT_FILE, and is
+  never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import (
+    AgentClient,
+    ApiError,
+    AuthError,
+    Claim,
+    InvalidRequest,
+    LeaseLost,
+    NotFound,
+    Unsupported,
+)
+
+log = logging.getLogger("jobqueue.agent")
+
+OUTPUT_TAIL_CHARS = 4000
+OUTPUT_BUFFER_BYTES = 64 * 1024
+RESULT_FILE_MAX_BYTES = 1024 * 1024
+TERMINAL_REPORT_CAP_SECONDS = 600.0
+# The server's default bound on one batch claim (JOBQUEUE_MAX_CLAIM_BATCH).
+MAX_CLAIM_BATCH = 100
+# ... and on one batch heartbeat (JOBQUEUE_MAX_HEARTBEAT_BATCH).
+MAX_HEARTBEAT_BATCH = 500
+# ... and on one batch report (JOBQUEUE_MAX_REPORT_BATCH).
+MAX_REPORT_BATCH = 500
+# A report bigger than this (its result, mostly) goes alone; a batch stays well under the
+# server's default body cap (JOBQUEUE_MAX_REQUEST_BYTES, 1 MiB).
+BATCH_REPORT_ITEM_BYTES = 16 * 1024
+BATCH_REPORT_BYTES = 512 * 1024
+
+
+def log_event(event: str, *, level: int = logging.INFO, job: str | None = None,
+              attempt: int | None = None, **fields: Any) -> None:
+    """One line per event: `event=... job=... attempt=... key=value ...`. Callers pass only
+    non-secret values (ids, codes, counts, durations), never contexts, results or tokens."""
+    parts = [f"event={event}"]
+    if job is not None:
+        parts.append(f"job={job}")
+    if attempt is not None:
+        parts.append(f"attempt={attempt}")
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, float):
+            value = f"{value:.3f}"
+        text = str(value).replace("\n", " ")
+        if " " in text:
+            text = json.dumps(text)
+        parts.append(f"{key}={text}")
+    log.log(level, " ".join(parts))
+
+
+# --- backoff -----------------------------------------------------------------------------
+
+
+class Backoff:
+    """Exponential backoff with "equal jitter": the n-th delay is uniform in
+    [d/2, d] with d = min(cap, base * 2**n), so a fleet does not retry in lockstep."""
+
+    def __init__(self, base: float = 0.2, cap: float = 5.0, rng: random.Random | None = None):
+        if base <= 0 or cap < base:
+            raise ValueError("need 0 < base <= cap")
+        self.base = base
+        self.cap = cap
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def next(self) -> float:
+        ceiling = min(self.cap, self.base * (2 ** min(self.failures, 30)))
+        self.failures += 1
+        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+# --- the job's command ---------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """job_agent_config cannot be run; the job is reported as failure without running."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    command: list[str]
+    env: dict[str, str]
+    timeout_seconds: float | None
+
+
+def parse_config(config: Any) -> JobSpec:
+    """Validate `{"command": [str, ...], "env": {str: str}, "timeout_seconds": N}`."""
+    if not isinstance(config, dict):
+        raise ConfigError("job_agent_config must be an object")
+    command = config.get("command")
+    if (not isinstance(command, list) or not command
+            or not all(isinstance(a, str) for a in command) or not command[0]):
+        raise ConfigError("job_agent_config.command must be a non-empty list of strings")
+    env = config.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and k and "=" not in k and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ConfigError("job_agent_config.env must map variable names to strings")
+    timeout = config.get("timeout_seconds")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise ConfigError("job_agent_config.timeout_seconds must be a positive number")
+    return JobSpec(command=list(command), env=dict(env),
+                   timeout_seconds=float(timeout) if timeout is not None else None)
+
+
+@dataclass
+class ChildOutcome:
+    returncode: int | None = None
+    timed_out: bool = False
+    stopped: bool = False  # stopped on request (lease lost, drain)
+    start_error: str = ""
+    output_tail: str = ""
+    result: Any = None
+    result_error: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        return (self.returncode == 0 and not self.timed_out and not self.stopped
+                and not self.start_error and not self.result_error)
+
+    def message(self) -> str:
+        tail = self.output_tail
+        if self.start_error:
+            head = f"could not start the command: {self.start_error}"
+        elif self.timed_out:
+            head = "timed out"
+        elif self.result_error:
+            head = self.result_error
+        elif self.returncode not in (0, None):
+            head = (f"killed by signal {-self.returncode}" if self.returncode < 0
+                    else f"exit status {self.returncode}")
+        else:
+            return tail
+        return f"{head}\n{tail}" if tail else head
+
+
+def child_environment(spec: JobSpec, extra: dict[str, str]) -> dict[str, str]:
+    """The agent's environment without its own settings (JOBQUEUE_*: server, token), plus the
+    job's env, plus the JOB_* variables (which the job's env cannot override)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQUEUE_")}
+    env.update(spec.env)
+    env.update(extra)
+    return env
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the child's process group, then SIGKILL it if still there after `grace`."""
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
+              stop: threading.Event, kill_grace: float = 5.0,
+              on_start=None) -> ChildOutcome:
+    """Run the job's command to completion, timeout, or until `stop` is set.
+
+    The child runs in its own process group (so that stopping it stops what it started) with
+    stdin closed and stdout+stderr merged; the last OUTPUT_TAIL_CHARS of it are kept. The
+    dispatch_context is written to a 0600 file in a private 0700 directory (JOB_CONTEXT_FILE);
+    a JSON file the command writes to JOB_RESULT_FILE becomes the result. The directory is
+    removed afterwards, whatever happened.
+    """
+    outcome = ChildOutcome()
+    workdir = tempfile.mkdtemp(prefix="jobqueue-job-")  # mode 0700
+    try:
+        context_path = os.path.join(workdir, "context.json")
+        result_path = os.path.join(workdir, "result.json")
+        fd = os.open(context_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(context if context is not None else {}, fh)
+        env = child_environment(spec, {
+            "JOB_ID": str(job_id),
+            "JOB_ATTEMPT": str(attempt),
+            "JOB_CONTEXT_FILE": context_path,
+            "JOB_RESULT_FILE": result_path,
+        })
+        try:
+            proc = subprocess.Popen(
+                spec.command, env=env, cwd=workdir, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        except OSError as exc:
+            outcome.start_error = exc.strerror or type(exc).__name__
+            outcome.returncode = 127
+            return outcome
+        if on_start is not None:
+            on_start(proc)
+        chunks: deque[bytes] = deque()
+        reader = threading.Thread(target=_drain_pipe, args=(proc.stdout, chunks),
+                                  name=f"output-{job_id}", daemon=True)
+        reader.start()
+        deadline = (time.monotonic() + spec.timeout_seconds) if spec.timeout_seconds else None
+        while proc.poll() is None:
+            if stop.is_set():
+                outcome.stopped = True
+                stop_process_group(proc, kill_grace)
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                outcome.timed_out = True
+                stop_process_group(proc, kill_grace)
+                break
+            wait = 0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic()))
+            stop.wait(wait)
+        outcome.returncode = proc.wait()
+        # The job is over: whatever it left running in its group goes too (and the pipe closes).
+        _signal_group(proc.pid, signal.SIGKILL)
+        reader.join(timeout=5)
+        outcome.output_tail = b"".join(chunks).decode("utf-8", "replace")[-OUTPUT_TAIL_CHARS:]
+        if os.path.exists(result_path):
+            outcome.result, outcome.result_error = _read_result(result_path)
+        return outcome
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _drain_pipe(pipe, chunks: deque) -> None:
+    size = 0
+    with pipe:
+        while True:
+            data = pipe.read1(65536) if hasattr(pipe, "read1") else pipe.read(65536)
+            if not data:
+                return
+            chunks.append(data)
+            size += len(data)
+            while size > OUTPUT_BUFFER_BYTES and len(chunks) > 1:
+                size -= len(chunks.popleft())
+
+
+def _read_result(path: str) -> tuple[Any, str]:
+    try:
+        if os.path.getsize(path) > RESULT_FILE_MAX_BYTES:
+            return None, f"JOB_RESULT_FILE is larger than {RESULT_FILE_MAX_BYTES} bytes"
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh), ""
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"JOB_RESULT_FILE is not valid JSON ({type(exc).__name__})"
+    except OSError as exc:
+        return None, f"JOB_RESULT_FILE could not be read ({exc.strerror})"
+
+
+# --- leases --------------------------------------------------------------------------------
+
+
+class Lease:
+    """What the agent knows about one claim's lease, shared by the job and heartbeat threads.
+
+    `deadline` is on this machine's monotonic clock: the time of the request plus the lease
+    the server granted by its own clock, so clock skew between machines does not matter.
+    """
+
+    def __init__(self, claim: Claim, sent_at: float):
+        self.job_id = claim.job_id
+        self.claim_id = claim.claim_id
+        self.attempt = claim.attempt
+        self.lease_seconds = claim.lease_seconds
+        self.interval = max(0.2, min(float(claim.heartbeat_interval_seconds),
+                                     claim.lease_seconds / 2))
+        self.deadline = sent_at + claim.lease_remaining
+        self.next_due = time.monotonic() + self.interval
+        self.backoff = Backoff(base=min(0.2, self.interval), cap=self.interval)
+        self.lost_code = ""
+        self.finished = False  # the report or release was accepted: answers no longer matter
+        # Held while a request carrying this claim is in flight, so that a heartbeat never
+        # crosses the claim's own report or release (which would be refused as stale).
+        self.wire = threading.Lock()
+        self.stop_child = threading.Event()  # set: lease lost or drain; the child must stop
+        self.lock = threading.Lock()
+
+    @property
+    def lost(self) -> bool:
+        return bool(self.lost_code)
+
+    def renewed(self, sent_at: float, remaining: float) -> None:
+        with self.lock:
+            self.deadline = max(self.deadline, sent_at + remaining)
+            # Paced from when the heartbeat was sent, so that a slow answer does not stretch
+            # the gap between two renewals.
+            self.next_due = sent_at + self.interval
+            self.backoff.reset()
+
+    def retry_soon(self) -> float:
+        with self.lock:
+            delay = self.backoff.next()
+            self.next_due = time.monotonic() + delay
+            return delay
+
+    def mark_lost(self, code: str) -> bool:
+        """Record that the claim is gone; returns True the first time."""
+        with self.lock:
+            first = not self.lost_code
+            self.lost_code = self.lost_code or code
+        self.stop_child.set()
+        return first
+
+
+class Heartbeater(threading.Thread):
+    """Renews every registered lease when it is due. Batch path (one request for all due
+    leases) when enabled and supported, single path otherwise."""
+
+    def __init__(self, client: AgentClient, *, use_batch: bool, workers: int = 1):
+        super().__init__(name="heartbeat", daemon=True)
+        self.client = client
+        self.use_batch = use_batch
+        self._leases: dict[str, Lease] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+
+    def add(self, lease: Lease) -> None:
+        with self._cond:
+            self._leases[lease.job_id] = lease
+            self._cond.notify()
+
+    def remove(self, lease: Lease) -> None:
+        with self._cond:
+            if self._leases.get(lease.job_id) is lease:
+                del self._leases[lease.job_id]
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    now = time.monotonic()
+                    due = [le for le in self._leases.values()
+                           if le.next_due <= now and not le.lost and not le.finished]
+                    if due:
+                        break
+                    pending = [le.next_due for le in self._leases.values()
+                               if not le.lost and not le.finished]
+                    self._cond.wait(timeout=max(0.01, min(pending) - now) if pending else 1.0)
+                if self._stopping:
+                    break
+            try:
+                self._beat(due)
+            except Exception:  # noqa: BLE001 - the heartbeat thread must survive anything
+                log.exception("event=heartbeat_thread_error")
+                time.sleep(0.2)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _beat(self, due: list[Lease]) -> None:
+        ready = []
+        for lease in due:
+            if not lease.wire.acquire(blocking=False):
+                lease.next_due = time.monotonic() + 0.05  # its report is in flight
+            elif lease.finished:
+                lease.wire.release()
+            else:
+                ready.append(lease)
+        try:
+            for start in range(0, len(ready), MAX_HEARTBEAT_BATCH):
+                self._beat_chunk(ready[start:start + MAX_HEARTBEAT_BATCH])
+        finally:
+            for lease in ready:
+                lease.wire.release()
+
+    def _beat_chunk(self, due: list[Lease]) -> None:
+        if self.use_batch:
+            sent_at = time.monotonic()
+            try:
+                renewals = self.client.heartbeat_batch(
+                    [(le.job_id, le.claim_id) for le in due],
+                    timeout=_request_timeout(min(le.interval for le in due)),
+                )
+            except Unsupported:
+                self.use_batch = False
+                log_event("batch_heartbeat_unsupported", level=logging.WARNING,
+                          fallback="single")
+            except ApiError as exc:
+                for lease in due:
+                    self._transient(lease, exc)
+                return
+            else:
+                by_job = {r.job_id: r for r in renewals}
+                for lease in due:
+                    renewal = by_job.get(lease.job_id)
+                    if renewal is None:
+                        lease.retry_soon()
+                    elif renewal.renewed:
+                        lease.renewed(sent_at, renewal.lease_remaining)
+                    else:
+                        self._lost(lease, renewal.code)
+                return
+        if self._pool is not None and len(due) > 1:
+            list(self._pool.map(self._beat_one, due))
+        else:
+            for lease in due:
+                self._beat_one(lease)
+
+    def _beat_one(self, lease: Lease) -> None:
+        sent_at = time.monotonic()
+        try:
+            renewal = self.client.heartbeat(lease.job_id, lease.claim_id,
+                                            timeout=_request_timeout(lease.interval))
+        except LeaseLost as exc:
+            self._lost(lease, exc.code)
+        except NotFound as exc:
+            self._lost(lease, exc.code)
+        except ApiError as exc:
+            self._transient(lease, exc)
+        else:
+            lease.renewed(sent_at, renewal.lease_remaining)
+
+    def _lost(self, lease: Lease, code: str) -> None:
+        if lease.finished:  # a heartbeat that crossed our own accepted report
+            return
+        if lease.mark_lost(code):
+            log_event("lease_lost", level=logging.WARNING, job=lease.job_id,
+                      attempt=lease.attempt, code=code, via="heartbeat")
+
+    @staticmethod
+    def _transient(lease: Lease, exc: ApiError) -> None:
+        delay = lease.retry_soon()
+        remaining = lease.deadline - time.monotonic()
+        log_event("heartbeat_retry", level=logging.WARNING, job=lease.job_id,
+                  attempt=lease.attempt, code=exc.code, status=exc.status or None,
+                  retry_in=delay, lease_left=remaining)
+
+
+class _Single(Exception):  # noqa: N818 - an internal signal, not an error
+    """This report must take the single path (alone, no batch report on the server, or the
+    batch refused as a whole)."""
+
+
+@dataclass
+class _PendingReport:
+    body: dict
+    size: int
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class ReportBatcher(threading.Thread):
+    """Group commit for terminal reports, used when the agent runs several jobs at once.
+
+    A job thread hands in its report and waits for the answer. This thread sends the
+    reports one request at a time: every report waiting at that moment goes in one request
+    (POST job-agents/{id}/reports), those that arrive meanwhile in the next. A lone report
+    goes at once through the single path, so nothing waits for company; under load one
+    request and one transaction end many jobs. Each report gets the answer the single
+    report would have given (accepted, LeaseLost, NotFound, or the request's own error), so
+    the job thread's retry rules are unchanged. A server without batch reports (404/405),
+    or a batch refused as a whole (400/413), sends its reports through the single path.
+    """
+
+    def __init__(self, client: AgentClient):
+        super().__init__(name="reporter", daemon=True)
+        self.client = client
+        self.supported = True
+        self._cond = threading.Condition()
+        self._queue: deque[_PendingReport] = deque()
+        self._stopped = False
+
+    def report(self, job_id: str, claim_id: str, status: str, *, message: str | None = None,
+               result: Any = None) -> None:
+        """Raises what AgentClient.report() raises."""
+        body: dict[str, Any] = {"job_id": job_id, "claim_id": claim_id, "status": status}
+        size = 200 + len(message or "")
+        if message is not None:
+            body["message"] = message
+        if result is not None:
+            body["result"] = result
+            size += len(json.dumps(result))
+        if self.supported and size <= BATCH_REPORT_ITEM_BYTES and self.is_alive():
+            item = _PendingReport(body, size)
+            with self._cond:
+                queued = not self._stopped  # run() drains the queue before it returns
+                if queued:
+                    self._queue.append(item)
+                    self._cond.notify()
+            if queued:
+                item.done.wait()
+                if item.error is None:
+                    return
+                if not isinstance(item.error, _Single):
+                    raise item.error
+        self.client.report(job_id, claim_id, status, message=message, result=result)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                batch, total = [self._queue.popleft()], 0
+                total = batch[0].size
+                while (self._queue and len(batch) < MAX_REPORT_BATCH
+                       and total + self._queue[0].size <= BATCH_REPORT_BYTES):
+                    batch.append(self._queue.popleft())
+                    total += batch[-1].size
+            self._send(batch)
+
+    def _send(self, batch: list[_PendingReport]) -> None:
+        errors: list[BaseException | None]
+        if len(batch) == 1:
+            body = batch[0].body
+            try:
+                self.client.report(body["job_id"], body["claim_id"], body["status"],
+                                   message=body.get("message"), result=body.get("result"))
+                errors = [None]
+            except Exception as exc:  # noqa: BLE001 - handed to the job thread, as is
+                errors = [exc]
+        else:
+            try:
+                errors = list(self.client.report_batch([item.body for item in batch]))
+                log_event("reported_batch", level=logging.DEBUG, reports=len(batch))
+            except Unsupported:
+                self.supported = False
+                log_event("batch_report_unsupported", level=logging.WARNING, fallback="single")
+                errors = [_Single()] * len(batch)
+            except InvalidRequest as exc:
+                log_event("batch_report_refused", level=logging.WARNING, code=exc.code,
+                          reports=len(batch), fallback="single")
+                errors = [_Single()] * len(batch)
+            except ApiError as exc:
+                errors = [exc] * len(batch)
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave job threads waiting
+                log.exception("event=report_batch_error")
+                errors = [exc] * len(batch)
+        for item, error in zip(batch, errors, strict=True):
+            item.error = error
+            item.done.set()
+
+
+def _request_timeout(interval: float) -> float:
+    return max(1.0, min(10.0, interval * 2))
+
+
+# --- the agent ---------------------------------------------------------------------------
+
+
+@dataclass
+class AgentOptions:
+    concurrency: int = 1
+    drain_timeout: float = 30.0
+    kill_grace: float = 5.0
+    idle_min: float = 0.2  # first wait when no job is claimable
+    idle_max: float = 5.0  # longest wait when no job is claimable
+    release_timeout: float = 10.0  # how long to keep trying to release on shutdown
+
+
+@dataclass
+class _Run:
+    claim: Claim
+    lease: Lease
+    thread: threading.Thread | None = None
+    draining: threading.Event = field(default_factory=threading.Event)
+
+
+class Agent:
+    def __init__(self, client: AgentClient, options: AgentOptions | None = None):
+        self.client = client
+        self.options = options or AgentOptions()
+        if self.options.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.batch = self.options.concurrency > 1
+        self._batch_cap = MAX_CLAIM_BATCH
+        self.heartbeater = Heartbeater(client, use_batch=self.batch,
+                                       workers=min(8, self.options.concurrency))
+        self.reporter = ReportBatcher(client) if self.batch else None
+        self._runs: dict[str, _Run] = {}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._abort_drain = threading.Event()
+        self.exit_code = 0
+
+    # -- control --
+
+    def request_stop(self) -> None:
+        """First call: stop claiming and drain. Second call: abort the drain now."""
+        if self._stop.is_set():
+            self._abort_drain.set()
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def active(self) -> int:
+        with self._cond:
+            return len(self._runs)
+
+    # -- main loop --
+
+    def run(self) -> int:
+        log_event("started", agent=self.client.agent_id, concurrency=self.options.concurrency)
+        self.heartbeater.start()
+        if self.reporter is not None:
+            self.reporter.start()
+        idle = Backoff(self.options.idle_min, self.options.idle_max)
+        errors = Backoff(0.25, max(5.0, self.options.idle_max))
+        while not self._stop.is_set():
+            with self._cond:
+                free = self.options.concurrency - len(self._runs)
+                if free <= 0:
+                    self._cond.wait(timeout=1.0)
+                    continue
+            try:
+                claims = self._claim(free)
+            except (AuthError, NotFound, InvalidRequest) as exc:
+                log_event("claim_refused", level=logging.ERROR, code=exc.code,
+                          status=exc.status, detail=exc.detail[:200])
+                self.exit_code = 1
+                self._stop.set()
+                break
+            except ApiError as exc:
+                delay = exc.retry_after if exc.retry_after is not None else errors.next()
+                log_event("claim_retry", level=logging.WARNING, code=exc.code,
+                          status=exc.status or None, retry_in=delay)
+                self._stop.wait(delay)
+                continue
+            errors.reset()
+            if not claims:
+                self._stop.wait(idle.next())
+                continue
+            idle.reset()
+            for claim in claims:
+                self._start(claim)
+        self._drain()
+        if self.reporter is not None:
+            self.reporter.stop()
+            self.reporter.join(timeout=5)
+        self.heartbeater.stop()
+        self.heartbeater.join(timeout=5)
+        log_event("stopped", exit_code=self.exit_code)
+        return self.exit_code
+
+    def _claim(self, free: int) -> list[tuple[Claim, float]]:
+        while self.batch:
+            limit = min(free, self._batch_cap)
+            sent_at = time.monotonic()
+            try:
+                return [(c, sent_at) for c in self.client.claim_batch(limit)]
+            except Unsupported:
+                self.batch = False
+                log_event("batch_claim_unsupported", level=logging.WARNING, fallback="single")
+            except InvalidRequest as exc:
+                # A server configured with a smaller JOBQUEUE_MAX_CLAIM_BATCH: ask for less.
+                if "limit" not in exc.fields:
+                    raise
+                if limit <= 1:
+                    self.batch = False
+                else:
+                    self._batch_cap = max(1, limit // 2)
+                log_event("batch_claim_limit_refused", level=logging.WARNING, limit=limit,
+                          next_limit=self._batch_cap if self.batch else None)
+        sent_at = time.monotonic()
+        claim = self.client.claim_next()
+        return [(claim, sent_at)] if claim else []
+
+    def _start(self, item: tuple[Claim, float]) -> None:
+        claim, sent_at = item
+        lease = Lease(claim, sent_at)
+        run = _Run(claim=claim, lease=lease)
+        log_event("claimed", job=claim.job_id, attempt=claim.attempt,
+                  lease=claim.lease_seconds, heartbeat_every=lease.interval)
+        if self._stop.is_set():
+            # Claimed while we were asked to stop: give it straight back.
+            self._release(run, "agent stopping")
+            return
+        with self._cond:
+            self._runs[claim.job_id] = run
+        self.heartbeater.add(lease)
+        run.thread = threading.Thread(target=self._execute, args=(run,),
+                                      name=f"job-{claim.job_id}", daemon=True)
+        run.thread.start()
+
+    def _finish(self, run: _Run) -> None:
+        self.heartbeater.remove(run.lease)
+        with self._cond:
+            self._runs.pop(run.claim.job_id, None)
+            self._cond.notify_all()
+
+    # -- one job --
+
+    def _execute(self, run: _Run) -> None:
+        claim, lease = run.claim, run.lease
+        try:
+            try:
+                spec = parse_config(claim.job.get("job_agent_config"))
+            except ConfigError as exc:
+                log_event("config_invalid", level=logging.WARNING, job=claim.job_id,
+                          attempt=claim.attempt)
+                self._report(run, "failure", message=str(exc))
+                return
+            started = time.monotonic()
+            log_event("started_child", job=claim.job_id, attempt=claim.attempt,
+                      program=os.path.basename(spec.command[0]))
+            outcome = run_child(
+                spec, job_id=claim.job_id, attempt=claim.attempt,
+                context=claim.job.get("dispatch_context"), stop=lease.stop_child,
+                kill_grace=self.options.kill_grace,
+            )
+            took = time.monotonic() - started
+            if lease.lost:
+                log_event("abandoned", level=logging.WARNING, job=claim.job_id,
+                          attempt=claim.attempt, code=lease.lost_code,
+                          child_stopped=outcome.stopped, published="nothing")
+                return
+            if outcome.stopped and run.draining.is_set():
+                log_event("child_stopped_for_shutdown", level=logging.WARNING, job=claim.job_id,
+                          attempt=claim.attempt)
+                self._release(run, "agent shutting down")
+                return
+            status = "successful" if outcome.succeeded else "failure"
+            log_event("child_exited", job=claim.job_id, attempt=claim.attempt,
+                      exit_status=outcome.returncode, timed_out=outcome.timed_out or None,
+                      seconds=took, status=status)
+            self._report(run, status, message=outcome.message(), result=outcome.result)
+        except Exception:  # noqa: BLE001 - a bug here must not take the agent down
+            log.exception("event=job_thread_error job=%s attempt=%s", claim.job_id, claim.attempt)
+        finally:
+            self._finish(run)
+
+    def _report(self, run: _Run, status: str, *, message: str, result: Any = None) -> None:
+        """Publish the terminal status, retrying transient failures while the lease allows."""
+        claim, lease = run.claim, run.lease
+        backoff = Backoff(0.2, 5.0)
+        started = time.monotonic()
+        while True:
+            try:
+                with lease.wire:
+                    send = self.reporter.report if self.reporter else self.client.report
+                    send(claim.job_id, claim.claim_id, status, message=message, result=result)
+                    lease.finished = True
+            except LeaseLost as exc:
+                lease.mark_lost(exc.code)
+                log_event("report_refused", level=logging.WARNING, job=claim.job_id,
+                          attempt=claim.attempt, code=exc.code, published="nothing")
+                return
+            except InvalidRequest as exc:
+                if result is None and status == "failure":
+                    log_event("report_invalid", level=logging.ERROR, job=claim.job_id,
+                              attempt=claim.attempt, code=exc.code)
+                    return
+                # e.g. payload_too_large: report the failure without the result.
+                log_event("report_invalid", level=logging.WARNING, job=claim.job_id,
+                          attempt=claim.attempt, code=exc.code, fallback="failure")
+                status, result = "failure", None
+                message = f"the report was refused ({exc.code}): {exc.detail}"[:1000]
+                continue
+            except ApiError as exc:
+                now = time.monotonic()
+                limit = min(lease.deadline + lease.lease_seconds,
+                            started + TERMINAL_REPORT_CAP_SECONDS)
+                if isinstance(exc, AuthError | NotFound) or now >= limit:
+                    log_event("report_abandoned", level=logging.ERROR, job=claim.job_id,
+                              attempt=claim.attempt, code=exc.code, status=exc.status or None)
+                    return
+                delay = exc.retry_after if exc.retry_after is not None else backoff.next()
+                delay = max(0.0, min(delay, limit - now))
+                log_event("report_retry", level=logging.WARNING, job=claim.job_id,
+                          attempt=claim.attempt, code=exc.code, status=exc.status or None,
+                          retry_in=delay)
+                time.sleep(delay)
+                continue
+            log_event("reported", job=claim.job_id, attempt=claim.attempt, status=status,
+                      has_result=result is not None)
+            return
+
+    def _release(self, run: _Run, reason: str) -> None:
+        claim = run.claim
+        backoff = Backoff(0.2, 2.0)
+        give_up = time.monotonic() + self.options.release_timeout
+        while True:
+            try:
+                with run.lease.wire:
+                    self.client.release(claim.job_id, claim.claim_id, reason=reason)
+                    run.lease.finished = True
+            except LeaseLost as exc:
+                log_event("release_refused", level=logging.WARNING, job=claim.job_id,
+                          attempt=claim.attempt, code=exc.code)
+                return
+            except ApiError as exc:
+                if not exc.transient or time.monotonic() >= give_up:
+                    log_event("release_failed", level=logging.ERROR, job=claim.job_id,
+                              attempt=claim.attempt, code=exc.code)
+                    return
+                time.sleep(backoff.next())
+                continue
+            log_event("released", job=claim.job_id, attempt=claim.attempt, reason=reason)
+            return
+
+    # -- shutdown --
+
+    def _drain(self) -> None:
+        with self._cond:
+            runs = list(self._runs.values())
+        if runs:
+            log_event("draining", jobs=len(runs), timeout=self.options.drain_timeout)
+        deadline = time.monotonic() + self.options.drain_timeout
+        with self._cond:
+            while self._runs and time.monotonic() < deadline and not self._abort_drain.is_set():
+                self._cond.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+            left = list(self._runs.values())
+        for run in left:
+            run.draining.set()
+            run.lease.stop_child.set()
+        join_by = time.monotonic() + self.options.kill_grace + self.options.release_timeout + 5
+        for run in left:
+            if run.thread is not None:
+                run.thread.join(timeout=max(0.0, join_by - time.monotonic()))
