@@ -43,6 +43,9 @@ class BatchHeartbeatItem(serializers.Serializer):
     class Meta:
         ref_name = "BatchHeartbeatItem"
 
+    def to_internal_value(self, data):
+        return lifecycle.ClaimRef(**super().to_internal_value(data))
+
 
 class BatchHeartbeatInput(serializers.Serializer):
     claims = serializers.ListField(
@@ -100,8 +103,7 @@ class BatchHeartbeatView(ApiView):
     def post(self, request, workspace_id, agent_id):
         data = self.validated(BatchHeartbeatInput)
         agent = self.agent_in_path()
-        pairs = [(item["job_id"], item["claim_id"]) for item in data["claims"]]
-        result = lifecycle.heartbeat_many(agent.id, pairs)
+        result = lifecycle.heartbeat_many(agent.id, data["claims"])
         return Response(represent(BatchHeartbeatResponse, result))
 
 
@@ -116,6 +118,9 @@ class BatchReportItem(StatusInput):
 
     class Meta:
         ref_name = "BatchReportItem"
+
+    def to_internal_value(self, data):
+        return lifecycle.ReportItem(**super().to_internal_value(data))
 
 
 class BatchReportInput(serializers.Serializer):
@@ -176,5 +181,5 @@ class BatchReportView(ApiView):
     def post(self, request, workspace_id, agent_id):
         data = self.validated(BatchReportInput)
         agent = self.agent_in_path()
-        result = lifecycle.report_many(agent.id, [dict(item) for item in data["reports"]])
+        result = lifecycle.report_many(agent.id, data["reports"])
         return Response(represent(BatchReportResponse, result))

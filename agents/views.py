@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 
 from jobqueue import lifecycle, states
 from jobqueue.db import Now
+from jobqueue.lifecycle.inputs import parse_uuid
 from jobqueue.models import Job, JobAgent, JobClaim, Workspace
 
 from . import credentials, health
@@ -64,11 +65,10 @@ class ApiView(APIView):
 
     def path_uuid(self, name: str) -> uuid.UUID:
         """A UUID from the path; a malformed one is a 404, like an unknown one."""
-        value = self.kwargs.get(name)
-        try:
-            return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise NotFound("Not found.") from exc
+        value = parse_uuid(self.kwargs.get(name))
+        if value is None:
+            raise NotFound("Not found.")
+        return value
 
     # -- helpers shared by the endpoints --
 
@@ -270,10 +270,9 @@ class JobsView(ProducerView):
             jobs = jobs.filter(status=status_value)
         agent_id = request.query_params.get("job_agent_id")
         if agent_id is not None:
-            try:
-                jobs = jobs.filter(job_agent_id=uuid.UUID(agent_id))
-            except ValueError as exc:
-                raise ValidationError({"job_agent_id": ["Must be a valid UUID."]}) from exc
+            if (agent_uuid := parse_uuid(agent_id)) is None:
+                raise ValidationError({"job_agent_id": ["Must be a valid UUID."]})
+            jobs = jobs.filter(job_agent_id=agent_uuid)
         paginator = NewestFirst()
         page = paginator.paginate_queryset(jobs.defer(*s.JOB_LIST_DEFER), request, self)
         return paginator.get_paginated_response(s.JobSerializer(page, many=True).data)

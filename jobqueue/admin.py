@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import uuid
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import ADDITION, LogEntry
@@ -28,10 +27,11 @@ from django.utils.html import format_html, format_html_join
 
 from agents.models import AgentToken
 
-from . import lifecycle, reaper, states
+from . import actors, lifecycle, reaper, states
 from .conf import jobqueue_settings
 from .db import NowPlusSeconds, db_now
 from .exceptions import JobQueueError
+from .lifecycle.inputs import parse_uuid
 from .models import Job, JobAgent, JobClaim, JobEvent, ReaperRun, Workspace
 
 # An agent counts as "not seen" after this many of its lease periods without a request.
@@ -42,7 +42,7 @@ RECOVERY_ROWS = 50
 
 
 def operator_actor(request) -> str:
-    return f"operator:{request.user.get_username()}"
+    return actors.operator_actor(request.user.get_username())
 
 
 def request_db_now(request) -> dt.datetime:
@@ -266,10 +266,8 @@ def _name_or_id_search(queryset, search_term):
     if not term:
         return queryset, False
     q = Q(name__icontains=term)
-    try:
-        q |= Q(id=uuid.UUID(term))
-    except ValueError:
-        pass
+    if (term_id := parse_uuid(term)) is not None:
+        q |= Q(id=term_id)
     return queryset.filter(q), False
 
 
@@ -383,10 +381,8 @@ class JobAdmin(admin.ModelAdmin):
         if not term:
             return queryset, False
         q = Q(idempotency_key=term) | Q(external_id=term)
-        try:
-            q |= Q(id=uuid.UUID(term))
-        except ValueError:
-            pass
+        if (term_id := parse_uuid(term)) is not None:
+            q |= Q(id=term_id)
         return queryset.filter(q), False
 
     # --- columns
@@ -611,9 +607,7 @@ def recovery_context(request) -> dict:
     for row in Job.objects.order_by().values("status").annotate(n=Count("id")):
         counts[row["status"]] = row["n"]
 
-    expired_claims_qs = JobClaim.objects.filter(
-        claim_expires_at__lt=Now(), job__status=states.IN_PROGRESS
-    )
+    expired_claims_qs = JobClaim.objects.expired()
     expired_claims = [
         {
             "job_id": c.job_id,

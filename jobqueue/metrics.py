@@ -25,7 +25,6 @@ import time
 
 from django.db import DatabaseError
 from django.db.models import Count, Max, Sum
-from django.db.models.functions import Now
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -141,7 +140,6 @@ class DatabaseCollector:
         return []
 
     def collect(self):
-        from . import states
         from .models import Job, JobClaim, ReaperRun
 
         up = GaugeMetricFamily("jobqueue_database_up", "1 when the scrape could read the database.")
@@ -156,9 +154,7 @@ class DatabaseCollector:
             for status, agent_id, n in rows:
                 jobs.add_metric([status, str(agent_id)], n)
                 seen.add(status)
-            pending = JobClaim.objects.filter(
-                claim_expires_at__lt=Now(), job__status=states.IN_PROGRESS
-            ).count()
+            pending = JobClaim.objects.expired().count()
             in_flight = JobClaim.objects.count()
             runs = ReaperRun.objects.filter(dry_run=False).aggregate(
                 runs=Sum("sweeps"),

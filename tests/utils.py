@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.db import connection, connections
@@ -68,6 +69,22 @@ def run_threads(target, n: int, *args) -> list:
     if errors:
         raise errors[0]
     return results
+
+
+@contextmanager
+def statements_sent(conn=None):
+    """The (sql, params) of every statement sent on `conn` (default: this thread's) inside
+    the block, as production sends them: recorded by an execute_wrapper(), which every
+    cursor path runs, the lifecycle's hot cursor included."""
+    conn = conn or connection
+    sent: list = []
+
+    def record(execute, sql, params, many, context):
+        sent.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with conn.execute_wrapper(record):
+        yield sent
 
 
 def final_state_is_consistent():
