@@ -12,6 +12,8 @@ reported(job_agent_id, status), released(job_agent_id), refused(operation, code)
 reaped(requeued, expired), cancelled(), requeued(), created(job_agent_id).
 """
 
+import functools
+
 from django.dispatch import Signal
 
 transition = Signal()
@@ -30,6 +32,7 @@ def _uid(listener) -> str:
 def subscribe(listener) -> None:
     """Call `listener(kind, **data)` on every emit (once, however often subscribed)."""
 
+    @functools.wraps(listener)  # Django's log of a failure names the listener
     def receiver(signal, sender, **data):
         listener(sender, **data)
 

@@ -276,6 +276,36 @@ def test_claimed_and_reported_jobs_have_the_orms_values_types_and_time_zones():
 
 
 @pytest.mark.postgres_only
+def test_logged_or_not_a_statement_runs_on_the_same_cached_cursor():
+    """CaptureQueriesContext (and DEBUG) see what production runs: the same statement text
+    on the same cached cursor, through Django's own cursor wrapper and execute_wrapper()s."""
+    from jobqueue.lifecycle.pg import statements
+
+    agent = JobAgentFactory()
+    JobFactory.create_batch(3, job_agent=agent)
+    with statements_sent() as quiet:
+        first = lifecycle.claim_next_job(agent)
+    hot = connection.jobqueue_backend.cursor
+    raw = hot._cursor
+
+    cursors = []
+
+    def record(execute, sql, params, many, context):
+        cursors.append(context["cursor"].cursor)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as logged, connection.execute_wrapper(record):
+        second = lifecycle.claim_next_job(agent)
+        lifecycle.report_status(second.job.id, second.claim_id, states.SUCCESSFUL,
+                                job_agent_id=agent.id)
+    assert quiet == [(statements.JOB_CLAIM_AVAILABLE, quiet[0][1])]
+    assert [q["sql"] for q in logged.captured_queries] == [
+        statements.JOB_CLAIM_AVAILABLE, statements.JOB_SET_STATE_IF_RUNNING]
+    assert cursors == [raw, raw] and hot._cursor is raw  # no other cursor, logged or not
+    assert first.job.id != second.job.id
+
+
+@pytest.mark.postgres_only
 def test_hot_cursor_follows_a_new_connection():
     agent = JobAgentFactory()
     JobFactory.create_batch(3, job_agent=agent)

@@ -46,4 +46,6 @@ def test_a_failing_listener_is_logged_and_breaks_nothing(caplog):
         observe.unsubscribe(broken)
         observe.unsubscribe(after.on_event)
     assert after.calls == [("refused", {"operation": "heartbeat", "code": "lease_expired"})]
-    assert "listener bug" in caplog.text
+    [record] = [r for r in caplog.records if r.name == "django.dispatch"]
+    assert "broken" in record.getMessage() and "listener bug" in record.getMessage()
+    assert record.exc_info[0] is RuntimeError
