@@ -52,33 +52,26 @@ if os.environ.get(MULTIPROC_ENV):
 # and each scrape builds a registry that reads every process's files.
 PROCESS_REGISTRY = CollectorRegistry(auto_describe=True)
 
-CLAIMS = Counter(
-    "jobqueue_claims", "Jobs handed out by a claim.", ["job_agent_id"],
-    registry=PROCESS_REGISTRY,
-)
-HEARTBEATS = Counter(
-    "jobqueue_heartbeats", "Leases extended by a heartbeat.", ["job_agent_id"],
-    registry=PROCESS_REGISTRY,
-)
-REPORTS = Counter(
+
+def _counter(name: str, documentation: str, labels=()) -> Counter:
+    return Counter(name, documentation, labels, registry=PROCESS_REGISTRY)
+
+
+CLAIMS = _counter("jobqueue_claims", "Jobs handed out by a claim.", ["job_agent_id"])
+HEARTBEATS = _counter("jobqueue_heartbeats", "Leases extended by a heartbeat.", ["job_agent_id"])
+REPORTS = _counter(
     "jobqueue_reports", "Status reports accepted (progress and terminal), by status.",
-    ["status"], registry=PROCESS_REGISTRY,
+    ["status"],
 )
-RELEASES = Counter(
-    "jobqueue_releases", "Jobs given back by their agent.", ["job_agent_id"],
-    registry=PROCESS_REGISTRY,
-)
-STALE_WRITES_REFUSED = Counter(
+RELEASES = _counter("jobqueue_releases", "Jobs given back by their agent.", ["job_agent_id"])
+STALE_WRITES_REFUSED = _counter(
     "jobqueue_stale_writes_refused",
     "Writes with a claim_id that was no longer current, refused (409), by operation and code.",
-    ["operation", "code"], registry=PROCESS_REGISTRY,
+    ["operation", "code"],
 )
-JOBS_CREATED = Counter(
-    "jobqueue_jobs_created", "Jobs created.", registry=PROCESS_REGISTRY,
-)
-OPERATOR_TRANSITIONS = Counter(
-    "jobqueue_operator_transitions", "Cancels and requeues (API and admin).", ["kind"],
-    registry=PROCESS_REGISTRY,
+JOBS_CREATED = _counter("jobqueue_jobs_created", "Jobs created.")
+OPERATOR_TRANSITIONS = _counter(
+    "jobqueue_operator_transitions", "Cancels and requeues (API and admin).", ["kind"]
 )
 REQUEST_LATENCY = Histogram(
     "jobqueue_http_request_duration_seconds",
@@ -87,6 +80,7 @@ REQUEST_LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     registry=PROCESS_REGISTRY,
 )
+
 
 def _agent_label(value) -> str:
     return "" if value is None else str(value)

@@ -85,6 +85,7 @@ class RecoveryViews:
             "title": "Reap expired leases now?",
             "opts": self.opts,
             "counts": lifecycle.count_expired_claims(),
+            "changelist_url": reverse("admin:jobqueue_job_changelist"),
             "recovery_url": reverse("admin:jobqueue_job_recovery"),
         }
         return TemplateResponse(request, "admin/jobqueue/reap_confirm.html", context)
