@@ -110,6 +110,12 @@ class ApiViewSet(ViewSet):
             return {"job_agent_id": self.principal.job_agent_id}
         return {"workspace_id": self.principal.workspace_id}
 
+    def paginated(self, paginator_class, queryset, serializer_class):
+        """One page of `queryset` in the paginator's order, rendered by `serializer_class`."""
+        paginator = paginator_class()
+        page = paginator.paginate_queryset(queryset, self.request, self)
+        return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
     def validated(self, serializer_class, data=None):
         ser = serializer_class(data=self.request.data if data is None else data)
         ser.is_valid(raise_exception=True)

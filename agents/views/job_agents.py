@@ -54,9 +54,7 @@ class JobAgentViewSet(ApiViewSet):
         agents = health.with_health(
             JobAgent.objects.filter(workspace_id=self.principal.workspace_id)
         )
-        paginator = ByName()
-        page = paginator.paginate_queryset(agents, request, self)
-        return paginator.get_paginated_response(s.JobAgentSerializer(page, many=True).data)
+        return self.paginated(ByName, agents, s.JobAgentSerializer)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
@@ -111,9 +109,9 @@ class JobAgentViewSet(ApiViewSet):
         jobs = jobs.claimable() if status_value == states.QUEUED else jobs.filter(
             status=status_value
         )
-        paginator = ClaimOrder()
-        page = paginator.paginate_queryset(jobs.only(*s.LIST_ITEM_FIELDS), request, self)
-        return paginator.get_paginated_response(s.JobListItemSerializer(page, many=True).data)
+        return self.paginated(
+            ClaimOrder, jobs.only(*s.LIST_ITEM_FIELDS), s.JobListItemSerializer
+        )
 
     @extend_schema(
         tags=AGENT_TAGS,

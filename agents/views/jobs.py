@@ -62,9 +62,7 @@ class JobViewSet(ApiViewSet):
             if agent_id is None:
                 raise ValidationError({"job_agent_id": ["Must be a valid UUID."]})
             jobs = jobs.filter(job_agent_id=agent_id)
-        paginator = NewestFirst()
-        page = paginator.paginate_queryset(jobs.defer(*s.JOB_LIST_DEFER), request, self)
-        return paginator.get_paginated_response(s.JobSerializer(page, many=True).data)
+        return self.paginated(NewestFirst, jobs.defer(*s.JOB_LIST_DEFER), s.JobSerializer)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
