@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import DisallowedHost
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf
@@ -120,20 +121,66 @@ def exception_handler(exc, context):
     return Response(body, status=exc.status_code, headers=headers)
 
 
-# --- Django-level handlers (URLs that match no view), JSON under /v1/ --------------------
+# --- Django-level handlers (errors raised outside DRF), JSON under /v1/ -------------------
+# handler400/403/404/500 in config/urls.py. Under /v1/ every error is {"code", "detail"} like
+# the API's own; elsewhere (the admin) Django's HTML pages, as before. None of them reads the
+# request body.
+
+API_PREFIX = "/v1/"
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith(API_PREFIX)
+
+
+def _settle_post(request) -> None:
+    """Django's HTML error views (requires_csrf_token) read request.POST. When reading it is
+    what failed (a form in a charset Django refuses: BadRequest), every view and middleware
+    layer would fail again, each adding a traceback; mark the form as unreadable instead, as
+    Django itself does for an oversized one."""
+    try:
+        request.POST  # noqa: B018 - parse it once, or learn that it cannot be parsed
+    except Exception:  # noqa: BLE001 - whatever went wrong was already reported
+        request._mark_post_parse_error()
+
+
+def bad_request_view(request, exception=None):
+    if _is_api(request):
+        if isinstance(exception, DisallowedHost):
+            detail = "The Host header names a host this server does not serve."
+        else:
+            detail = "The request could not be read."
+        return JsonResponse(error_body("bad_request", detail), status=400)
+    from django.views.defaults import bad_request
+
+    _settle_post(request)
+    return bad_request(request, exception)
+
+
+def permission_denied_view(request, exception=None):
+    if _is_api(request):
+        return JsonResponse(
+            error_body("permission_denied", "You may not do this."), status=403
+        )
+    from django.views.defaults import permission_denied
+
+    _settle_post(request)
+    return permission_denied(request, exception)
 
 
 def not_found_view(request, exception=None):
-    if request.path.startswith("/v1/"):
+    if _is_api(request):
         return JsonResponse(error_body("not_found", "Not found."), status=404)
     from django.views.defaults import page_not_found
 
+    _settle_post(request)
     return page_not_found(request, exception)
 
 
 def server_error_view(request):
-    if request.path.startswith("/v1/"):
+    if _is_api(request):
         return JsonResponse(error_body("server_error", "Internal server error."), status=500)
     from django.views.defaults import server_error
 
+    _settle_post(request)
     return server_error(request)
