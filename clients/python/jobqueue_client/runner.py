@@ -14,7 +14,11 @@ Guarantees the agent keeps:
   heartbeats continue meanwhile; a terminal report is retried after a lost response (the server
   answers 200 again to an identical retry);
 - dispatch_context reaches the child only through a 0600 file named by JOB_CONTEXT_FILE, and is
-  never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children.
+  never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children;
+- what the child leaves in its directory is read only by workdir.read_child_file (no link
+  followed, nothing that blocks, regular files only, at most the cap + 1 byte), so no result
+  file can wedge the agent or exhaust its memory; job directories of dead agents are removed
+  at start and every STALE_DIR_SWEEP_SECONDS (workdir.remove_stale_dirs).
 """
 
 from __future__ import annotations
