@@ -26,7 +26,7 @@ from rest_framework import serializers
 
 from jobqueue import lifecycle
 
-from .serializers import StatusInput, StrictUUIDField
+from .serializers import StatusInput, StrictChoiceField, StrictUUIDField
 
 REFUSAL_CODES = ["lease_expired", "claim_superseded", "job_cancelled", "job_finished",
                  "not_found"]
@@ -102,7 +102,7 @@ class BatchReportItem(StatusInput):
     """PUT jobs/{job_id}/status's body plus the job_id, final statuses only."""
 
     job_id = StrictUUIDField()
-    status = serializers.ChoiceField(choices=sorted(lifecycle.BATCH_REPORT_STATUSES))
+    status = StrictChoiceField(choices=sorted(lifecycle.BATCH_REPORT_STATUSES))
 
     class Meta:
         ref_name = "BatchReportItem"
