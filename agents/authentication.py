@@ -44,6 +44,7 @@ class Principal:
 
     @property
     def actor(self) -> str:
+        """Who did it, on job events (jobqueue.actors): the agent, or the workspace key."""
         if self.is_agent:
             return actors.agent_actor(self.job_agent_id)
         return actors.producer_actor(self.credential_id)

@@ -154,6 +154,6 @@ def _batch(items: Sequence, field: str, limit: int, job_of: Callable) -> Sequenc
     for item in items:
         job_id = job_of(item)
         if job_id in seen:
-            raise InvalidInput(f"job {job_id} appears more than once.", field=field)
+            raise InvalidInput(f"each job_id may appear only once in {field}.", field=field)
         seen.add(job_id)
     return items
