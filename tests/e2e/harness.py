@@ -76,6 +76,9 @@ class Proc:
     name: str
     popen: subprocess.Popen
     log: Path
+    # A line the process prints once its signal handlers are installed (agents and reapers):
+    # a SIGTERM before it would meet the default action and kill the process.
+    ready_line: str | None = None
 
     @property
     def pid(self) -> int:
@@ -101,10 +104,23 @@ class Proc:
         except FileNotFoundError:
             return ""
 
+    def ready(self) -> bool:
+        return self.ready_line is None or self.ready_line in self.output()
+
+    def wait_ready(self, timeout: float = 60) -> Proc:
+        """Wait for the ready line (or for the process to exit: nothing to wait for then)."""
+        wait_for(lambda: self.ready() or not self.alive(), timeout,
+                 f"{self.name} to be ready ({self.ready_line!r})",
+                 interval=0.05, on_fail=lambda: self.output()[-3000:])
+        return self
+
     def stop(self, timeout: float = 30) -> int:
-        """SIGTERM (after SIGCONT, in case it is stopped) and wait for the exit status."""
+        """SIGTERM (after SIGCONT, in case it is stopped) and wait for the exit status. A
+        process that has not installed its handlers yet is waited for first."""
         if self.alive():
             os.kill(self.pid, signal.SIGCONT)
+            self.wait_ready()
+        if self.alive():
             os.kill(self.pid, signal.SIGTERM)
         return self.popen.wait(timeout=timeout)
 
@@ -143,14 +159,15 @@ class Stack:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def _spawn(self, name: str, argv: list[str], env: dict) -> Proc:
+    def _spawn(self, name: str, argv: list[str], env: dict,
+               ready_line: str | None = None) -> Proc:
         self._n[name] += 1
         log = self.tmp / f"{name}-{self._n[name]}.log"
         fh = open(log, "ab")  # noqa: SIM115 - handed to the child
         popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=fh,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         fh.close()
-        proc = Proc(name, popen, log)
+        proc = Proc(name, popen, log, ready_line)
         self.procs.append(proc)
         return proc
 
@@ -183,7 +200,9 @@ class Stack:
 
     def start_agent(self, job_agent, token: str, name: str, *, concurrency: int = 1,
                     drain_timeout: float = 10, kill_grace: float = 1, idle_max: float = 0.5,
-                    extra_env: dict | None = None) -> Proc:
+                    extra_env: dict | None = None, wait_ready: bool = True) -> Proc:
+        """Start `jobqueue-agent`; with wait_ready (the default), return once it runs its
+        claim loop with its signal handlers installed (its `event=started` line)."""
         tmpdir = self.tmp / f"tmp-{name}"
         tmpdir.mkdir(exist_ok=True)
         env = self.env(
@@ -198,13 +217,16 @@ class Stack:
         argv = [sys.executable, "-m", "jobqueue_client.cli", "--concurrency", str(concurrency),
                 "--drain-timeout", str(drain_timeout), "--kill-grace", str(kill_grace),
                 "--idle-max", str(idle_max)]
-        return self._spawn(f"agent-{name}", argv, env)
+        proc = self._spawn(f"agent-{name}", argv, env, ready_line="event=started ")
+        return proc.wait_ready() if wait_ready else proc
 
-    def start_reaper(self, interval: float = 0.3, batch_size: int | None = None) -> Proc:
+    def start_reaper(self, interval: float = 0.3, batch_size: int | None = None,
+                     wait_ready: bool = True) -> Proc:
         argv = [sys.executable, "manage.py", "reap_claims", "--loop", "--interval", str(interval)]
         if batch_size:
             argv += ["--batch-size", str(batch_size)]
-        return self._spawn("reaper", argv, self.env())
+        proc = self._spawn("reaper", argv, self.env(), ready_line="reaper looping every")
+        return proc.wait_ready() if wait_ready else proc
 
     def reap_once(self) -> str:
         out = subprocess.run([sys.executable, "manage.py", "reap_claims", "--json"], cwd=ROOT,
@@ -247,8 +269,23 @@ class Stack:
 
     # -- teardown --
 
-    def close(self) -> None:
-        for proc in reversed(self.procs):
+    def close(self, grace: float = 5) -> None:
+        """End every process: SIGTERM first, so that they exit through their own shutdown
+        (and coverage saves their data), SIGKILL for whatever is left after `grace` seconds.
+        Agents get a second SIGTERM, which ends their drain at once."""
+        clients = [p for p in self.procs if p.alive() and p is not self.server]
+        for proc in clients:
+            proc.signal(signal.SIGCONT)
+            if proc.ready():
+                proc.signal(signal.SIGTERM)
+                proc.signal(signal.SIGTERM)
+            else:  # its handlers are not installed yet: a SIGTERM would only kill it too
+                proc.kill_group()
+        self._wait_or_kill(clients, grace)
+        if self.server is not None and self.server.alive():
+            self.server.signal(signal.SIGTERM)  # gunicorn: graceful stop of its workers
+            self._wait_or_kill([self.server], grace)
+        for proc in self.procs:  # whatever a SIGTERM ended may have left in its group
             if proc.alive():
                 proc.kill_group()
         # Children of killed agents live on in their own sessions: end them by pid, after
@@ -264,6 +301,15 @@ class Stack:
                     os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+
+    @staticmethod
+    def _wait_or_kill(procs: list[Proc], grace: float) -> None:
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill_group()
 
 
 # --- checks against the event log ----------------------------------------------------------
