@@ -272,20 +272,29 @@ class Stack:
     def close(self, grace: float = 5) -> None:
         """End every process: SIGTERM first, so that they exit through their own shutdown
         (and coverage saves their data), SIGKILL for whatever is left after `grace` seconds.
-        Agents get a second SIGTERM, which ends their drain at once."""
-        clients = [p for p in self.procs if p.alive() and p is not self.server]
-        for proc in clients:
+        Agents go first (a second SIGTERM ends their drain at once; what they release needs
+        the server), then the reapers and the server together."""
+        alive = [p for p in self.procs if p.alive()]
+        agents = [p for p in alive if p.name.startswith("agent-")]
+        for proc in agents:
             proc.signal(signal.SIGCONT)
             if proc.ready():
                 proc.signal(signal.SIGTERM)
                 proc.signal(signal.SIGTERM)
             else:  # its handlers are not installed yet: a SIGTERM would only kill it too
                 proc.kill_group()
-        self._wait_or_kill(clients, grace)
-        if self.server is not None and self.server.alive():
-            self.server.signal(signal.SIGTERM)  # gunicorn: graceful stop of its workers
-            self._wait_or_kill([self.server], grace)
-        for proc in self.procs:  # whatever a SIGTERM ended may have left in its group
+        self._wait_or_kill(agents, grace)
+        rest = [p for p in alive if p not in agents]
+        for proc in rest:
+            proc.signal(signal.SIGCONT)
+            if proc is self.server:  # gunicorn's quick shutdown: workers exit via sys.exit
+                proc.signal(signal.SIGQUIT)
+            elif proc.ready():
+                proc.signal(signal.SIGTERM)
+            else:
+                proc.kill_group()
+        self._wait_or_kill(rest, grace)
+        for proc in self.procs:  # nothing should be left; if it is, it goes now
             if proc.alive():
                 proc.kill_group()
         # Children of killed agents live on in their own sessions: end them by pid, after
