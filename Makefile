@@ -19,7 +19,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: requirements.txt pyproject.toml clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements.txt
-	$(BIN)/pip install --quiet --no-deps -e . -e ./clients/python
+	$(BIN)/pip install --quiet --no-deps --force-reinstall -e . -e ./clients/python
 	touch $@
 
 $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
