@@ -126,7 +126,8 @@ class Proc:
 
 
 class Stack:
-    """One test's processes. `close()` ends every one of them, and their orphans."""
+    """One test's processes. `close()` ends every one of them, and their orphans. As a
+    context manager: started with its API server, closed at the end."""
 
     def __init__(self, tmp_path: Path, *, server_env: dict | None = None):
         self.tmp = tmp_path
@@ -140,6 +141,17 @@ class Stack:
         self.server: Proc | None = None
         self.server_env = server_env or {}
         self._n = Counter()
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start_server()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- environment --
 

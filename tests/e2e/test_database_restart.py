@@ -43,12 +43,9 @@ def private_postgres(transactional_db):
 
 @pytest.fixture
 def stack(private_postgres, tmp_path):
-    s = Stack(tmp_path)
-    try:
-        s.start_server()
+    """The conftest's stack, on the private cluster."""
+    with Stack(tmp_path) as s:
         yield s
-    finally:
-        s.close()
 
 
 def restart_postgres(cluster: PrivateCluster) -> None:

@@ -229,31 +229,46 @@ def test_a_report_is_retried_only_while_the_lease_allows(start, caplog, monkeypa
 # --- the batch reporter ------------------------------------------------------------------
 
 
-def hold_first_report(server):
-    """Hold the first single report on the wire until the returned event is set: the reports
-    that come meanwhile wait in the agent's reporter (or, too big for a batch, go alone)."""
+def hold_first_report(server, go):
+    """Hold the first single report on the wire until the returned event is set, and create
+    the file `go` once it is held: jobs that wait for that file end only then, so their
+    reports come while the first is on the wire (and wait in the agent's reporter, or, too
+    big for a batch, go alone)."""
     gate, held = threading.Event(), []
 
     def hold(method, path, body):
         if STATUS.search(path) and not held:
             held.append(body["claim_id"])
+            go.touch()
             gate.wait(30)
 
     server.holds.append(hold)
     return gate
 
 
-def waiting_in_the_reporter(run, n):
-    wait_for(lambda: len(run.agent.reporter._queue) == n, 30, f"{n} reports to wait")
+def after(go, then=":"):
+    """A job command that waits for the file `go`, then runs `then`."""
+    return ["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.01; done; {then}']
 
 
-def test_a_batch_report_refused_as_a_whole_falls_back_to_single_reports(start, caplog):
-    server = Api(["true"], ["true"], ["true"])
-    server.rules.append(always(REPORTS, 400, {"code": "validation_error", "detail": "x"}))
-    gate = hold_first_report(server)
+def batch_after_a_held_report(start, tmp_path, reports_rule):
+    """Three jobs; the first one's report is held until the other two, which end only once
+    it is held, wait in the reporter; then those two go in one batch report, which
+    `reports_rule` answers."""
+    go = tmp_path / "go"
+    server = Api(["true"], after(go), after(go))
+    server.rules.append(reports_rule)
+    gate = hold_first_report(server, go)
     run = start(server, concurrency=3)
-    waiting_in_the_reporter(run, 2)
+    wait_for(lambda: len(run.agent.reporter._queue) == 2, 30, "two reports to wait")
     gate.set()
+    return server, run
+
+
+def test_a_batch_report_refused_as_a_whole_falls_back_to_single_reports(start, caplog,
+                                                                        tmp_path):
+    server, run = batch_after_a_held_report(
+        start, tmp_path, always(REPORTS, 400, {"code": "validation_error", "detail": "x"}))
     wait_for(lambda: caplog.text.count("event=reported ") == 3, 30, "three reports")
     assert run.stop() == 0
     assert "event=batch_report_refused code=validation_error reports=2 fallback=single" \
@@ -261,13 +276,10 @@ def test_a_batch_report_refused_as_a_whole_falls_back_to_single_reports(start, c
     assert len(server.requests(STATUS)) == 3  # one held, two after the refused batch
 
 
-def test_a_failing_batch_report_hands_each_job_the_error_and_each_retries(start, caplog):
-    server = Api(["true"], ["true"], ["true"])
-    server.rules.append(answer_once(REPORTS, 503, {"code": "unavailable", "detail": "x"}))
-    gate = hold_first_report(server)
-    run = start(server, concurrency=3)
-    waiting_in_the_reporter(run, 2)
-    gate.set()
+def test_a_failing_batch_report_hands_each_job_the_error_and_each_retries(start, caplog,
+                                                                          tmp_path):
+    _, run = batch_after_a_held_report(
+        start, tmp_path, answer_once(REPORTS, 503, {"code": "unavailable", "detail": "x"}))
     wait_for(lambda: caplog.text.count("event=reported ") == 3, 30, "three reports")
     assert run.stop() == 0
     # The two in the failed batch were told, and each sent its report again.
@@ -275,13 +287,9 @@ def test_a_failing_batch_report_hands_each_job_the_error_and_each_retries(start,
     assert caplog.text.count("code=unavailable status=503") == 2
 
 
-def test_a_bug_in_the_batch_report_does_not_take_the_agent_down(start, caplog):
-    server = Api(["true"], ["true"], ["true"])
-    server.rules.append(lambda m, p, b: RuntimeError("bug") if REPORTS.search(p) else None)
-    gate = hold_first_report(server)
-    run = start(server, concurrency=3)
-    waiting_in_the_reporter(run, 2)
-    gate.set()
+def test_a_bug_in_the_batch_report_does_not_take_the_agent_down(start, caplog, tmp_path):
+    server, run = batch_after_a_held_report(
+        start, tmp_path, lambda m, p, b: RuntimeError("bug") if REPORTS.search(p) else None)
     logged(caplog, "event=report_batch_error")
     wait_for(lambda: caplog.text.count("event=job_thread_error") == 2, 30, "the job threads")
     server.add(["true"])  # the agent goes on with the next job
@@ -289,12 +297,12 @@ def test_a_bug_in_the_batch_report_does_not_take_the_agent_down(start, caplog):
     assert run.stop() == 0
 
 
-def test_a_large_result_skips_the_batch(start, caplog):
+def test_a_large_result_skips_the_batch(start, caplog, tmp_path):
     """While the reporter is busy, a report too big for a batch goes out alone at once."""
     big = "x" * (runner.BATCH_REPORT_ITEM_BYTES + 1)
-    script = f'sleep 0.5; printf \'{{"blob": "{big}"}}\' > "$JOB_RESULT_FILE"'
-    server = Api(["true"], ["sh", "-c", script])
-    gate = hold_first_report(server)
+    go = tmp_path / "go"
+    server = Api(["true"], after(go, f'printf \'{{"blob": "{big}"}}\' > "$JOB_RESULT_FILE"'))
+    gate = hold_first_report(server, go)
     run = start(server, concurrency=2)
     wait_for(lambda: len(server.requests(STATUS)) == 2, 30, "the big report, alone")
     gate.set()
@@ -408,34 +416,22 @@ def test_jobs_claimed_while_stopping_are_released_at_once(start, caplog):
 # --- release at the end of a drain ------------------------------------------------------------
 
 
-def drained(start, caplog, server):
+@pytest.mark.parametrize(("answer", "rule", "requests", "logged_line"), [
+    ((503, {"code": "unavailable", "detail": "x"}), answer_once, 2,
+     'event=released job=job1 attempt=1 reason="agent shutting down"'),
+    ((409, {"code": "claim_superseded", "detail": "x"}), always, 1,
+     "event=release_refused job=job1 attempt=1 code=claim_superseded"),
+    ((400, {"code": "validation_error", "detail": "x"}), always, 1,
+     "event=release_failed job=job1 attempt=1 code=validation_error"),
+], ids=["transient-retried", "refused-left-alone", "invalid-given-up"])
+def test_the_release_at_the_end_of_a_drain(start, caplog, answer, rule, requests, logged_line):
+    server = Api(["sleep", "30"])
+    server.rules.append(rule(RELEASE, *answer))
     run = start(server, drain_timeout=0)
     logged(caplog, "event=started_child job=job1")
-    return run.stop()
-
-
-def test_a_release_is_retried_through_transient_errors(start, caplog):
-    server = Api(["sleep", "30"])
-    server.rules.append(answer_once(RELEASE, 503, {"code": "unavailable", "detail": "x"}))
-    assert drained(start, caplog, server) == 0
-    assert len(server.requests(RELEASE)) == 2
-    assert "event=released job=job1 attempt=1 reason=\"agent shutting down\"" in caplog.text
-
-
-def test_a_refused_release_is_left_alone(start, caplog):
-    server = Api(["sleep", "30"])
-    server.rules.append(always(RELEASE, 409, {"code": "claim_superseded", "detail": "x"}))
-    assert drained(start, caplog, server) == 0
-    assert len(server.requests(RELEASE)) == 1
-    assert "event=release_refused job=job1 attempt=1 code=claim_superseded" in caplog.text
-
-
-def test_a_release_that_cannot_succeed_is_given_up(start, caplog):
-    server = Api(["sleep", "30"])
-    server.rules.append(always(RELEASE, 400, {"code": "validation_error", "detail": "x"}))
-    assert drained(start, caplog, server) == 0
-    assert len(server.requests(RELEASE)) == 1
-    assert "event=release_failed job=job1 attempt=1 code=validation_error" in caplog.text
+    assert run.stop() == 0
+    assert len(server.requests(RELEASE)) == requests
+    assert logged_line in caplog.text
 
 
 # --- the agent object ---------------------------------------------------------------------
