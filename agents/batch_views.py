@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from jobqueue import lifecycle
 
 from .schema import COMMON, WITH_BODY, errors
-from .serializers import StatusInput, StrictUUIDField, represent
+from .serializers import StatusInput, StrictChoiceField, StrictUUIDField, represent
 from .views import AGENT, ApiView
 
 REFUSAL_CODES = ["lease_expired", "claim_superseded", "job_cancelled", "job_finished",
@@ -112,7 +112,7 @@ class BatchReportItem(StatusInput):
     """PUT jobs/{job_id}/status's body plus the job_id, final statuses only."""
 
     job_id = StrictUUIDField()
-    status = serializers.ChoiceField(choices=sorted(lifecycle.BATCH_REPORT_STATUSES))
+    status = StrictChoiceField(choices=sorted(lifecycle.BATCH_REPORT_STATUSES))
 
     class Meta:
         ref_name = "BatchReportItem"

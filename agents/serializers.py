@@ -24,6 +24,16 @@ class StrictUUIDField(serializers.UUIDField):
         return super().to_internal_value(data)
 
 
+class StrictChoiceField(serializers.ChoiceField):
+    """A choice whose error names the allowed values, never the value sent (DRF's own
+    message quotes it: '"<what you sent>" is not a valid choice.')."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        allowed = ", ".join(str(choice) for choice in self.choices)
+        self.error_messages["invalid_choice"] = f"Must be one of: {allowed}."
+
+
 _SHARED: dict = {}
 
 
@@ -218,7 +228,7 @@ class HeartbeatResponseSerializer(serializers.Serializer):
 
 class StatusInput(serializers.Serializer):
     claim_id = StrictUUIDField()
-    status = serializers.ChoiceField(choices=sorted(states.REPORTABLE))
+    status = StrictChoiceField(choices=sorted(states.REPORTABLE))
     message = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     result = serializers.JSONField(required=False, allow_null=True)
     external_id = serializers.CharField(
