@@ -268,10 +268,10 @@ def test_a_result_file_over_the_cap_makes_the_job_fail(monkeypatch):
     assert outcome.message() == "JOB_RESULT_FILE is larger than 10 bytes"
 
 
-def test_a_result_file_that_cannot_be_read_makes_the_job_fail():
+def test_a_result_file_that_is_a_directory_makes_the_job_fail():
     outcome = run(sh('mkdir "$JOB_RESULT_FILE"'))
     assert not outcome.succeeded
-    assert outcome.message().startswith("JOB_RESULT_FILE could not be read (Is a directory)")
+    assert outcome.message() == "JOB_RESULT_FILE is a directory, not a regular file"
 
 
 def test_on_start_sees_the_child_and_a_finished_child_needs_no_signal():
