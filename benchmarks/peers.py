@@ -184,8 +184,6 @@ def pgqueuer_worker(config: dict, consumers: int) -> None:
         from pgqueuer import Queries, QueueManager
         from pgqueuer.types import QueueExecutionMode
 
-        if gate_at_start:
-            await asyncio.to_thread(worker_ready)
         gate = Gate(consumers, enabled=not gate_at_start)
         managers = []
         for _ in range(consumers):
@@ -198,6 +196,8 @@ def pgqueuer_worker(config: dict, consumers: int) -> None:
                 RAN["n"] += 1
 
             managers.append(qm)
+        if gate_at_start:  # round 1: connected, then released before the manager's set-up
+            await asyncio.to_thread(worker_ready)
         await asyncio.gather(*(
             qm.run(batch_size=int(config["batch"]), mode=QueueExecutionMode.drain,
                    dequeue_timeout=timedelta(seconds=1),

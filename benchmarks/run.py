@@ -304,11 +304,11 @@ def run_peer(config, concurrency, n):
     return n / elapsed
 
 
-PEER_LABELS = {
-    "pgqueuer_b1": "pgqueuer, batch 1",
-    "pgqueuer_b10": "pgqueuer, its default batch (10)",
-    "procrastinate": "procrastinate",
-    "djtasks": "django-tasks-db",
+PEER_LABELS = {  # {v}: the peer's version in the run
+    "pgqueuer_b1": "pgqueuer {v}, batch 1",
+    "pgqueuer_b10": "pgqueuer {v}, its default batch (10)",
+    "procrastinate": "procrastinate {v}",
+    "djtasks": "django-tasks-db {v}",
 }
 CORE_SYSTEMS = [
     ("pgbench", "pgbench: one single-row UPDATE by primary key per transaction (the limit)"),
@@ -332,14 +332,32 @@ def setup_pgbench():
                    check=True, capture_output=True)
 
 
+class Bracketed:
+    """Drains at one concurrency level with pgbench run between them: each drain's ratio is
+    to the mean of the pgbench runs just before and just after it, so that a drift of the
+    machine's load between drains does not move the ratios."""
+
+    def __init__(self, c, secs):
+        self.c, self.secs = c, secs
+        self.pgbench = [self._pgbench()]
+
+    def _pgbench(self):
+        return retry(lambda: pgbench_tps(self.c, self.secs), f"pgbench c={self.c}")
+
+    def measure(self, fn, what):
+        value = retry(fn, what)
+        self.pgbench.append(self._pgbench())
+        return value, value / ((self.pgbench[-2] + self.pgbench[-1]) / 2)
+
+
 def scenario_core(peers=True):
-    """Every system drains the same jobs at each concurrency; pgbench runs before and after
-    each level's drains (its spread is the machine's noise during that level)."""
+    """Every system drains the same jobs at each concurrency, pgbench between drains."""
     n, reps = conf("BENCH_CORE_JOBS"), conf("BENCH_REPS")
     levels = conf("BENCH_CORE_CONCURRENCY")
     secs = conf("BENCH_PGBENCH_SECONDS")
     setup_pgbench()
     raw: dict = {key: {c: [] for c in levels} for key, _ in CORE_SYSTEMS}
+    ratios: dict = {key: {c: [] for c in levels} for key, _ in CORE_SYSTEMS}
     for rep in range(reps):
         for c in levels:
             runs = {
@@ -356,18 +374,20 @@ def scenario_core(peers=True):
                     if key in SLOW_PEERS and rep >= (conf("BENCH_SLOW_PEER_REPS") or reps):
                         continue
                     runs[key] = lambda c=c, key=key: run_peer(peer_configs.CONFIGS[key], c, n)
-            raw["pgbench"][c].append(retry(lambda c=c: pgbench_tps(c, secs), "pgbench"))
-            log(f"core rep {rep + 1}/{reps} c={c} pgbench: {raw['pgbench'][c][-1]:,.0f}/s")
+            level = Bracketed(c, secs)
             for key, fn in runs.items():
-                value = retry(fn, f"core c={c} {key}")
+                value, ratio = level.measure(fn, f"core c={c} {key}")
                 raw[key][c].append(value)
-                log(f"core rep {rep + 1}/{reps} c={c} {key}: {value:,.0f}/s")
-            raw["pgbench"][c].append(retry(lambda c=c: pgbench_tps(c, secs), "pgbench"))
-            log(f"core rep {rep + 1}/{reps} c={c} pgbench: {raw['pgbench'][c][-1]:,.0f}/s")
+                ratios[key][c].append(ratio)
+                log(f"core rep {rep + 1}/{reps} c={c} {key}: {value:,.0f}/s ({ratio:.3f} of "
+                    f"pgbench {level.pgbench[-2]:,.0f}-{level.pgbench[-1]:,.0f})")
+            raw["pgbench"][c] += level.pgbench
     drop_database(db_name("pgbench"))
     med = {key: {c: median(v) for c, v in by_c.items() if v} for key, by_c in raw.items()}
+    ratio = {key: {c: median(v) for c, v in by_c.items() if v} for key, by_c in ratios.items()}
     return {"jobs": n, "reps": reps, "slow_peer_reps": conf("BENCH_SLOW_PEER_REPS") or reps,
-            "levels": levels, "raw": raw, "median": med, "noise": noise(raw["pgbench"]),
+            "levels": levels, "raw": raw, "ratios": ratios, "median": med, "ratio": ratio,
+            "noise": noise(raw["pgbench"]),
             "peer_configs": {k: peer_configs.CONFIGS[k] for k in PEER_LABELS} if peers else {}}
 
 
@@ -380,7 +400,7 @@ def noise(pgbench_runs):
 def noise_line(res):
     parts = [f"c={c}: {m['min']:,.0f}–{m['max']:,.0f} tps ({m['spread']:.0%})"
              for c, m in res.get("noise", {}).items()]
-    return ("Machine noise, pgbench before and after each level's drains: "
+    return ("Machine noise, every pgbench run of the level (between the drains): "
             + "; ".join(parts) + ".") if parts else ""
 
 
@@ -391,45 +411,52 @@ def core_table(res):
              if res["jobs"] < 20_000 else "")
     lines = [
         small + f"Drain of {res['jobs']:,} no-op jobs per run, median of {res['reps']} runs, "
-        "jobs/s (pgbench: transactions/s), timed from the moment every worker is ready to the last "
-        "completion the database recorded; in brackets the ratio to pgbench and to the raw "
-        "psycopg loop of the same SQL shape (the lifecycle's statements on PostgreSQL), "
-        "measured in the same run; the batch rows also give the ratio to pgqueuer at its "
-        "default batch."
+        "jobs/s (pgbench: transactions/s), timed from the moment every worker is ready to "
+        "the last completion the database recorded; in brackets the ratio to pgbench (each "
+        "drain to the pgbench runs just before and after it, median over runs) and to the "
+        "raw psycopg loop of the same SQL shape (the lifecycle's statements on PostgreSQL); "
+        "the batch rows also give the ratio to pgqueuer at its default batch."
         + (f" procrastinate and django-tasks-db: median of {res['slow_peer_reps']} run(s)."
            if res.get("slow_peer_reps", res["reps"]) != res["reps"] else ""),
         "",
         "| system | " + " | ".join(f"c={c}" for c in levels) + " |",
         "|---|" + "---|" * len(levels),
     ]
+    # Ratios to pgbench: the median of each drain's ratio to the pgbench runs around it
+    # (results of older runs: to the level's median pgbench); the other ratios divide those.
+    norm = res.get("ratio") or {
+        k: {lv: x / med["pgbench"][lv] for lv, x in by.items() if med["pgbench"].get(lv)}
+        for k, by in med.items() if k != "pgbench"
+    }
     for key, label in CORE_SYSTEMS:
         if not med.get(key):
             continue
-        if key in res.get("peer_configs", {}):
-            label = f"{label} {peer_version(res['peer_configs'][key], versions)}"
+        if key in PEER_LABELS:
+            config = res.get("peer_configs", {}).get(key)
+            label = label.format(v=peer_version(config, versions) if config else "")
         cells = []
         for c in levels:
             v = med[key].get(c)
             if v is None:
                 cells.append("")
                 continue
-            limit = med["pgbench"].get(c)
-            shape = med["raw_cte"].get(c)
+            r = norm.get(key, {}).get(c)
+            shape = norm.get("raw_cte", {}).get(c)
             cell = f"{v:,.0f}"
-            if key != "pgbench" and limit:
-                cell += f" ({v / limit:.2f}"
-                cell += f"; {v / shape:.2f}× raw" if shape and key != "raw_cte" else ""
-                peer = med.get("pgqueuer_b10", {}).get(c)
+            if key != "pgbench" and r:
+                cell += f" ({r:.2f}"
+                cell += f"; {r / shape:.2f}× raw" if shape and key != "raw_cte" else ""
+                peer = norm.get("pgqueuer_b10", {}).get(c)
                 if key.startswith("jobqueue_b10") and peer:
-                    cell += f"; {v / peer:.2f}× pgqueuer b10"
+                    cell += f"; {r / peer:.2f}× pgqueuer b10"
                 cell += ")"
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", noise_line(res), ""] if res.get("noise") else [""]
     if res.get("peer_configs"):
         lines.append("How each peer ran (`benchmarks.peers.CONFIGS`):")
-        lines += [f"- {PEER_LABELS[k]}: {describe(cfg)}" for k, cfg in
-                  res["peer_configs"].items()]
+        lines += [f"- {PEER_LABELS[k].format(v=peer_version(cfg, versions))}: {describe(cfg)}"
+                  for k, cfg in res["peer_configs"].items()]
     if res.get("commit"):
         lines += ["", f"jobqueue at commit {res['commit']}."]
     return lines
@@ -464,17 +491,20 @@ def describe(config):
 
 
 def scenario_peers():
-    """Every configuration of benchmarks.peers.SWEEP at each level, next to pgbench, to pick
-    (and show) each peer's best: BENCH_CORE_JOBS jobs a drain, BENCH_PEERS_REPS runs."""
+    """Every configuration of benchmarks.peers.SWEEP at each level, pgbench between drains,
+    to pick (and show) each peer's best: BENCH_CORE_JOBS jobs a drain, BENCH_PEERS_REPS
+    runs."""
     n, reps = conf("BENCH_CORE_JOBS"), conf("BENCH_PEERS_REPS")
     levels, secs = conf("BENCH_PEERS_CONCURRENCY"), conf("BENCH_PGBENCH_SECONDS")
     setup_pgbench()
     pgbench: dict = {c: [] for c in levels}
     raw: dict = {system: {label: {c: [] for c in levels} for label in sweep}
                  for system, sweep in peer_configs.SWEEP.items()}
+    ratios: dict = {system: {label: {c: [] for c in levels} for label in sweep}
+                    for system, sweep in peer_configs.SWEEP.items()}
     for rep in range(reps):
         for c in levels:
-            pgbench[c].append(retry(lambda c=c: pgbench_tps(c, secs), "pgbench"))
+            level = Bracketed(c, secs)
             seen = set()
             for system, sweep in peer_configs.SWEEP.items():
                 for label, cfg in sweep.items():
@@ -484,29 +514,35 @@ def scenario_peers():
                     if shape in seen:  # e.g. "one process" at c=1: measured already
                         continue
                     seen.add(shape)
-                    value = retry(lambda config=config, c=c: run_peer(config, c, n),
-                                  f"peers c={c} {system} {label}")
+                    value, ratio = level.measure(
+                        lambda config=config, c=c: run_peer(config, c, n),
+                        f"peers c={c} {system} {label}")
                     raw[system][label][c].append(value)
+                    ratios[system][label][c].append(ratio)
                     log(f"peers rep {rep + 1}/{reps} c={c} {system} [{label}]: {value:,.0f}/s "
-                        f"({value / median(pgbench[c]):.3f} of pgbench)")
-            pgbench[c].append(retry(lambda c=c: pgbench_tps(c, secs), "pgbench"))
+                        f"({ratio:.3f} of pgbench)")
+            pgbench[c] += level.pgbench
     drop_database(db_name("pgbench"))
-    med = {system: {label: {c: median(v) for c, v in by_c.items() if v}
-                    for label, by_c in rows.items()} for system, rows in raw.items()}
+
+    def medians(values):
+        return {system: {label: {c: median(v) for c, v in by_c.items() if v}
+                         for label, by_c in rows.items()} for system, rows in values.items()}
+
     return {"jobs": n, "reps": reps, "levels": levels, "pgbench": pgbench,
-            "noise": noise(pgbench), "raw": raw, "median": med,
-            "sweep": peer_configs.SWEEP, "chosen": peer_configs.CONFIGS}
+            "noise": noise(pgbench), "raw": raw, "ratios": ratios, "median": medians(raw),
+            "ratio": medians(ratios), "sweep": peer_configs.SWEEP,
+            "chosen": peer_configs.CONFIGS}
 
 
 def peers_table(res):
     levels = res["levels"]
-    limit = {c: median(v) for c, v in res["pgbench"].items() if v}
     lines = [
         f"Each peer in each configuration: drain of {res['jobs']:,} no-op jobs, "
-        f"median of {res['reps']} run(s), jobs/s and (in brackets) the ratio to pgbench "
-        "measured in the same run; timed from every worker ready to the last completion the "
-        "database recorded. Best per level in bold. c = consumers in all (worker processes "
-        "× consumers per process); an empty cell is the same shape as a row above.",
+        f"median of {res['reps']} run(s): jobs/s and (in brackets) the ratio to the pgbench "
+        "runs just before and after the drain; timed from every worker ready to the last "
+        "completion the database recorded. Best ratio per level in bold. c = consumers in "
+        "all (worker processes × consumers per process); an empty cell is the same shape as "
+        "a row above.",
         "",
         "| peer | configuration | " + " | ".join(f"c={c}" for c in levels) + " |",
         "|---|---|" + "---|" * len(levels),
@@ -514,16 +550,17 @@ def peers_table(res):
     names = {"pgqueuer": "pgqueuer", "procrastinate": "procrastinate",
              "djtasks": "django-tasks-db"}
     for system, rows in res["median"].items():
-        best = {c: max((r.get(c, 0) for r in rows.values()), default=0) for c in levels}
+        ratio = res["ratio"][system]
+        best = {c: max((r.get(c, 0) for r in ratio.values()), default=0) for c in levels}
         for label, by_c in rows.items():
             cells = []
             for c in levels:
-                v = by_c.get(c)
+                v, r = by_c.get(c), ratio[label].get(c)
                 if v is None:
                     cells.append("")
                     continue
-                cell = f"{v:,.0f} ({v / limit[c]:.3f})" if limit.get(c) else f"{v:,.0f}"
-                cells.append(f"**{cell}**" if v == best[c] and len(rows) > 1 else cell)
+                cell = f"{v:,.0f} ({r:.3f})"
+                cells.append(f"**{cell}**" if r == best[c] and len(rows) > 1 else cell)
             lines.append(f"| {names[system]} | {label} | " + " | ".join(cells) + " |")
     lines += ["", noise_line(res)]
     return lines
