@@ -24,12 +24,28 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 from benchmarks.common import worker_done, worker_ready
 
 URL = os.environ.get("DATABASE_URL", "")
-# What each consumer process ran (a cross-check of the database's own count).
+# What each consumer process ran (a cross-check of the database's own count), and the set-up
+# that round 1 timed as part of the drain: from where its harness released the worker to
+# the first poll (seconds; reported by gated workers).
 RAN = {"n": 0}
+SETUP = {"from": 0.0, "seconds": None}
+
+
+def setup_begins() -> None:
+    SETUP["from"] = time.perf_counter()
+
+
+def setup_ends() -> None:
+    SETUP["seconds"] = time.perf_counter() - SETUP["from"]
+
+
+def done() -> None:
+    worker_done(n=RAN["n"], setup_s=SETUP["seconds"])
 
 # The configuration each peer runs in, per concurrency level c (c consumers in all: worker
 # processes x consumers per process). `processes` is a number or "c" (one per consumer).
@@ -117,6 +133,7 @@ class Gate:
         if self.waiting > 0:
             await self.open.wait()
             return
+        setup_ends()
         await asyncio.to_thread(worker_ready)
         self.open.set()
 
@@ -198,13 +215,14 @@ def pgqueuer_worker(config: dict, consumers: int) -> None:
             managers.append(qm)
         if gate_at_start:  # round 1: connected, then released before the manager's set-up
             await asyncio.to_thread(worker_ready)
+        setup_begins()
         await asyncio.gather(*(
             qm.run(batch_size=int(config["batch"]), mode=QueueExecutionMode.drain,
                    dequeue_timeout=timedelta(seconds=1),
                    log_aggregation_interval=timedelta(0))
             for qm in managers
         ))
-        worker_done(n=RAN["n"])
+        done()
 
     _run(go(), config["loop"])
 
@@ -262,13 +280,14 @@ def procrastinate_worker(config: dict, consumers: int) -> None:
     async def go():
         if gate_at_start:
             await asyncio.to_thread(worker_ready)
+        setup_begins()
         # One fetch loop per worker whatever its concurrency: one gate pass opens it.
         gate = Gate(1, enabled=not gate_at_start)
         app.job_manager.fetch_job = gate.wrap(app.job_manager.fetch_job)
         async with app.open_async():
             await app.run_worker_async(queues=["bench"], concurrency=consumers, wait=False,
                                        install_signal_handlers=False, listen_notify=False)
-        worker_done(n=RAN["n"])
+        done()
 
     _run(go())
 
@@ -334,12 +353,14 @@ def djtasks_worker(config: dict, consumers: int) -> None:
     if config.get("gate") == "start":
         worker_ready()
     else:
+        setup_begins()
         connection.ensure_connection()
         get_locked = DBTaskResultQuerySet.get_locked
         opened = []
 
         def gated(self):
             if not opened:
+                setup_ends()
                 worker_ready()
                 opened.append(True)
             return get_locked(self)
@@ -347,7 +368,8 @@ def djtasks_worker(config: dict, consumers: int) -> None:
         DBTaskResultQuerySet.get_locked = gated
     call_command("db_worker", "--batch", "--no-startup-delay", "--interval", "0.05",
                  "--no-reload", verbosity=0)
-    worker_done(n=LAST["n"])
+    RAN["n"] = LAST["n"]
+    done()
 
 
 def djtasks_verify(n: int) -> dict:

@@ -301,7 +301,14 @@ def run_peer(config, concurrency, n):
         raise SystemExit(f"{system}: workers ran {total} jobs, {checked['done']} recorded "
                          f"done, expected {n}")
     drop_database(name)
+    setups = [r["setup_s"] for r in results if r.get("setup_s") is not None]
+    DRAINS.append({"config": config, "c": concurrency, "jobs": n, "seconds": elapsed,
+                   "setup_s": max(setups) if setups else None})
     return n / elapsed
+
+
+# Every peer drain of this run: its length and the set-up that round 1 counted into it.
+DRAINS: list = []
 
 
 PEER_LABELS = {  # {v}: the peer's version in the run
@@ -333,9 +340,10 @@ def setup_pgbench():
 
 
 class Bracketed:
-    """Drains at one concurrency level with pgbench run between them: each drain's ratio is
-    to the mean of the pgbench runs just before and just after it, so that a drift of the
-    machine's load between drains does not move the ratios."""
+    """Drains at one concurrency level with pgbench run between them, so that pgbench samples
+    the same minutes as the drains. The tables divide by the median of the level's pgbench
+    runs (robust to a burst of load during one 3-5 s pgbench run); each drain's ratio to the
+    two pgbench runs around it is kept too (`ratios_adjacent` in the results)."""
 
     def __init__(self, c, secs):
         self.c, self.secs = c, secs
@@ -384,10 +392,9 @@ def scenario_core(peers=True):
             raw["pgbench"][c] += level.pgbench
     drop_database(db_name("pgbench"))
     med = {key: {c: median(v) for c, v in by_c.items() if v} for key, by_c in raw.items()}
-    ratio = {key: {c: median(v) for c, v in by_c.items() if v} for key, by_c in ratios.items()}
     return {"jobs": n, "reps": reps, "slow_peer_reps": conf("BENCH_SLOW_PEER_REPS") or reps,
-            "levels": levels, "raw": raw, "ratios": ratios, "median": med, "ratio": ratio,
-            "noise": noise(raw["pgbench"]),
+            "levels": levels, "raw": raw, "ratios_adjacent": ratios, "median": med,
+            "noise": noise(raw["pgbench"]), "drains": list(DRAINS),
             "peer_configs": {k: peer_configs.CONFIGS[k] for k in PEER_LABELS} if peers else {}}
 
 
@@ -412,9 +419,9 @@ def core_table(res):
     lines = [
         small + f"Drain of {res['jobs']:,} no-op jobs per run, median of {res['reps']} runs, "
         "jobs/s (pgbench: transactions/s), timed from the moment every worker is ready to "
-        "the last completion the database recorded; in brackets the ratio to pgbench (each "
-        "drain to the pgbench runs just before and after it, median over runs) and to the "
-        "raw psycopg loop of the same SQL shape (the lifecycle's statements on PostgreSQL); "
+        "the last completion the database recorded; in brackets the ratio to pgbench (the "
+        "median of its runs between this level's drains) and to the raw psycopg loop of the "
+        "same SQL shape (the lifecycle's statements on PostgreSQL); "
         "the batch rows also give the ratio to pgqueuer at its default batch."
         + (f" procrastinate and django-tasks-db: median of {res['slow_peer_reps']} run(s)."
            if res.get("slow_peer_reps", res["reps"]) != res["reps"] else ""),
@@ -422,12 +429,9 @@ def core_table(res):
         "| system | " + " | ".join(f"c={c}" for c in levels) + " |",
         "|---|" + "---|" * len(levels),
     ]
-    # Ratios to pgbench: the median of each drain's ratio to the pgbench runs around it
-    # (results of older runs: to the level's median pgbench); the other ratios divide those.
-    norm = res.get("ratio") or {
-        k: {lv: x / med["pgbench"][lv] for lv, x in by.items() if med["pgbench"].get(lv)}
-        for k, by in med.items() if k != "pgbench"
-    }
+    # Ratios to the median of the level's pgbench runs; the other ratios divide those.
+    norm = {k: {lv: x / med["pgbench"][lv] for lv, x in by.items() if med["pgbench"].get(lv)}
+            for k, by in med.items() if k != "pgbench"}
     for key, label in CORE_SYSTEMS:
         if not med.get(key):
             continue
@@ -529,8 +533,8 @@ def scenario_peers():
                          for label, by_c in rows.items()} for system, rows in values.items()}
 
     return {"jobs": n, "reps": reps, "levels": levels, "pgbench": pgbench,
-            "noise": noise(pgbench), "raw": raw, "ratios": ratios, "median": medians(raw),
-            "ratio": medians(ratios), "sweep": peer_configs.SWEEP,
+            "noise": noise(pgbench), "raw": raw, "ratios_adjacent": ratios,
+            "median": medians(raw), "sweep": peer_configs.SWEEP, "drains": list(DRAINS),
             "chosen": peer_configs.CONFIGS}
 
 
@@ -538,9 +542,9 @@ def peers_table(res):
     levels = res["levels"]
     lines = [
         f"Each peer in each configuration: drain of {res['jobs']:,} no-op jobs, "
-        f"median of {res['reps']} run(s): jobs/s and (in brackets) the ratio to the pgbench "
-        "runs just before and after the drain; timed from every worker ready to the last "
-        "completion the database recorded. Best ratio per level in bold. c = consumers in "
+        f"median of {res['reps']} run(s): jobs/s and (in brackets) the ratio to the median "
+        "of the level's pgbench runs (run between the drains); timed from every worker ready "
+        "to the last completion the database recorded. Best per level in bold. c = consumers in "
         "all (worker processes × consumers per process); an empty cell is the same shape as "
         "a row above.",
         "",
@@ -549,18 +553,18 @@ def peers_table(res):
     ]
     names = {"pgqueuer": "pgqueuer", "procrastinate": "procrastinate",
              "djtasks": "django-tasks-db"}
+    limit = {c: median(v) for c, v in res["pgbench"].items() if v}
     for system, rows in res["median"].items():
-        ratio = res["ratio"][system]
-        best = {c: max((r.get(c, 0) for r in ratio.values()), default=0) for c in levels}
+        best = {c: max((r.get(c, 0) for r in rows.values()), default=0) for c in levels}
         for label, by_c in rows.items():
             cells = []
             for c in levels:
-                v, r = by_c.get(c), ratio[label].get(c)
+                v = by_c.get(c)
                 if v is None:
                     cells.append("")
                     continue
-                cell = f"{v:,.0f} ({r:.3f})"
-                cells.append(f"**{cell}**" if r == best[c] and len(rows) > 1 else cell)
+                cell = f"{v:,.0f} ({v / limit[c]:.3f})" if limit.get(c) else f"{v:,.0f}"
+                cells.append(f"**{cell}**" if v == best[c] and len(rows) > 1 else cell)
             lines.append(f"| {names[system]} | {label} | " + " | ".join(cells) + " |")
     lines += ["", noise_line(res)]
     return lines
