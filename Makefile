@@ -76,6 +76,7 @@ screenshots: install-dev
 
 lint: install-dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
 

@@ -1,18 +1,21 @@
 """The API's one error mapping: every error body is {"code", "detail"[, "fields"]}.
 
 Domain errors (jobqueue.exceptions) and DRF's own errors are mapped here and nowhere else.
-Nothing from the request body is echoed into an error, so a secret sent in a request never
-comes back in an error response.
+No error quotes what the client sent (a body field, the media type, the method), so a secret
+sent in a request never comes back in an error response: messages name the field and the
+rule, and a message that would still quote a string from the body is replaced (below).
 """
 
 from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import DisallowedHost
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework import status
+from rest_framework.request import Empty
 from rest_framework.response import Response
 
 from jobqueue import exceptions as domain
@@ -69,16 +72,68 @@ def _fields(detail) -> dict:
     return {"non_field_errors": _flatten(detail)}
 
 
-def _domain_response(exc: domain.JobQueueError) -> Response:
+# --- never echo the input -------------------------------------------------------------
+# Our messages name the field and the rule. DRF's defaults may quote the value (ChoiceField:
+# '"<value>" is not a valid choice.'); our fields override those, and as a last guard any
+# message that still contains a string the client sent, as a whole token, is replaced.
+
+ECHO_MIN_LENGTH = 4
+REPLACEMENT = "Invalid value."
+
+
+def _sent_strings(request) -> list[str]:
+    """The strings (keys and values) of the request body DRF parsed, if it parsed one."""
+    data = getattr(request, "_full_data", Empty)
+    if data is Empty:
+        return []
+    found, stack = [], [data]
+    while stack and len(found) < 10_000:
+        item = stack.pop()
+        if isinstance(item, str):
+            if len(item) >= ECHO_MIN_LENGTH:
+                found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return found
+
+
+def _quotes(message: str, sent: list[str]) -> bool:
+    lowered = message.lower()
+    for value in sent:
+        value = value.lower()
+        start = lowered.find(value)
+        while start >= 0:
+            end = start + len(value)
+            before = lowered[start - 1] if start else " "
+            after = lowered[end] if end < len(lowered) else " "
+            if not (before.isalnum() or before in "_-") and not (
+                after.isalnum() or after in "_-"
+            ):
+                return True
+            start = lowered.find(value, start + 1)
+    return False
+
+
+def _scrub(message: str, sent: list[str]) -> str:
+    return REPLACEMENT if sent and _quotes(message, sent) else message
+
+
+def _domain_response(exc: domain.JobQueueError, sent: list[str]) -> Response:
     code = exc.code
     http_status = next(
         (st for cls, st in DOMAIN_STATUS.items() if isinstance(exc, cls)),
         status.HTTP_400_BAD_REQUEST,
     )
+    detail = exc.detail
     fields = None
-    if isinstance(exc, domain.InvalidInput) and exc.context.get("field"):
-        fields = {exc.context["field"]: [exc.detail]}
-    return Response(error_body(code, exc.detail, fields), status=http_status)
+    if isinstance(exc, domain.InvalidInput):
+        detail = _scrub(detail, sent)
+        if exc.context.get("field"):
+            fields = {exc.context["field"]: [detail]}
+    return Response(error_body(code, detail, fields), status=http_status)
 
 
 def _drf_code(exc: drf.APIException) -> str:
@@ -90,8 +145,9 @@ def _drf_code(exc: drf.APIException) -> str:
 
 def exception_handler(exc, context):
     """DRF's EXCEPTION_HANDLER. Returns None (a 500) only for real server faults."""
+    request = (context or {}).get("request")
     if isinstance(exc, domain.JobQueueError):
-        return _domain_response(exc)
+        return _domain_response(exc, _sent_strings(request))
     if isinstance(exc, Http404):
         exc = drf.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -109,31 +165,84 @@ def exception_handler(exc, context):
 
     code = _drf_code(exc)
     if isinstance(exc, drf.ValidationError):
-        body = error_body(code, "Invalid input.", _fields(exc.detail))
+        sent = _sent_strings(request)
+        fields = {name: [_scrub(msg, sent) for msg in messages]
+                  for name, messages in _fields(exc.detail).items()}
+        body = error_body(code, "Invalid input.", fields)
     elif isinstance(exc, drf.ParseError):
-        body = error_body(code, str(exc.detail))
+        body = error_body(code, str(exc.detail))  # agents/parsers.py: never the body
     elif isinstance(exc, drf.Throttled):
         body = error_body(code, "Too many requests; retry after the Retry-After seconds.")
+    elif isinstance(exc, drf.UnsupportedMediaType):  # DRF's detail quotes the media type
+        body = error_body(code, "Send the body as application/json.")
+    elif isinstance(exc, drf.MethodNotAllowed):  # ... and the method
+        body = error_body(code, "Method not allowed here; the Allow header lists those that are.")
     else:
         detail = exc.detail if isinstance(exc.detail, str) else " ".join(_flatten(exc.detail))
         body = error_body(code, detail)
     return Response(body, status=exc.status_code, headers=headers)
 
 
-# --- Django-level handlers (URLs that match no view), JSON under /v1/ --------------------
+# --- Django-level handlers (errors raised outside DRF), JSON under /v1/ -------------------
+# handler400/403/404/500 in config/urls.py. Under /v1/ every error is {"code", "detail"} like
+# the API's own; elsewhere (the admin) Django's HTML pages, as before. None of them reads the
+# request body.
+
+API_PREFIX = "/v1/"
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith(API_PREFIX)
+
+
+def _settle_post(request) -> None:
+    """Django's HTML error views (requires_csrf_token) read request.POST. When reading it is
+    what failed (a form in a charset Django refuses: BadRequest), every view and middleware
+    layer would fail again, each adding a traceback; mark the form as unreadable instead, as
+    Django itself does for an oversized one."""
+    try:
+        request.POST  # noqa: B018 - parse it once, or learn that it cannot be parsed
+    except Exception:  # noqa: BLE001 - whatever went wrong was already reported
+        request._mark_post_parse_error()
+
+
+def bad_request_view(request, exception=None):
+    if _is_api(request):
+        if isinstance(exception, DisallowedHost):
+            detail = "The Host header names a host this server does not serve."
+        else:
+            detail = "The request could not be read."
+        return JsonResponse(error_body("bad_request", detail), status=400)
+    from django.views.defaults import bad_request
+
+    _settle_post(request)
+    return bad_request(request, exception)
+
+
+def permission_denied_view(request, exception=None):
+    if _is_api(request):
+        return JsonResponse(
+            error_body("permission_denied", "You may not do this."), status=403
+        )
+    from django.views.defaults import permission_denied
+
+    _settle_post(request)
+    return permission_denied(request, exception)
 
 
 def not_found_view(request, exception=None):
-    if request.path.startswith("/v1/"):
+    if _is_api(request):
         return JsonResponse(error_body("not_found", "Not found."), status=404)
     from django.views.defaults import page_not_found
 
+    _settle_post(request)
     return page_not_found(request, exception)
 
 
 def server_error_view(request):
-    if request.path.startswith("/v1/"):
+    if _is_api(request):
         return JsonResponse(error_body("server_error", "Internal server error."), status=500)
     from django.views.defaults import server_error
 
+    _settle_post(request)
     return server_error(request)

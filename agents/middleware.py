@@ -1,4 +1,5 @@
-"""Request size cap for the HTTP API, enforced before anything reads the body.
+"""Request size cap for the HTTP API, enforced before anything reads the body; and forms
+Django cannot read refused before CSRF reads them (UnreadableFormMiddleware, below).
 
 `JOBQUEUE["MAX_REQUEST_BYTES"]` (env `JOBQUEUE_MAX_REQUEST_BYTES`, default 1 MiB) bounds every
 request body under /v1/. A declared Content-Length above it is refused at once. A chunked body
@@ -10,9 +11,13 @@ with its real length. A server that cannot tell where a chunked body ends gets 4
 from __future__ import annotations
 
 import io
+import logging
 
+from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.core.handlers.wsgi import LimitedStream
 from django.http import JsonResponse
+from django.http.multipartparser import MultiPartParserError
+from django.utils.log import log_response
 
 from jobqueue.conf import jobqueue_settings
 
@@ -75,3 +80,49 @@ class RequestSizeLimitMiddleware:
         meta["CONTENT_LENGTH"] = str(len(body))
         request._stream = LimitedStream(io.BytesIO(body), len(body))
         return None
+
+
+class UnreadableFormMiddleware:
+    """A POSTed form that Django cannot read gets a 400 here, logged as one line, before
+    CsrfViewMiddleware reads it (and raises from deep inside the handler).
+
+    Django refuses an `application/x-www-form-urlencoded` body in any charset but UTF-8 with
+    BadRequest, raised wherever request.POST is first read: in CsrfViewMiddleware, then again
+    in every error view wrapped in requires_csrf_token, each adding a traceback (a 500 and
+    ~700 log lines for one unauthenticated request to /admin/login/). Too many fields or an
+    oversized form are refused the same way, on Django's security logger. The API (/v1/)
+    reads no forms and is left alone."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.method == "POST" and not request.path.startswith(API_PREFIX):
+            refusal = self._check(request)
+            if refusal is not None:
+                return refusal
+        return self.get_response(request)
+
+    def _check(self, request):
+        if request.content_type not in ("application/x-www-form-urlencoded",
+                                        "multipart/form-data"):
+            return None
+        try:
+            request.POST  # noqa: B018 - parse it now, as CsrfViewMiddleware would
+        except (BadRequest, SuspiciousOperation, MultiPartParserError) as exc:
+            request._mark_post_parse_error()  # nothing reads it again
+            return self._refuse(request, exc)
+        return None
+
+    def _refuse(self, request, exc):
+        from .exceptions import bad_request_view
+
+        response = bad_request_view(request, exc)
+        if isinstance(exc, SuspiciousOperation):
+            logger = logging.getLogger(f"django.security.{type(exc).__name__}")
+            log_response("%s: %s", str(exc), request.path, response=response, request=request,
+                         logger=logger, level="error")
+        else:
+            log_response("Bad Request: %s (%s)", request.path, str(exc), response=response,
+                         request=request)
+        return response

@@ -6,7 +6,7 @@ claim views render. Every other job shape leaves it out (the detail shows its ke
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from jobqueue import states
@@ -22,6 +22,16 @@ class StrictUUIDField(serializers.UUIDField):
         if not isinstance(data, str):
             self.fail("invalid", value="")
         return super().to_internal_value(data)
+
+
+class StrictChoiceField(serializers.ChoiceField):
+    """A choice whose error names the allowed values, never the value sent (DRF's own
+    message quotes it: '"<what you sent>" is not a valid choice.')."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        allowed = ", ".join(str(choice) for choice in self.choices)
+        self.error_messages["invalid_choice"] = f"Must be one of: {allowed}."
 
 
 _SHARED: dict = {}
@@ -218,7 +228,7 @@ class HeartbeatResponseSerializer(serializers.Serializer):
 
 class StatusInput(serializers.Serializer):
     claim_id = StrictUUIDField()
-    status = serializers.ChoiceField(choices=sorted(states.REPORTABLE))
+    status = StrictChoiceField(choices=sorted(states.REPORTABLE))
     message = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     result = serializers.JSONField(required=False, allow_null=True)
     external_id = serializers.CharField(
@@ -347,8 +357,9 @@ class TokenSerializer(serializers.Serializer):
 
 
 def page_of(item_serializer, name: str):
-    """A {"results", "next", "previous"} page serializer for the schema."""
-    return type(
+    """A {"results", "next", "previous"} page serializer for the schema. One page, not a
+    list of pages: `many=False` tells drf-spectacular so in the viewsets' list actions."""
+    return extend_schema_serializer(many=False)(type(
         name,
         (serializers.Serializer,),
         {
@@ -357,7 +368,7 @@ def page_of(item_serializer, name: str):
             "previous": serializers.URLField(allow_null=True),
             "Meta": type("Meta", (), {"ref_name": name}),
         },
-    )
+    ))
 
 
 JobPage = page_of(JobSerializer, "JobPage")

@@ -59,17 +59,20 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "jobqueue",
     "agents",
+    "ops",
 ]
 
 MIDDLEWARE = [
     # Times every request for /metrics (first, so that it sees the whole request).
-    "jobqueue.metrics.RequestMetricsMiddleware",
+    "ops.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Refuses oversized /v1/ request bodies (413) before anything reads them.
     "agents.middleware.RequestSizeLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    # Refuses forms Django cannot read (400, one log line) before CSRF reads them.
+    "agents.middleware.UnreadableFormMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",

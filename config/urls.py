@@ -1,15 +1,15 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from jobqueue.views import healthz, metrics_view
-
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("metrics", metrics_view, name="metrics"),
-    path("healthz", healthz, name="healthz"),
+    path("", include("ops.urls")),
     path("v1/", include("agents.urls")),
 ]
 
-# JSON errors under /v1/ for URLs that match no view (HTML elsewhere).
+# Errors raised outside DRF (a bad Host header, a URL that matches no view, a crash): JSON
+# {"code", "detail"} under /v1/, Django's HTML pages elsewhere.
+handler400 = "agents.exceptions.bad_request_view"
+handler403 = "agents.exceptions.permission_denied_view"
 handler404 = "agents.exceptions.not_found_view"
 handler500 = "agents.exceptions.server_error_view"

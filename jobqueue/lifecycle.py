@@ -796,7 +796,7 @@ def _parse_heartbeat_batch(claims) -> list[tuple[uuid.UUID, uuid.UUID]]:
         job_id = _as_uuid(item[0], "job_id")
         claim_id = _as_uuid(item[1], "claim_id")
         if job_id in seen:
-            raise InvalidInput(f"job {job_id} appears more than once.", field="claims")
+            raise InvalidInput("each job_id may appear only once in claims.", field="claims")
         seen.add(job_id)
         pairs.append((job_id, claim_id))
     return pairs
@@ -1150,7 +1150,7 @@ def _parse_report_batch(reports) -> list[_Report]:
         if status not in BATCH_REPORT_STATUSES:
             raise InvalidInput(f"status must be one of: {allowed}.", field="status")
         if job_id in seen:
-            raise InvalidInput(f"job {job_id} appears more than once.", field="reports")
+            raise InvalidInput("each job_id may appear only once in reports.", field="reports")
         seen.add(job_id)
         result = item.get("result")
         if result is not None and _has_nul(result):

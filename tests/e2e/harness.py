@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -61,6 +62,14 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1, on_fai
             extra = on_fail() if on_fail else ""
             raise AssertionError(f"gave up waiting ({timeout}s) for: {what}\n{extra}")
         time.sleep(interval)
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The process's peak resident set size so far (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")
 
 
 def pid_alive(pid: int) -> bool:
@@ -143,12 +152,13 @@ class Stack:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def _spawn(self, name: str, argv: list[str], env: dict) -> Proc:
+    def _spawn(self, name: str, argv: list[str], env: dict, preexec_fn=None) -> Proc:
         self._n[name] += 1
         log = self.tmp / f"{name}-{self._n[name]}.log"
         fh = open(log, "ab")  # noqa: SIM115 - handed to the child
         popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=fh,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=preexec_fn)
         fh.close()
         proc = Proc(name, popen, log)
         self.procs.append(proc)
@@ -183,8 +193,12 @@ class Stack:
 
     def start_agent(self, job_agent, token: str, name: str, *, concurrency: int = 1,
                     drain_timeout: float = 10, kill_grace: float = 1, idle_max: float = 0.5,
-                    extra_env: dict | None = None) -> Proc:
-        tmpdir = self.tmp / f"tmp-{name}"
+                    extra_env: dict | None = None, tmpdir: Path | None = None,
+                    address_space_bytes: int | None = None) -> Proc:
+        """A `jobqueue-agent` process. Its TMPDIR (where its job directories go) is its own,
+        tmp-<name>, unless `tmpdir` is given; `address_space_bytes` caps its memory
+        (RLIMIT_AS: beyond it, allocations fail with MemoryError)."""
+        tmpdir = tmpdir or self.tmp / f"tmp-{name}"
         tmpdir.mkdir(exist_ok=True)
         env = self.env(
             JOBQUEUE_SERVER=self.url,
@@ -198,7 +212,11 @@ class Stack:
         argv = [sys.executable, "-m", "jobqueue_client.cli", "--concurrency", str(concurrency),
                 "--drain-timeout", str(drain_timeout), "--kill-grace", str(kill_grace),
                 "--idle-max", str(idle_max)]
-        return self._spawn(f"agent-{name}", argv, env)
+        preexec_fn = None
+        if address_space_bytes is not None:
+            def preexec_fn():
+                resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
+        return self._spawn(f"agent-{name}", argv, env, preexec_fn=preexec_fn)
 
     def start_reaper(self, interval: float = 0.3, batch_size: int | None = None) -> Proc:
         argv = [sys.executable, "manage.py", "reap_claims", "--loop", "--interval", str(interval)]

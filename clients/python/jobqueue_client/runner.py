@@ -14,7 +14,11 @@ Guarantees the agent keeps:
   heartbeats continue meanwhile; a terminal report is retried after a lost response (the server
   answers 200 again to an identical retry);
 - dispatch_context reaches the child only through a 0600 file named by JOB_CONTEXT_FILE, and is
-  never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children.
+  never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children;
+- what the child leaves in its directory is read only by workdir.read_child_file (no link
+  followed, nothing that blocks, regular files only, at most the cap + 1 byte), so no result
+  file can wedge the agent or exhaust its memory; job directories of dead agents are removed
+  at start and every STALE_DIR_SWEEP_SECONDS (workdir.remove_stale_dirs).
 """
 
 from __future__ import annotations
@@ -23,10 +27,8 @@ import json
 import logging
 import os
 import random
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections import deque
@@ -44,12 +46,15 @@ from .client import (
     NotFound,
     Unsupported,
 )
+from .workdir import ChildFileError, JobDir, base_dir, remove_stale_dirs
 
 log = logging.getLogger("jobqueue.agent")
 
 OUTPUT_TAIL_CHARS = 4000
 OUTPUT_BUFFER_BYTES = 64 * 1024
 RESULT_FILE_MAX_BYTES = 1024 * 1024
+CONTEXT_FILE = "context.json"
+RESULT_FILE = "result.json"
 TERMINAL_REPORT_CAP_SECONDS = 600.0
 # The server's default bound on one batch claim (JOBQUEUE_MAX_CLAIM_BATCH).
 MAX_CLAIM_BATCH = 100
@@ -61,6 +66,8 @@ MAX_REPORT_BATCH = 500
 # server's default body cap (JOBQUEUE_MAX_REQUEST_BYTES, 1 MiB).
 BATCH_REPORT_ITEM_BYTES = 16 * 1024
 BATCH_REPORT_BYTES = 512 * 1024
+# Job directories left by dead agents are removed at start and this often afterwards.
+STALE_DIR_SWEEP_SECONDS = 900.0
 
 
 def log_event(event: str, *, level: int = logging.INFO, job: str | None = None,
@@ -210,28 +217,29 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
 
     The child runs in its own process group (so that stopping it stops what it started) with
     stdin closed and stdout+stderr merged; the last OUTPUT_TAIL_CHARS of it are kept. The
-    dispatch_context is written to a 0600 file in a private 0700 directory (JOB_CONTEXT_FILE);
-    a JSON file the command writes to JOB_RESULT_FILE becomes the result. The directory is
-    removed afterwards, whatever happened.
+    dispatch_context is written to a 0600 file in a private 0700 directory (JOB_CONTEXT_FILE;
+    see workdir.JobDir); a JSON file the command writes to JOB_RESULT_FILE becomes the result,
+    read by the one safe reader (workdir.read_child_file). The directory is removed
+    afterwards, whatever happened.
     """
     outcome = ChildOutcome()
-    workdir = tempfile.mkdtemp(prefix="jobqueue-job-")  # mode 0700
+    jobdir = JobDir()
     try:
-        context_path = os.path.join(workdir, "context.json")
-        result_path = os.path.join(workdir, "result.json")
-        fd = os.open(context_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(context if context is not None else {}, fh)
+        context_path = jobdir.write_private(
+            CONTEXT_FILE, json.dumps(context if context is not None else {}).encode())
         env = child_environment(spec, {
             "JOB_ID": str(job_id),
             "JOB_ATTEMPT": str(attempt),
             "JOB_CONTEXT_FILE": context_path,
-            "JOB_RESULT_FILE": result_path,
+            "JOB_RESULT_FILE": jobdir.file(RESULT_FILE),
         })
         try:
+            # The child holds the directory's lock too: an orphan of a killed agent keeps
+            # its directory until it ends (workdir.remove_stale_dirs).
             proc = subprocess.Popen(
-                spec.command, env=env, cwd=workdir, stdin=subprocess.DEVNULL,
+                spec.command, env=env, cwd=jobdir.path, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                pass_fds=(jobdir.lock_fd,),
             )
         except OSError as exc:
             outcome.start_error = exc.strerror or type(exc).__name__
@@ -239,8 +247,8 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
             return outcome
         if on_start is not None:
             on_start(proc)
-        chunks: deque[bytes] = deque()
-        reader = threading.Thread(target=_drain_pipe, args=(proc.stdout, chunks),
+        output = _Tail()
+        reader = threading.Thread(target=output.drain, args=(proc.stdout,),
                                   name=f"output-{job_id}", daemon=True)
         reader.start()
         deadline = (time.monotonic() + spec.timeout_seconds) if spec.timeout_seconds else None
@@ -256,40 +264,56 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
             wait = 0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic()))
             stop.wait(wait)
         outcome.returncode = proc.wait()
-        # The job is over: whatever it left running in its group goes too (and the pipe closes).
+        # The job is over: whatever it left running in its group goes too (and the pipe closes,
+        # unless something left the group holding it: then the tail is what came so far).
         _signal_group(proc.pid, signal.SIGKILL)
         reader.join(timeout=5)
-        outcome.output_tail = b"".join(chunks).decode("utf-8", "replace")[-OUTPUT_TAIL_CHARS:]
-        if os.path.exists(result_path):
-            outcome.result, outcome.result_error = _read_result(result_path)
+        outcome.output_tail = output.text()[-OUTPUT_TAIL_CHARS:]
+        outcome.result, outcome.result_error = _read_result(jobdir)
         return outcome
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        jobdir.close()
 
 
-def _drain_pipe(pipe, chunks: deque) -> None:
-    size = 0
-    with pipe:
-        while True:
-            data = pipe.read1(65536) if hasattr(pipe, "read1") else pipe.read(65536)
-            if not data:
-                return
-            chunks.append(data)
-            size += len(data)
-            while size > OUTPUT_BUFFER_BYTES and len(chunks) > 1:
-                size -= len(chunks.popleft())
+class _Tail:
+    """The last OUTPUT_BUFFER_BYTES of the child's output, filled by one reader thread and
+    read by another (which may not wait for the pipe to close)."""
+
+    def __init__(self):
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def drain(self, pipe) -> None:
+        with pipe:
+            while True:
+                data = pipe.read1(65536) if hasattr(pipe, "read1") else pipe.read(65536)
+                if not data:
+                    return
+                with self._lock:
+                    self._chunks.append(data)
+                    self._size += len(data)
+                    while self._size > OUTPUT_BUFFER_BYTES and len(self._chunks) > 1:
+                        self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        with self._lock:
+            data = b"".join(self._chunks)
+        return data.decode("utf-8", "replace")
 
 
-def _read_result(path: str) -> tuple[Any, str]:
+def _read_result(jobdir: JobDir) -> tuple[Any, str]:
+    """(result, "") from JOB_RESULT_FILE, (None, "") without one, or (None, why not)."""
     try:
-        if os.path.getsize(path) > RESULT_FILE_MAX_BYTES:
-            return None, f"JOB_RESULT_FILE is larger than {RESULT_FILE_MAX_BYTES} bytes"
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh), ""
-    except (ValueError, UnicodeDecodeError) as exc:
+        raw = jobdir.read(RESULT_FILE, RESULT_FILE_MAX_BYTES)
+    except ChildFileError as exc:
+        return None, f"JOB_RESULT_FILE {exc}"
+    if raw is None:
+        return None, ""
+    try:
+        return json.loads(raw.decode("utf-8")), ""
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         return None, f"JOB_RESULT_FILE is not valid JSON ({type(exc).__name__})"
-    except OSError as exc:
-        return None, f"JOB_RESULT_FILE could not be read ({exc.strerror})"
 
 
 # --- leases --------------------------------------------------------------------------------
@@ -627,6 +651,7 @@ class Agent:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._abort_drain = threading.Event()
+        self._next_sweep = 0.0
         self.exit_code = 0
 
     # -- control --
@@ -647,6 +672,7 @@ class Agent:
     # -- main loop --
 
     def run(self) -> int:
+        self._sweep_stale_dirs()  # before "started": what a dead agent left is gone by then
         log_event("started", agent=self.client.agent_id, concurrency=self.options.concurrency)
         self.heartbeater.start()
         if self.reporter is not None:
@@ -654,6 +680,8 @@ class Agent:
         idle = Backoff(self.options.idle_min, self.options.idle_max)
         errors = Backoff(0.25, max(5.0, self.options.idle_max))
         while not self._stop.is_set():
+            if time.monotonic() >= self._next_sweep:
+                self._sweep_stale_dirs()
             with self._cond:
                 free = self.options.concurrency - len(self._runs)
                 if free <= 0:
@@ -688,6 +716,16 @@ class Agent:
         self.heartbeater.join(timeout=5)
         log_event("stopped", exit_code=self.exit_code)
         return self.exit_code
+
+    def _sweep_stale_dirs(self) -> None:
+        self._next_sweep = time.monotonic() + STALE_DIR_SWEEP_SECONDS
+        try:
+            removed = remove_stale_dirs()
+        except Exception:  # noqa: BLE001 - housekeeping must never stop the agent
+            log.exception("event=stale_dirs_error")
+            return
+        if removed:
+            log_event("stale_dirs_removed", count=removed, where=base_dir())
 
     def _claim(self, free: int) -> list[tuple[Claim, float]]:
         while self.batch:

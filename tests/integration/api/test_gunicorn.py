@@ -2,6 +2,7 @@
 included: a streamed body without Content-Length is read, bounded, and handed to the view."""
 
 import json
+import time
 
 import httpx
 import pytest
@@ -53,3 +54,34 @@ def test_chunked_bodies_through_gunicorn(server):
         assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
         r = http.post(url, content=big, headers=headers)  # with Content-Length
         assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+
+
+def _new_log_lines(server, before: int, settle: float = 0.5) -> list[str]:
+    time.sleep(settle)  # let the worker write what it logs for the request
+    return server.server.output()[before:].splitlines()
+
+
+def test_a_bad_host_header_through_gunicorn(server):
+    """A Host header the server does not serve: JSON under /v1/, HTML for the admin."""
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        r = http.get("/v1/workspaces/x/jobs", headers={"Host": "evil.example"})
+        assert r.status_code == 400 and r.headers["Content-Type"] == "application/json"
+        assert r.json() == {"code": "bad_request",
+                            "detail": "The Host header names a host this server does not serve."}
+        r = http.get("/admin/login/", headers={"Host": "evil.example"})
+        assert r.status_code == 400 and r.headers["Content-Type"].startswith("text/html")
+
+
+def test_an_undecodable_admin_form_through_gunicorn(server):
+    """A form Django cannot decode (charset=utf-16, with a CSRF cookie, no login needed): a
+    400 and one log line (it was a 500 and ~700 lines of chained tracebacks)."""
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        before = len(server.server.output())
+        r = http.post("/admin/login/", content="username=a&password=b".encode("utf-16"),
+                      headers={"Content-Type": "application/x-www-form-urlencoded; "
+                                               "charset=utf-16",
+                               "Cookie": "csrftoken=" + "a" * 32})
+        assert r.status_code == 400 and r.headers["Content-Type"].startswith("text/html")
+        lines = _new_log_lines(server, before)
+        assert len(lines) == 1, "\n".join(lines[:40])
+        assert "Bad Request: /admin/login/" in lines[0]
