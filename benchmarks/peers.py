@@ -47,10 +47,10 @@ def setup_ends() -> None:
 def done() -> None:
     worker_done(n=RAN["n"], setup_s=SETUP["seconds"])
 
-# The configuration each peer runs in, per concurrency level c (c consumers in all: worker
-# processes x consumers per process). `processes` is a number or "c" (one per consumer).
-# Chosen from the `peers` scenario (docs/performance.md, "How each peer runs"), which
-# measures every configuration listed in SWEEP below.
+# The configuration each peer runs in in the core scenario, for c consumers in all (worker
+# processes x consumers per process; `processes` is a number or "c", one per consumer).
+# Each follows the peer's documentation; where it offers several, the `peers` scenario
+# measures them (SWEEP below) and docs/performance.md, "How each peer runs", says why these.
 CONFIGS = {
     # pgqueuer's documented driver (asyncpg, one connection per QueueManager), on uvloop as
     # its `pgq run` CLI runs it, its own `pgq autovac` table settings applied after install.

@@ -3,7 +3,11 @@
 Scenarios (each verifies its own outcome before it reports):
   core       drain no-op jobs at 1/4/16 worker processes: the project's lifecycle (per job and
              in batches) next to pgbench (the machine's limit), raw psycopg loops and the
-             peers procrastinate, pgqueuer and django-tasks-db (from .venv-bench)
+             peers procrastinate, pgqueuer and django-tasks-db (from .venv-bench), each in
+             its configuration of benchmarks.peers.CONFIGS
+  peers      each peer in every configuration of benchmarks.peers.SWEEP (driver, event loop,
+             batch size, processes vs in-process consumers, connection reuse), to choose
+             and show the best; BENCH_PEERS_CONCURRENCY levels, BENCH_PEERS_REPS runs
   http       N agents (1/8/32) against gunicorn: claim-next, one heartbeat, a terminal report;
              next to a trivial authenticated DRF endpoint that runs one query
   heartbeat  thousands of live claims heartbeating (one by one and in batches); the job
@@ -12,9 +16,12 @@ Scenarios (each verifies its own outcome before it reports):
              10,000 queued jobs
   reaper     time to reap many expired claims at a few batch sizes
 
-Writes benchmarks/results/latest.json and latest.md, and the tables in docs/performance.md
-(between the bench markers). Sizes: environment variables BENCH_* (see DEFAULTS below).
-All figures of one run come from the same machine state; compare ratios within a run.
+Every drain (core, peers) is timed on the database's clock from all workers ready to the
+last completion recorded (benchmarks.common.run_drain), verified, and followed by a pgbench
+run. Writes benchmarks/results/latest.json and latest.md, and the tables in
+docs/performance.md (between the bench markers). Sizes: environment variables BENCH_* (see
+DEFAULTS below); databases: named after BENCH_DATABASE_URL (benchmarks.common).
+Compare ratios within a run.
 """
 
 from __future__ import annotations
@@ -997,14 +1004,16 @@ def write_outputs(results):
 
 
 def git_commit():
-    """The commit measured (with `+changes` when the work tree differs from it)."""
+    """The commit measured (with `+changes` when the code differs from it: anything tracked
+    but the result files)."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
                               text=True).stdout.strip()
 
     commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no")
-                     else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":!benchmarks/results", ":!docs")
+    return commit + ("+changes" if changed else "")
 
 
 def main(argv=None):
