@@ -123,11 +123,12 @@ class Gate:
 
     def __init__(self, consumers: int, enabled: bool = True):
         self.waiting = consumers
-        self.enabled = enabled
         self.open = asyncio.Event()
+        if not enabled:  # released before its set-up (round 1): nothing to hold
+            self.open.set()
 
     async def pass_(self) -> None:
-        if self.open.is_set() or not self.enabled:
+        if self.open.is_set():
             return
         self.waiting -= 1
         if self.waiting > 0:
