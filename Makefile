@@ -78,6 +78,7 @@ test: install-dev
 # Benchmarks, not part of `make test` (docs/performance.md): the peers go into their own
 # virtualenv (.venv-bench, requirements-bench.txt), never into the app's. Takes ~30-40 min on
 # 2 cores; sizes and scenarios: BENCH_ARGS="core http" and BENCH_* variables (benchmarks/run.py).
+# Its databases are named after TEST_DATABASE_URL's (jq_bench -> jq_bench_core, jq_bench_pgbench...).
 .venv-bench/.installed: requirements-bench.txt
 	$(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/pip install --quiet -r requirements-bench.txt
@@ -86,7 +87,7 @@ test: install-dev
 bench: install .venv-bench/.installed
 	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
 	@command -v pgbench >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql-contrib; }
-	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+	BENCH_DATABASE_URL="$(TEST_DATABASE_URL)" $(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 # Refreshes the admin screenshots that README.md shows (the browser test takes them).
 screenshots: install-dev
@@ -95,6 +96,7 @@ screenshots: install-dev
 
 lint: install-dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
 

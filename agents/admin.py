@@ -1,19 +1,36 @@
-"""Credentials in the admin: issue (the secret is shown once, on the page that issues it) and
-revoke. Only the SHA-256 and a lookup prefix are stored; nothing here can show a secret again.
+"""The edge's admin: job agents with their health and credentials, and the credentials
+themselves (agent tokens, workspace API keys).
+
+Credentials: issue (the secret is shown once, on the page that issues it) and revoke. Only the
+SHA-256 and a lookup prefix are stored; nothing here can show a secret again.
+
+Job agents are administered here, not in the core's admin, because their pages show what only
+the edge knows (agents.health, the tokens); the URLs are the model's (admin:jobqueue_jobagent_*).
 """
 
 from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models.functions import Now
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.html import format_html
 
+from jobqueue import lifecycle
+from jobqueue.admin.common import describe_age, name_or_id_search, operator_actor, row_db_now
+from jobqueue.exceptions import InvalidInput
 from jobqueue.models import JobAgent, Workspace
 
 from . import credentials
+from .health import with_health
 from .models import AgentToken, WorkspaceApiKey
+
+
+def masked(kind: str, row) -> str:
+    """How a credential is shown: its kind and lookup prefix, never the secret."""
+    return f"{kind}_{row.prefix}_…"
 
 
 class RevokedFilter(admin.SimpleListFilter):
@@ -71,7 +88,7 @@ class CredentialAdmin(admin.ModelAdmin):
 
     @admin.display(description="credential")
     def masked(self, obj):
-        return f"{self.kind}_{obj.prefix}_…"
+        return masked(self.kind, obj)
 
     @admin.display(description="active", boolean=True)
     def active(self, obj):
@@ -82,7 +99,7 @@ class CredentialAdmin(admin.ModelAdmin):
         revoked = 0
         for row in queryset.filter(revoked_at__isnull=True):
             type(self).revoke(row)
-            self.log_change(request, row, f"Revoked by operator:{request.user.get_username()}.")
+            self.log_change(request, row, f"Revoked by {operator_actor(request)}.")
             revoked += 1
         self.message_user(request, f"Revoked {revoked} credential(s).", messages.SUCCESS)
 
@@ -109,9 +126,7 @@ class CredentialAdmin(admin.ModelAdmin):
             if form.is_valid():
                 owner = form.cleaned_data[self.owner_field]
                 row, raw = type(self).issue(owner, form.cleaned_data["name"])
-                self.log_addition(
-                    request, row, f"Issued by operator:{request.user.get_username()}."
-                )
+                self.log_addition(request, row, f"Issued by {operator_actor(request)}.")
                 context = {
                     **self.admin_site.each_context(request),
                     "title": f"{self.opts.verbose_name.capitalize()} issued",
@@ -169,3 +184,142 @@ class WorkspaceApiKeyAdmin(CredentialAdmin):
     list_display = ["name", "masked", "workspace", "active", "created_at", "revoked_at"]
     list_filter = [RevokedFilter, "workspace"]
     list_select_related = ["workspace"]
+
+
+# --- job agents ------------------------------------------------------------------------------
+
+
+class AgentTokenInline(admin.TabularInline):
+    """The agent's credentials, read-only: issue and revoke from the agent token admin."""
+
+    model = AgentToken
+    fields = ["name", "masked_prefix", "created_at", "revoked_at"]
+    readonly_fields = fields
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = True
+    verbose_name = "credential"
+    verbose_name_plural = "credentials (issue and revoke under Agent tokens)"
+
+    @admin.display(description="token")
+    def masked_prefix(self, obj):
+        return masked(credentials.AGENT_TOKEN_KIND, obj)
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+def _lease_bounds_validator(field):
+    check = {
+        "lease_seconds": lifecycle.validate_lease_seconds,
+        "max_attempts": lifecycle.validate_max_attempts,
+    }[field]
+
+    def clean(self):
+        value = self.cleaned_data.get(field)
+        try:
+            return check(value)
+        except InvalidInput as exc:
+            raise ValidationError(exc.detail if hasattr(exc, "detail") else str(exc)) from exc
+
+    return clean
+
+
+@admin.register(JobAgent)
+class JobAgentAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "workspace",
+        "id",
+        "last_seen",
+        "in_flight",
+        "expired_leases_last_day",
+        "lease_display",
+        "max_attempts_display",
+    ]
+    list_filter = ["workspace"]
+    list_select_related = ["workspace"]
+    search_fields = ["name", "=id"]
+    inlines = [AgentTokenInline]
+    readonly_fields = [
+        "id",
+        "type",
+        "created_at",
+        "last_seen",
+        "in_flight",
+        "expired_leases_last_day",
+        "credential_links",
+    ]
+
+    def get_fields(self, request, obj=None):
+        head = ["id", "workspace"] if obj is None else ["id", "workspace_display"]
+        return head + [
+            "name",
+            "type",
+            "lease_seconds",
+            "max_attempts",
+            "created_at",
+            "last_seen",
+            "in_flight",
+            "expired_leases_last_day",
+            "credential_links",
+        ]
+
+    def get_readonly_fields(self, request, obj=None):
+        extra = ["workspace_display"] if obj is not None else []
+        return self.readonly_fields + extra
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.clean_lease_seconds = _lease_bounds_validator("lease_seconds")
+        form.clean_max_attempts = _lease_bounds_validator("max_attempts")
+        return form
+
+    def get_queryset(self, request):
+        # The same health numbers as the API's job-agent detail (agents.health).
+        return with_health(super().get_queryset(request)).annotate(db_now=Now())
+
+    def get_search_results(self, request, queryset, search_term):
+        return name_or_id_search(queryset, search_term)
+
+    @admin.display(description="workspace")
+    def workspace_display(self, obj):
+        return obj.workspace
+
+    @admin.display(description="last seen", ordering="last_seen_at")
+    def last_seen(self, obj):
+        return describe_age(obj.last_seen_at, row_db_now(obj))
+
+    @admin.display(description="jobs in flight", ordering="jobs_in_flight")
+    def in_flight(self, obj):
+        return obj.jobs_in_flight
+
+    @admin.display(description="leases expired (last day)", ordering="leases_expired_24h")
+    def expired_leases_last_day(self, obj):
+        return obj.leases_expired_24h
+
+    @admin.display(description="lease")
+    def lease_display(self, obj):
+        suffix = "" if obj.lease_seconds else " (default)"
+        return f"{obj.effective_lease_seconds} s{suffix}"
+
+    @admin.display(description="max attempts")
+    def max_attempts_display(self, obj):
+        suffix = "" if obj.max_attempts else " (default)"
+        return f"{obj.effective_max_attempts}{suffix}"
+
+    @admin.display(description="credentials")
+    def credential_links(self, obj):
+        if obj.pk is None:
+            return "Save the agent first, then issue a token."
+        add = reverse("admin:agents_agenttoken_add") + f"?job_agent={obj.pk}"
+        listing = reverse("admin:agents_agenttoken_changelist") + f"?job_agent__id__exact={obj.pk}"
+        return format_html(
+            '<a href="{}">Issue a token</a> (shown once) · <a href="{}">All tokens (revoke)</a>',
+            add,
+            listing,
+        )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
+from jobqueue.lifecycle import agent_actor
 from jobqueue.models import JobAgent
 
 from . import credentials, health
@@ -43,8 +44,9 @@ class Principal:
 
     @property
     def actor(self) -> str:
+        """Who did it, on job events: the agent as the lifecycle names it, or the key."""
         if self.is_agent:
-            return f"agent:{self.job_agent_id}"
+            return agent_actor(self.job_agent_id)
         return f"producer:api_key:{self.credential_id}"
 
     @property

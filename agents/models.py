@@ -18,44 +18,41 @@ class CredentialQuerySet(models.QuerySet):
         return self.filter(revoked_at__isnull=True)
 
 
-class WorkspaceApiKey(models.Model):
+class Credential(models.Model):
+    """What both kinds of credential hold: a name, the lookup prefix, the hash of the whole
+    secret, and when it was made and revoked."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, default="default")
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = CredentialQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+
+class WorkspaceApiKey(Credential):
     """Sent as `X-API-Key`; acts for its whole workspace (producer and operator)."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_keys")
-    name = models.CharField(max_length=200, default="default")
-    prefix = models.CharField(max_length=16, unique=True, editable=False)
-    secret_hash = models.CharField(max_length=64, editable=False)
-    created_at = models.DateTimeField(db_default=Now(), editable=False)
-    revoked_at = models.DateTimeField(null=True, blank=True)
 
-    objects = CredentialQuerySet.as_manager()
-
-    class Meta:
+    class Meta(Credential.Meta):
         db_table = "workspace_api_key"
         verbose_name = "workspace API key"
-        ordering = ["-created_at"]
-
-    def __str__(self):
-        return f"{self.name} ({self.prefix}…)"
 
 
-class AgentToken(models.Model):
+class AgentToken(Credential):
     """Sent as `Authorization: Bearer …`; acts only as its job agent, on its own jobs."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job_agent = models.ForeignKey(JobAgent, on_delete=models.CASCADE, related_name="tokens")
-    name = models.CharField(max_length=200, default="default")
-    prefix = models.CharField(max_length=16, unique=True, editable=False)
-    secret_hash = models.CharField(max_length=64, editable=False)
-    created_at = models.DateTimeField(db_default=Now(), editable=False)
-    revoked_at = models.DateTimeField(null=True, blank=True)
 
-    objects = CredentialQuerySet.as_manager()
-
-    class Meta:
+    class Meta(Credential.Meta):
         db_table = "agent_token"
-        ordering = ["-created_at"]
-
-    def __str__(self):
-        return f"{self.name} ({self.prefix}…)"

@@ -6,7 +6,7 @@ claim views render. Every other job shape leaves it out (the detail shows its ke
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from jobqueue import states
@@ -357,8 +357,9 @@ class TokenSerializer(serializers.Serializer):
 
 
 def page_of(item_serializer, name: str):
-    """A {"results", "next", "previous"} page serializer for the schema."""
-    return type(
+    """A {"results", "next", "previous"} page serializer for the schema. One page, not a
+    list of pages: `many=False` tells drf-spectacular so in the viewsets' list actions."""
+    return extend_schema_serializer(many=False)(type(
         name,
         (serializers.Serializer,),
         {
@@ -367,7 +368,7 @@ def page_of(item_serializer, name: str):
             "previous": serializers.URLField(allow_null=True),
             "Meta": type("Meta", (), {"ref_name": name}),
         },
-    )
+    ))
 
 
 JobPage = page_of(JobSerializer, "JobPage")

@@ -1,10 +1,19 @@
-"""/v1/ routes. Ids in paths match anything up to the next slash, so that a malformed id is
-answered by the view (a JSON 404), not by the resolver."""
+"""/v1/ routes: the schema, its docs, and the API's viewsets under /v1/workspaces/{id}/.
+
+DRF's own router with the workspace as a prefix, not a nested-router package: the workspace
+has no endpoint of its own to nest under, and path converters (use_regex_path=False) keep the
+URL patterns what they were, `workspaces/<anyid:workspace_id>/jobs/<anyid:job_id>/heartbeat`:
+/metrics labels requests by that pattern, and the schema types `anyid` as a UUID.
+
+Ids in paths match anything up to the next slash, so that a malformed id is answered by the
+view (a JSON 404), not by the resolver. No trailing slashes.
+"""
 
 from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
 
-from . import batch_views, views
+from .views import JobAgentViewSet, JobViewSet, TokenViewSet
 
 
 class AnyId:
@@ -19,31 +28,33 @@ class AnyId:
 
 register_converter(AnyId, "anyid")
 
+
+class WorkspaceRouter(SimpleRouter):
+    """No trailing slash, path converters; the list and detail routes take their names (what
+    OPTIONS answers) from the viewset's `route_names`."""
+
+    def __init__(self):
+        super().__init__(trailing_slash=False, use_regex_path=False)
+
+    def get_routes(self, viewset):
+        names = viewset.route_names
+        kinds = {"{basename}-list": "list", "{basename}-detail": "detail"}
+        return [
+            route._replace(initkwargs={"name": names[kinds[route.name]]})
+            if route.name in kinds and kinds[route.name] in names
+            else route
+            for route in super().get_routes(viewset)
+        ]
+
+
 W = "workspaces/<anyid:workspace_id>/"
-A = W + "job-agents/<anyid:agent_id>/"
-J = W + "jobs/<anyid:job_id>/"
+router = WorkspaceRouter()
+router.register(W + "job-agents", JobAgentViewSet, basename="agent")
+router.register(W + "job-agents/<anyid:agent_id>/tokens", TokenViewSet, basename="agent-token")
+router.register(W + "jobs", JobViewSet, basename="job")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    # agent
-    path(A + "jobs", views.AgentJobsView.as_view(), name="agent-jobs"),
-    path(A + "jobs/claim", views.ClaimNextView.as_view(), name="agent-claim-next"),
-    path(A + "jobs/<anyid:job_id>/claim", views.ClaimJobView.as_view(), name="agent-claim"),
-    path(A + "heartbeat", batch_views.BatchHeartbeatView.as_view(), name="agent-heartbeat"),
-    path(A + "reports", batch_views.BatchReportView.as_view(), name="agent-reports"),
-    path(J + "heartbeat", views.HeartbeatView.as_view(), name="job-heartbeat"),
-    path(J + "status", views.StatusView.as_view(), name="job-status"),
-    path(J + "release", views.ReleaseView.as_view(), name="job-release"),
-    # producer and operator
-    path(W + "jobs", views.JobsView.as_view(), name="jobs"),
-    path(W + "jobs/<anyid:job_id>", views.JobDetailView.as_view(), name="job-detail"),
-    path(J + "cancel", views.CancelView.as_view(), name="job-cancel"),
-    path(J + "requeue", views.RequeueView.as_view(), name="job-requeue"),
-    path(J + "dispatch", views.DispatchView.as_view(), name="job-dispatch"),
-    path(W + "job-agents", views.JobAgentsView.as_view(), name="job-agents"),
-    path(W + "job-agents/<anyid:agent_id>", views.JobAgentDetailView.as_view(),
-         name="job-agent-detail"),
-    path(A + "tokens", views.TokensView.as_view(), name="agent-tokens"),
-    path(A + "tokens/<anyid:token_id>", views.TokenDetailView.as_view(), name="agent-token"),
+    *router.urls,
 ]

@@ -59,11 +59,12 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "jobqueue",
     "agents",
+    "ops",
 ]
 
 MIDDLEWARE = [
     # Times every request for /metrics (first, so that it sees the whole request).
-    "jobqueue.metrics.RequestMetricsMiddleware",
+    "ops.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Refuses oversized /v1/ request bodies (413) before anything reads them.
     "agents.middleware.RequestSizeLimitMiddleware",

@@ -1,12 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from jobqueue.views import healthz, metrics_view
-
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("metrics", metrics_view, name="metrics"),
-    path("healthz", healthz, name="healthz"),
+    path("", include("ops.urls")),
     path("v1/", include("agents.urls")),
 ]
 

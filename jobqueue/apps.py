@@ -5,8 +5,3 @@ class JobQueueConfig(AppConfig):
     name = "jobqueue"
     verbose_name = "Job queue"
     default_auto_field = "django.db.models.BigAutoField"
-
-    def ready(self):
-        from . import metrics, observe
-
-        observe.subscribe(metrics.on_event)

@@ -140,3 +140,19 @@ def test_the_installed_agent_runs_and_stops_cleanly_on_sigterm(agent_venv):
     assert "event=signal name=SIGTERM action=drain" in rest
     assert "event=stopped exit_code=0" in rest
     assert "jqa_x_y" not in "".join(lines) + rest
+
+
+def test_the_server_distribution_ships_every_app_and_coverage_measures_it():
+    """Each top-level package of the server (an app or config) is in the wheel
+    (setuptools' include) and in coverage's source; tests and benchmarks are in neither."""
+    from fnmatch import fnmatch
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    measured = set(config["tool"]["coverage"]["run"]["source_pkgs"])
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "benchmarks"}
+    assert packages >= {"config", "jobqueue", "agents"}
+    for name in packages:
+        assert any(fnmatch(name, pattern) for pattern in include), f"{name} is not shipped"
+    assert measured == packages | {"jobqueue_client"}
+    assert not any(fnmatch(n, p) for n in ("tests", "benchmarks") for p in include)

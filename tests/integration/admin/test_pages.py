@@ -55,7 +55,7 @@ def test_job_list_columns(op_client, jobs):
     assert str(jobs["stuck"].id) in html
     assert "1 / 3" in html  # attempt / max of a claimed job
     assert "expires in" in html  # the healthy lease
-    assert "expired 30 s ago" in html or "expired 31 s ago" in html  # the stuck lease
+    assert "expired 30\xa0seconds ago" in html or "expired 31\xa0seconds ago" in html  # stuck
     assert "none yet" in html  # no heartbeat on a fresh claim
     # The operator's tools are linked from the list.
     assert reverse("admin:jobqueue_job_recovery") in html
@@ -124,7 +124,7 @@ def test_job_detail_shows_claim_timeline_and_context_keys(op_client, jobs):
     job = jobs["stuck"]
     html = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
     assert "<code>api_password</code>" in html  # the key, never the value
-    assert "expired 30 s ago" in html or "expired 31 s ago" in html  # the claim's lease
+    assert "expired 30\xa0seconds ago" in html or "expired 31\xa0seconds ago" in html
     assert "jq-timeline" in html and "claimed" in html and "created" in html
     # Read-only: no save button, no editable field.
     assert 'name="_save"' not in html

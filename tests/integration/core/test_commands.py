@@ -145,17 +145,3 @@ def test_create_job_agent_prints_text_with_its_token(capsys):
     assert set(out) == {"job_agent_id", "workspace_id", "token"}
     token = credentials.resolve_agent_token(out["token"])
     assert str(token.job_agent_id) == out["job_agent_id"] and out["workspace_id"] == str(ws.id)
-
-
-def test_the_bootstrap_commands_work_without_the_http_edge(capsys, monkeypatch):
-    """The core does not need the edge: without `agents.credentials` the commands create
-    and print the ids, and no credential."""
-    import agents
-
-    monkeypatch.delattr(agents, "credentials")
-    monkeypatch.setitem(sys.modules, "agents.credentials", None)  # importing it fails
-    call_command("create_workspace", "bare", "--json")
-    out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"workspace_id"}
-    call_command("create_job_agent", "--workspace", out["workspace_id"], "a", "--json")
-    assert set(json.loads(capsys.readouterr().out)) == {"job_agent_id", "workspace_id"}

@@ -107,6 +107,33 @@ def test_request_latency_labels_unmatched_paths_by_pattern(client):
     assert not any("12345" in str(labels) for (_n, labels) in after)
 
 
+def test_request_latency_labels_api_requests_by_their_url_pattern(client):
+    """The API's router builds path() routes with converters: the label is the pattern the
+    viewset action is routed by, never the ids in the request's path."""
+    from tests.integration.api.conftest import make_world
+
+    world = make_world()
+    job = JobFactory(job_agent=world.agent)
+    before = scrape(client)
+    agent_caller = world.agent_caller()
+    claim = agent_caller.post(f"job-agents/{world.agent.id}/jobs/claim").json()["claim"]
+    assert agent_caller.post(
+        f"jobs/{job.id}/heartbeat", json={"claim_id": claim["claim_id"]}
+    ).status_code == 200
+    assert agent_caller.get(f"jobs/{job.id}/heartbeat").status_code == 405
+    after = scrape(client)
+    name = "jobqueue_http_request_duration_seconds_count"
+    base = "v1/workspaces/<anyid:workspace_id>/"
+    for method, route, status in [
+        ("POST", base + "job-agents/<anyid:agent_id>/jobs/claim", 200),
+        ("POST", base + "jobs/<anyid:job_id>/heartbeat", 200),
+        ("GET", base + "jobs/<anyid:job_id>/heartbeat", 405),
+    ]:
+        labels = {"method": method, "route": route, "status": status}
+        assert value(after, name, **labels) - value(before, name, **labels) == 1, route
+    assert not any(str(job.id) in str(labels) for (_n, labels) in after)
+
+
 def test_metrics_accepts_only_get(client):
     assert client.post("/metrics").status_code == 405
 

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 
 from . import metrics
 
+# The logger keeps the name it had when this module lived in the core (log routing).
 log = logging.getLogger("jobqueue.health")
 
 

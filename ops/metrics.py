@@ -1,10 +1,10 @@
-"""Prometheus metrics: counters fed by jobqueue.observe, a request latency histogram, and a
-collector that reads the database at scrape time.
+"""Prometheus metrics: counters fed by jobqueue.observe, a request latency histogram (fed by
+ops.middleware), and a collector that reads the database at scrape time.
 
 Two kinds of numbers, on purpose:
 
 - Counters of what *this service's processes* did (claims, heartbeats, reports, releases,
-  stale writes refused, request latency) come from jobqueue.observe and the middleware.
+  stale writes refused, request latency) come from jobqueue.observe and ops.middleware.
   Under gunicorn every worker is its own process with its own counters; with
   PROMETHEUS_MULTIPROC_DIR set (`make run` sets it), prometheus-client writes them to files
   in that directory and /metrics adds up every worker's, whichever worker answers the scrape.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 from django.db import DatabaseError
 from django.db.models import Count, Max, Sum
@@ -36,6 +35,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+# The logger keeps the name it had when this module lived in the core (log routing).
 log = logging.getLogger("jobqueue.metrics")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -52,33 +52,26 @@ if os.environ.get(MULTIPROC_ENV):
 # and each scrape builds a registry that reads every process's files.
 PROCESS_REGISTRY = CollectorRegistry(auto_describe=True)
 
-CLAIMS = Counter(
-    "jobqueue_claims", "Jobs handed out by a claim.", ["job_agent_id"],
-    registry=PROCESS_REGISTRY,
-)
-HEARTBEATS = Counter(
-    "jobqueue_heartbeats", "Leases extended by a heartbeat.", ["job_agent_id"],
-    registry=PROCESS_REGISTRY,
-)
-REPORTS = Counter(
+
+def _counter(name: str, documentation: str, labels=()) -> Counter:
+    return Counter(name, documentation, labels, registry=PROCESS_REGISTRY)
+
+
+CLAIMS = _counter("jobqueue_claims", "Jobs handed out by a claim.", ["job_agent_id"])
+HEARTBEATS = _counter("jobqueue_heartbeats", "Leases extended by a heartbeat.", ["job_agent_id"])
+REPORTS = _counter(
     "jobqueue_reports", "Status reports accepted (progress and terminal), by status.",
-    ["status"], registry=PROCESS_REGISTRY,
+    ["status"],
 )
-RELEASES = Counter(
-    "jobqueue_releases", "Jobs given back by their agent.", ["job_agent_id"],
-    registry=PROCESS_REGISTRY,
-)
-STALE_WRITES_REFUSED = Counter(
+RELEASES = _counter("jobqueue_releases", "Jobs given back by their agent.", ["job_agent_id"])
+STALE_WRITES_REFUSED = _counter(
     "jobqueue_stale_writes_refused",
     "Writes with a claim_id that was no longer current, refused (409), by operation and code.",
-    ["operation", "code"], registry=PROCESS_REGISTRY,
+    ["operation", "code"],
 )
-JOBS_CREATED = Counter(
-    "jobqueue_jobs_created", "Jobs created.", registry=PROCESS_REGISTRY,
-)
-OPERATOR_TRANSITIONS = Counter(
-    "jobqueue_operator_transitions", "Cancels and requeues (API and admin).", ["kind"],
-    registry=PROCESS_REGISTRY,
+JOBS_CREATED = _counter("jobqueue_jobs_created", "Jobs created.")
+OPERATOR_TRANSITIONS = _counter(
+    "jobqueue_operator_transitions", "Cancels and requeues (API and admin).", ["kind"]
 )
 REQUEST_LATENCY = Histogram(
     "jobqueue_http_request_duration_seconds",
@@ -88,15 +81,13 @@ REQUEST_LATENCY = Histogram(
     registry=PROCESS_REGISTRY,
 )
 
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-
 
 def _agent_label(value) -> str:
     return "" if value is None else str(value)
 
 
 def on_event(kind: str, **data) -> None:
-    """jobqueue.observe listener (subscribed in JobQueueConfig.ready())."""
+    """jobqueue.observe listener (subscribed in OpsConfig.ready())."""
     if kind == "claimed":
         CLAIMS.labels(_agent_label(data.get("job_agent_id"))).inc(data.get("count", 1))
     elif kind == "heartbeat":
@@ -116,24 +107,6 @@ def on_event(kind: str, **data) -> None:
     # "reaped" is counted from reaper_run at scrape time: the reaper is another process.
 
 
-class RequestMetricsMiddleware:
-    """Times every request. The route label is the URL pattern, never the raw path."""
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-
-    def __call__(self, request):
-        started = time.perf_counter()
-        response = self.get_response(request)
-        match = getattr(request, "resolver_match", None)
-        route = (match.route or match.view_name) if match is not None else "unmatched"
-        method = request.method if request.method in _METHODS else "other"
-        REQUEST_LATENCY.labels(method, route, str(response.status_code)).observe(
-            time.perf_counter() - started
-        )
-        return response
-
-
 class DatabaseCollector:
     """Reads the queue's state from the database at scrape time."""
 
@@ -141,8 +114,8 @@ class DatabaseCollector:
         return []
 
     def collect(self):
-        from . import states
-        from .models import Job, JobClaim, ReaperRun
+        from jobqueue import states
+        from jobqueue.models import Job, JobClaim, ReaperRun
 
         up = GaugeMetricFamily("jobqueue_database_up", "1 when the scrape could read the database.")
         try:

@@ -1,4 +1,4 @@
-"""Batch endpoints for agents that run many jobs at once.
+"""Request and response shapes of the batch endpoints (agents/views/job_agents.py).
 
 POST job-agents/{agent_id}/heartbeat  {"claims": [{"job_id", "claim_id"}, ...]}
   -> 200 {"server_time", "results": [{"job_id", "renewed": true, "claim_expires_at"} |
@@ -7,7 +7,7 @@ POST job-agents/{agent_id}/heartbeat  {"claims": [{"job_id", "claim_id"}, ...]}
 One statement renews every current, unexpired claim (lifecycle.heartbeat_many); each other
 claim is answered with lease_expired, claim_superseded, job_cancelled, job_finished, or
 not_found (not one of this agent's jobs). Bad input is a 400 and renews nothing. The batch
-claim is the `{"limit": N}` form of POST job-agents/{agent_id}/jobs/claim (agents/views.py).
+claim is the `{"limit": N}` form of POST job-agents/{agent_id}/jobs/claim.
 
 POST job-agents/{agent_id}/reports  {"reports": [{"job_id", "claim_id", "status",
                                                   "message"?, "result"?, "external_id"?}, ...]}
@@ -22,18 +22,35 @@ is a 400 and ends nothing.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
-from rest_framework.response import Response
 
 from jobqueue import lifecycle
 
-from .schema import COMMON, WITH_BODY, errors
-from .serializers import StatusInput, StrictChoiceField, StrictUUIDField, represent
-from .views import AGENT, ApiView
+from .serializers import StatusInput, StrictChoiceField, StrictUUIDField
 
 REFUSAL_CODES = ["lease_expired", "claim_superseded", "job_cancelled", "job_finished",
                  "not_found"]
+REPORT_REFUSAL_CODES = ["claim_superseded", "job_cancelled", "job_finished", "not_found"]
+_TIMESTAMP = serializers.DateTimeField()
+
+
+def batch_of(child, help_text):
+    """A request's list of items: at least one, bounded again by the lifecycle's setting."""
+    return serializers.ListField(child=child, min_length=1, max_length=10_000, help_text=help_text)
+
+
+class Outcome(serializers.Serializer):
+    # One item's answer: `<flag>: true` and what a success carries, or `false` and a code.
+    # (A comment: drf-spectacular would publish a docstring in every subclass's component.)
+    flag: str
+
+    def success(self, outcome) -> dict:
+        raise NotImplementedError
+
+    def to_representation(self, outcome):
+        if getattr(outcome, self.flag):
+            return {"job_id": str(outcome.job_id), self.flag: True, **self.success(outcome)}
+        return {"job_id": str(outcome.job_id), self.flag: False, "code": outcome.code}
 
 
 class BatchHeartbeatItem(serializers.Serializer):
@@ -45,18 +62,17 @@ class BatchHeartbeatItem(serializers.Serializer):
 
 
 class BatchHeartbeatInput(serializers.Serializer):
-    claims = serializers.ListField(
-        child=BatchHeartbeatItem(),
-        min_length=1,
-        max_length=10_000,
-        help_text="Up to JOBQUEUE_MAX_HEARTBEAT_BATCH claims (default 500), each job once.",
+    claims = batch_of(
+        BatchHeartbeatItem(),
+        "Up to JOBQUEUE_MAX_HEARTBEAT_BATCH claims (default 500), each job once.",
     )
 
     class Meta:
         ref_name = "BatchHeartbeatRequest"
 
 
-class BatchHeartbeatOutcome(serializers.Serializer):
+class BatchHeartbeatOutcome(Outcome):
+    flag = "renewed"
     job_id = serializers.UUIDField()
     renewed = serializers.BooleanField()
     claim_expires_at = serializers.DateTimeField(
@@ -69,16 +85,8 @@ class BatchHeartbeatOutcome(serializers.Serializer):
     class Meta:
         ref_name = "BatchHeartbeatOutcome"
 
-    def to_representation(self, outcome):
-        if outcome.renewed:
-            return {
-                "job_id": str(outcome.job_id),
-                "renewed": True,
-                "claim_expires_at": serializers.DateTimeField().to_representation(
-                    outcome.claim_expires_at
-                ),
-            }
-        return {"job_id": str(outcome.job_id), "renewed": False, "code": outcome.code}
+    def success(self, outcome) -> dict:
+        return {"claim_expires_at": _TIMESTAMP.to_representation(outcome.claim_expires_at)}
 
 
 class BatchHeartbeatResponse(serializers.Serializer):
@@ -88,24 +96,6 @@ class BatchHeartbeatResponse(serializers.Serializer):
     class Meta:
         ref_name = "BatchHeartbeatResponse"
 
-
-class BatchHeartbeatView(ApiView):
-    @extend_schema(
-        tags=AGENT,
-        operation_id="heartbeat_many",
-        summary="Renew many claims of this agent at once; per claim: renewed, or why not",
-        request=BatchHeartbeatInput,
-        responses={200: BatchHeartbeatResponse, **errors(*WITH_BODY, *COMMON)},
-    )
-    def post(self, request, workspace_id, agent_id):
-        data = self.validated(BatchHeartbeatInput)
-        agent = self.agent_in_path()
-        pairs = [(item["job_id"], item["claim_id"]) for item in data["claims"]]
-        result = lifecycle.heartbeat_many(agent.id, pairs)
-        return Response(represent(BatchHeartbeatResponse, result))
-
-
-REPORT_REFUSAL_CODES = ["claim_superseded", "job_cancelled", "job_finished", "not_found"]
 
 
 class BatchReportItem(StatusInput):
@@ -119,18 +109,17 @@ class BatchReportItem(StatusInput):
 
 
 class BatchReportInput(serializers.Serializer):
-    reports = serializers.ListField(
-        child=BatchReportItem(),
-        min_length=1,
-        max_length=10_000,
-        help_text="Up to JOBQUEUE_MAX_REPORT_BATCH final reports (default 500), each job once.",
+    reports = batch_of(
+        BatchReportItem(),
+        "Up to JOBQUEUE_MAX_REPORT_BATCH final reports (default 500), each job once.",
     )
 
     class Meta:
         ref_name = "BatchReportRequest"
 
 
-class BatchReportOutcome(serializers.Serializer):
+class BatchReportOutcome(Outcome):
+    flag = "accepted"
     job_id = serializers.UUIDField()
     accepted = serializers.BooleanField()
     status = serializers.ChoiceField(
@@ -145,17 +134,11 @@ class BatchReportOutcome(serializers.Serializer):
     class Meta:
         ref_name = "BatchReportOutcome"
 
-    def to_representation(self, outcome):
-        if outcome.accepted:
-            return {
-                "job_id": str(outcome.job_id),
-                "accepted": True,
-                "status": outcome.status,
-                "completed_at": serializers.DateTimeField().to_representation(
-                    outcome.completed_at
-                ),
-            }
-        return {"job_id": str(outcome.job_id), "accepted": False, "code": outcome.code}
+    def success(self, outcome) -> dict:
+        return {
+            "status": outcome.status,
+            "completed_at": _TIMESTAMP.to_representation(outcome.completed_at),
+        }
 
 
 class BatchReportResponse(serializers.Serializer):
@@ -163,18 +146,3 @@ class BatchReportResponse(serializers.Serializer):
 
     class Meta:
         ref_name = "BatchReportResponse"
-
-
-class BatchReportView(ApiView):
-    @extend_schema(
-        tags=AGENT,
-        operation_id="report_many",
-        summary="End many jobs of this agent at once; per report: accepted, or why not",
-        request=BatchReportInput,
-        responses={200: BatchReportResponse, **errors(*WITH_BODY, *COMMON)},
-    )
-    def post(self, request, workspace_id, agent_id):
-        data = self.validated(BatchReportInput)
-        agent = self.agent_in_path()
-        result = lifecycle.report_many(agent.id, [dict(item) for item in data["reports"]])
-        return Response(represent(BatchReportResponse, result))

@@ -1,11 +1,10 @@
-import json
-
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from agents import credentials
+from agents.management.output import write_result
 from jobqueue import lifecycle
 from jobqueue.exceptions import InvalidInput
-from jobqueue.management.commands.create_workspace import _credential_issuer
 from jobqueue.models import Workspace
 
 
@@ -33,12 +32,9 @@ class Command(BaseCommand):
             )
         except InvalidInput as exc:
             raise CommandError(exc.detail) from exc
-        out = {"job_agent_id": str(agent.id), "workspace_id": str(workspace.id)}
-        issue_token = _credential_issuer("issue_agent_token")
-        if issue_token:
-            out["token"] = issue_token(agent)
-        if opts["json"]:
-            self.stdout.write(json.dumps(out))
-        else:
-            for key, value in out.items():
-                self.stdout.write(f"{key}: {value}")
+        result = {
+            "job_agent_id": str(agent.id),
+            "workspace_id": str(workspace.id),
+            "token": credentials.issue_agent_token(agent),
+        }
+        write_result(self.stdout, result, opts["json"])

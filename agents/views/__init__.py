@@ -1,0 +1,12 @@
+"""The HTTP API, one viewset per resource, routed under /v1/workspaces/{workspace_id}/ by
+agents/urls.py. Each action validates its input, calls one lifecycle function, renders.
+
+Agent actions accept an agent token (its own agent and jobs only) or the workspace API key;
+the others need the key.
+"""
+
+from .job_agents import JobAgentViewSet
+from .jobs import JobViewSet
+from .tokens import TokenViewSet
+
+__all__ = ["JobAgentViewSet", "JobViewSet", "TokenViewSet"]

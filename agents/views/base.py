@@ -1,0 +1,140 @@
+"""What every viewset of the API shares: credentials, permissions, throttle, the JSON-only
+parser and the 415 rule, ids from the path, and the schema's tags and parameters.
+
+The viewsets carry comments, not docstrings: DRF answers OPTIONS with a view's docstring and
+drf-spectacular publishes it as the operation's description, and both stay as they were.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.exceptions import NotFound, UnsupportedMediaType, ValidationError
+from rest_framework.viewsets import ViewSet
+
+from jobqueue import states
+from jobqueue.models import JobAgent
+
+from .. import serializers as s
+from ..authentication import AgentTokenAuthentication, ApiKeyAuthentication
+from ..parsers import StrictJSONParser
+from ..permissions import InWorkspace, WorkspaceKeyOnly
+from ..schema import COMMON, WITH_BODY, errors
+from ..throttling import CredentialRateThrottle
+
+# Who may call: an agent token (only its own agent and jobs) or the workspace API key; or
+# only the key (producer and operator endpoints, the viewsets' default).
+AGENT = [InWorkspace]
+PRODUCER = [InWorkspace, WorkspaceKeyOnly]
+AGENT_TAGS = ["agent"]
+PRODUCER_TAGS = ["producer and operator"]
+
+STATUS_PARAM = OpenApiParameter(
+    "status", OpenApiTypes.STR, enum=sorted(states.ALL), required=False,
+    description="Filter by status.",
+)
+PAGE_PARAMS = [
+    OpenApiParameter("cursor", OpenApiTypes.STR, required=False,
+                     description="Opaque cursor from `next`/`previous`."),
+    OpenApiParameter("page_size", OpenApiTypes.INT, required=False,
+                     description="1 to 500 (default 100)."),
+]
+
+
+def write_schema(tags, operation_id, summary, request, response, *error_statuses):
+    """The schema of an operation that takes a JSON body: 200 with `response`, or one of
+    `error_statuses`, a bad body (400, 411, 413, 415) or the common errors."""
+    return extend_schema(
+        tags=tags,
+        operation_id=operation_id,
+        summary=summary,
+        request=request,
+        responses={200: response, **errors(*error_statuses, *WITH_BODY, *COMMON)},
+    )
+
+
+def parse_uuid(value) -> uuid.UUID | None:
+    """A UUID from a path or query value, or None when it is not one."""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+class ApiViewSet(ViewSet):
+    authentication_classes = [AgentTokenAuthentication, ApiKeyAuthentication]
+    permission_classes = PRODUCER  # agent actions say `permission_classes=AGENT`
+    throttle_classes = [CredentialRateThrottle]
+    parser_classes = [StrictJSONParser]
+    # Ids in paths match anything up to the next slash (agents/urls.py), so that a
+    # malformed id is answered here, by path_uuid(): a JSON 404, like an unknown id.
+    lookup_value_converter = "anyid"
+    # The list and detail routes' names, as OPTIONS shows them (WorkspaceRouter).
+    route_names: dict[str, str] = {}
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        if request.method in ("POST", "PUT", "PATCH") and _has_body(request):
+            media = (request.content_type or "").split(";")[0].strip().lower()
+            if media != "application/json":
+                raise UnsupportedMediaType(media or "(none)")
+
+    def path_uuid(self, name: str) -> uuid.UUID:
+        """A UUID from the path; a malformed one is a 404, like an unknown one."""
+        value = parse_uuid(self.kwargs.get(name))
+        if value is None:
+            raise NotFound("Not found.")
+        return value
+
+    @property
+    def principal(self):
+        return self.request.user
+
+    def agent_in_path(self) -> JobAgent:
+        if self.principal.is_agent:  # InWorkspace checked it is the token's own agent
+            return self.principal.job_agent
+        agent = JobAgent.objects.filter(
+            id=self.path_uuid("agent_id"), workspace_id=self.principal.workspace_id
+        ).first()
+        if agent is None:
+            raise NotFound("No such job agent.")
+        return agent
+
+    def job_scope(self) -> dict:
+        """Lifecycle scope for an agent write: the token's agent, or the key's workspace."""
+        if self.principal.is_agent:
+            return {"job_agent_id": self.principal.job_agent_id}
+        return {"workspace_id": self.principal.workspace_id}
+
+    def paginated(self, paginator_class, queryset, serializer_class):
+        """One page of `queryset` in the paginator's order, rendered by `serializer_class`."""
+        paginator = paginator_class()
+        page = paginator.paginate_queryset(queryset, self.request, self)
+        return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+    def validated(self, serializer_class, data=None):
+        ser = serializer_class(data=self.request.data if data is None else data)
+        ser.is_valid(raise_exception=True)
+        return ser.validated_data
+
+
+def _has_body(request) -> bool:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0) > 0
+    except ValueError:
+        return False
+
+
+def status_filter(request, default=None):
+    value = request.query_params.get("status", default)
+    if value is not None and value not in states.ALL:
+        raise ValidationError({"status": ["Must be one of: " + ", ".join(sorted(states.ALL))]})
+    return value
+
+
+def claim_body(grant) -> dict:
+    return s.represent(s.ClaimResponseSerializer, grant)

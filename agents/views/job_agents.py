@@ -1,0 +1,184 @@
+"""Job agents: create, list and look at them (workspace key), and what an agent does through
+its own agent: poll, claim a named job or the next one (or a batch), renew many leases and end
+many jobs at once (agent token or workspace key)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.response import Response
+
+from jobqueue import lifecycle, states
+from jobqueue.models import Job, JobAgent, Workspace
+
+from .. import health
+from .. import serializers as s
+from ..batch_serializers import (
+    BatchHeartbeatInput,
+    BatchHeartbeatResponse,
+    BatchReportInput,
+    BatchReportResponse,
+)
+from ..pagination import ByName, ClaimOrder
+from ..schema import COMMON, WITH_BODY, errors
+from .base import (
+    AGENT,
+    AGENT_TAGS,
+    PAGE_PARAMS,
+    PRODUCER_TAGS,
+    STATUS_PARAM,
+    ApiViewSet,
+    claim_body,
+    status_filter,
+    write_schema,
+)
+
+
+class JobAgentViewSet(ApiViewSet):
+    # workspaces/{workspace_id}/job-agents[/{agent_id}[/...]]
+    lookup_url_kwarg = "agent_id"
+    route_names = {"list": "Job Agents", "detail": "Job Agent Detail"}
+
+    # --- producer and operator: the agents themselves
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="list_job_agents",
+        summary="List job agents with their health",
+        parameters=PAGE_PARAMS,
+        responses={200: s.JobAgentPage, **errors(400, *COMMON)},
+    )
+    def list(self, request, workspace_id):
+        agents = health.with_health(
+            JobAgent.objects.filter(workspace_id=self.principal.workspace_id)
+        )
+        return self.paginated(ByName, agents, s.JobAgentSerializer)
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="create_job_agent",
+        summary="Create a job agent (issue its tokens with POST .../tokens)",
+        request=s.JobAgentCreateInput,
+        responses={201: s.JobAgentSerializer, **errors(*WITH_BODY, *COMMON)},
+    )
+    def create(self, request, workspace_id):
+        data = self.validated(s.JobAgentCreateInput)
+        agent = lifecycle.create_job_agent(
+            workspace=Workspace.objects.get(id=self.principal.workspace_id),
+            name=data["name"],
+            lease_seconds=data.get("lease_seconds"),
+            max_attempts=data.get("max_attempts"),
+        )
+        return Response(s.JobAgentSerializer(agent).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="get_job_agent",
+        summary="A job agent with its health",
+        responses={200: s.JobAgentSerializer, **errors(*COMMON)},
+    )
+    def retrieve(self, request, workspace_id, agent_id):
+        agent = (
+            health.with_health(JobAgent.objects.filter(workspace_id=self.principal.workspace_id))
+            .filter(id=self.path_uuid("agent_id"))
+            .first()
+        )
+        if agent is None:
+            raise NotFound("No such job agent.")
+        return Response(s.JobAgentSerializer(agent).data)
+
+    # --- the agent's own endpoints
+
+    @extend_schema(
+        tags=AGENT_TAGS,
+        operation_id="poll_jobs",
+        summary="Poll an agent's jobs (lightweight, never dispatch_context)",
+        description="`status=queued` (the default) lists the jobs claimable now, in claim "
+        "order. Side-effect free.",
+        parameters=[STATUS_PARAM, *PAGE_PARAMS],
+        responses={200: s.JobListItemPage, **errors(400, *COMMON)},
+    )
+    @action(detail=True, methods=["get"], url_path="jobs", url_name="jobs",
+            permission_classes=AGENT, name="Agent Jobs")
+    def poll(self, request, workspace_id, agent_id):
+        status_value = status_filter(request, default=states.QUEUED)
+        agent = self.agent_in_path()
+        jobs = Job.objects.filter(job_agent_id=agent.id)
+        jobs = jobs.claimable() if status_value == states.QUEUED else jobs.filter(
+            status=status_value
+        )
+        return self.paginated(
+            ClaimOrder, jobs.only(*s.LIST_ITEM_FIELDS), s.JobListItemSerializer
+        )
+
+    @extend_schema(
+        tags=AGENT_TAGS,
+        operation_id="claim_job",
+        summary="Claim this job (at most once)",
+        request=None,
+        responses={
+            200: s.ClaimResponseSerializer,
+            **errors(409, 411, 413, 415, *COMMON),
+        },
+    )
+    @action(detail=True, methods=["post"], url_path="jobs/<anyid:job_id>/claim",
+            url_name="claim", permission_classes=AGENT, name="Claim Job")
+    def claim(self, request, workspace_id, agent_id, job_id):
+        agent = self.agent_in_path()
+        grant = lifecycle.claim_job(agent, self.path_uuid("job_id"))
+        return Response(claim_body(grant))
+
+    @extend_schema(
+        tags=AGENT_TAGS,
+        operation_id="claim_next_job",
+        summary="Claim the next job (SKIP LOCKED), or a batch with {\"limit\": N}",
+        request=s.ClaimNextInput,
+        responses={
+            200: PolymorphicProxySerializer(
+                component_name="ClaimNextResponse",
+                serializers=[s.ClaimResponseSerializer, s.BatchClaimResponseSerializer],
+                resource_type_field_name=None,
+            ),
+            204: OpenApiResponse(description="Nothing is claimable now (single claim only)."),
+            **errors(*WITH_BODY, *COMMON),
+        },
+    )
+    @action(detail=True, methods=["post"], url_path="jobs/claim", url_name="claim-next",
+            permission_classes=AGENT, name="Claim Next")
+    def claim_next(self, request, workspace_id, agent_id):
+        # The usual request has no body or `{}`: nothing to validate.
+        body = request.data
+        data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimNextInput)
+        agent = self.agent_in_path()
+        if "limit" in data:
+            grants = lifecycle.claim_next_jobs(agent, data["limit"])
+            return Response({"claims": [claim_body(g) for g in grants]})
+        grant = lifecycle.claim_next_job(agent)
+        if grant is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(claim_body(grant))
+
+    @write_schema(AGENT_TAGS, "heartbeat_many",
+                  "Renew many claims of this agent at once; per claim: renewed, or why not",
+                  BatchHeartbeatInput, BatchHeartbeatResponse)
+    @action(detail=True, methods=["post"], url_path="heartbeat", url_name="heartbeat",
+            permission_classes=AGENT, name="Batch Heartbeat")
+    def heartbeat_many(self, request, workspace_id, agent_id):
+        data = self.validated(BatchHeartbeatInput)
+        agent = self.agent_in_path()
+        pairs = [(item["job_id"], item["claim_id"]) for item in data["claims"]]
+        result = lifecycle.heartbeat_many(agent.id, pairs)
+        return Response(s.represent(BatchHeartbeatResponse, result))
+
+    @write_schema(AGENT_TAGS, "report_many",
+                  "End many jobs of this agent at once; per report: accepted, or why not",
+                  BatchReportInput, BatchReportResponse)
+    @action(detail=True, methods=["post"], url_path="reports", url_name="reports",
+            permission_classes=AGENT, name="Batch Report")
+    def report_many(self, request, workspace_id, agent_id):
+        data = self.validated(BatchReportInput)
+        agent = self.agent_in_path()
+        result = lifecycle.report_many(agent.id, [dict(item) for item in data["reports"]])
+        return Response(s.represent(BatchReportResponse, result))

@@ -1,0 +1,216 @@
+"""Jobs: create, list and look at them, cancel, requeue and dispatch them (workspace key);
+and the writes of the agent that holds a job's claim: heartbeat, status, release (agent token
+or workspace key)."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.response import Response
+
+from jobqueue import lifecycle
+from jobqueue.db import Now
+from jobqueue.models import Job, JobAgent, JobClaim
+
+from .. import serializers as s
+from ..pagination import NewestFirst
+from ..schema import COMMON, WITH_BODY, errors
+from .base import (
+    AGENT,
+    AGENT_TAGS,
+    PAGE_PARAMS,
+    PRODUCER_TAGS,
+    STATUS_PARAM,
+    ApiViewSet,
+    parse_uuid,
+    status_filter,
+    write_schema,
+)
+
+MAX_EVENTS = 500
+
+
+class JobViewSet(ApiViewSet):
+    # workspaces/{workspace_id}/jobs[/{job_id}[/...]]
+    lookup_url_kwarg = "job_id"
+    route_names = {"list": "Jobs", "detail": "Job Detail"}
+
+    # --- producer and operator
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="list_jobs",
+        summary="List jobs, newest first",
+        parameters=[
+            STATUS_PARAM,
+            OpenApiParameter("job_agent_id", OpenApiTypes.UUID, required=False),
+            *PAGE_PARAMS,
+        ],
+        responses={200: s.JobPage, **errors(400, *COMMON)},
+    )
+    def list(self, request, workspace_id):
+        jobs = Job.objects.filter(workspace_id=self.principal.workspace_id)
+        status_value = status_filter(request)
+        if status_value:
+            jobs = jobs.filter(status=status_value)
+        raw_agent_id = request.query_params.get("job_agent_id")
+        if raw_agent_id is not None:
+            agent_id = parse_uuid(raw_agent_id)
+            if agent_id is None:
+                raise ValidationError({"job_agent_id": ["Must be a valid UUID."]})
+            jobs = jobs.filter(job_agent_id=agent_id)
+        return self.paginated(NewestFirst, jobs.defer(*s.JOB_LIST_DEFER), s.JobSerializer)
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="create_job",
+        summary="Create a job (queued, or pending with hold)",
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                description="1-255 characters. A replay with the same body returns the first "
+                "job (200); the same key with another body is 422.",
+            )
+        ],
+        request=s.JobCreateInput,
+        responses={
+            201: s.JobSerializer,
+            200: OpenApiResponse(s.JobSerializer, description="Idempotent replay."),
+            **errors(422, *WITH_BODY, *COMMON),
+        },
+    )
+    def create(self, request, workspace_id):
+        data = self.validated(s.JobCreateInput)
+        agent = (
+            JobAgent.objects.select_related("workspace")
+            .filter(id=data["job_agent_id"], workspace_id=self.principal.workspace_id)
+            .first()
+        )
+        if agent is None:
+            raise ValidationError({"job_agent_id": ["No such job agent in this workspace."]})
+        job, created = lifecycle.create_job(
+            workspace=agent.workspace,
+            job_agent=agent,
+            job_agent_config=data["job_agent_config"],
+            dispatch_context=data["dispatch_context"],
+            priority=data["priority"],
+            max_attempts=data.get("max_attempts"),
+            delay_seconds=data.get("delay_seconds"),
+            external_id=data["external_id"],
+            idempotency_key=request.headers.get("Idempotency-Key"),
+            hold=data["hold"],
+            actor=self.principal.actor,
+        )
+        return Response(
+            s.JobSerializer(job).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="get_job",
+        summary="A job with its claim state and timeline (dispatch_context redacted)",
+        responses={200: s.JobDetailSerializer, **errors(*COMMON)},
+    )
+    def retrieve(self, request, workspace_id, job_id):
+        job = (
+            Job.objects.filter(
+                id=self.path_uuid("job_id"), workspace_id=self.principal.workspace_id
+            )
+            .annotate(db_now=Now())
+            .first()
+        )
+        if job is None:
+            raise NotFound("No such job.")
+        events = list(job.events.order_by("-id")[:MAX_EVENTS])[::-1]
+        context = {
+            "db_now": job.db_now,
+            "claim": JobClaim.objects.filter(job_id=job.id).first(),
+            "events": events,
+        }
+        return Response(s.JobDetailSerializer(job, context=context).data)
+
+    @write_schema(PRODUCER_TAGS, "cancel_job", "Cancel (supersedes a live claim)",
+                  s.ReasonInput, s.JobSerializer, 409)
+    @action(detail=True, methods=["post"], name="Cancel")
+    def cancel(self, request, workspace_id, job_id):
+        return self._operator_transition(lifecycle.cancel_job)
+
+    @write_schema(PRODUCER_TAGS, "requeue_job", "Requeue now (supersedes a live claim)",
+                  s.ReasonInput, s.JobSerializer, 409)
+    @action(detail=True, methods=["post"], name="Requeue")
+    def requeue(self, request, workspace_id, job_id):
+        return self._operator_transition(lifecycle.requeue_job)
+
+    def _operator_transition(self, transition):
+        # transition: a lifecycle function(job_id, *, actor, reason, workspace_id)
+        data = self.validated(s.ReasonInput)
+        job = transition(
+            self.path_uuid("job_id"),
+            actor=self.principal.actor,
+            reason=data.get("reason", ""),
+            workspace_id=self.principal.workspace_id,
+        )
+        return Response(s.represent(s.JobSerializer, job))
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="dispatch_job",
+        summary="Dispatch a held job (pending -> queued)",
+        request=None,
+        responses={200: s.JobSerializer, **errors(409, 411, 413, 415, *COMMON)},
+    )
+    @action(detail=True, methods=["post"], url_path="dispatch", url_name="dispatch",
+            name="Dispatch")
+    def dispatch_job(self, request, workspace_id, job_id):  # not `dispatch`: APIView's own
+        job = lifecycle.dispatch_job(
+            self.path_uuid("job_id"),
+            workspace_id=self.principal.workspace_id,
+            actor=self.principal.actor,
+        )
+        return Response(s.represent(s.JobSerializer, job))
+
+    # --- the claim holder's writes
+
+    @write_schema(AGENT_TAGS, "heartbeat", "Extend the lease (never revives an expired one)",
+                  s.HeartbeatInput, s.HeartbeatResponseSerializer, 409)
+    @action(detail=True, methods=["post"], permission_classes=AGENT, name="Heartbeat")
+    def heartbeat(self, request, workspace_id, job_id):
+        data = self.validated(s.HeartbeatInput)
+        result = lifecycle.heartbeat(self.path_uuid("job_id"), data["claim_id"], **self.job_scope())
+        return Response(s.represent(s.HeartbeatResponseSerializer, result))
+
+    @write_schema(AGENT_TAGS, "report_status",
+                  "Report progress (in_progress) or a terminal status",
+                  s.StatusInput, s.JobSerializer, 409)
+    @action(detail=True, methods=["put"], url_path="status", url_name="status",
+            permission_classes=AGENT, name="Status")
+    def report_status(self, request, workspace_id, job_id):
+        data = self.validated(s.StatusInput)
+        job = lifecycle.report_status(
+            self.path_uuid("job_id"),
+            data["claim_id"],
+            data["status"],
+            message=data.get("message"),
+            result=data.get("result"),
+            external_id=data.get("external_id"),
+            **self.job_scope(),
+        )
+        return Response(s.represent(s.JobSerializer, job))
+
+    @write_schema(AGENT_TAGS, "release_job", "Give the job back to the queue",
+                  s.ReleaseInput, s.JobSerializer, 409)
+    @action(detail=True, methods=["post"], permission_classes=AGENT, name="Release")
+    def release(self, request, workspace_id, job_id):
+        data = self.validated(s.ReleaseInput)
+        job = lifecycle.release_job(
+            self.path_uuid("job_id"),
+            data["claim_id"],
+            reason=data.get("reason", ""),
+            retry_after_seconds=data.get("retry_after_seconds"),
+            **self.job_scope(),
+        )
+        return Response(s.represent(s.JobSerializer, job))

@@ -1,0 +1,14 @@
+"""The operator's admin: see what is stuck and repair it through the lifecycle functions.
+
+Every repair (requeue, cancel, mark failed, reap now) calls jobqueue.lifecycle or
+jobqueue.reaper, never `queryset.update`; each writes a job event naming the operator
+(`operator:<username>`) and an admin LogEntry, and needs the change permission. Jobs, claims
+and events are read-only here: a job changes status only through those functions.
+
+One module per page family: `jobs` (the job list and page, the repair actions), `recovery`
+(the Recovery page and reap-now), `runs` (the reaper's record), `workspaces`; `common` holds
+what they share (the database's clock, how a span of time reads). Job agents and their
+credentials are administered by the edge (agents/admin.py): their health and tokens live there.
+"""
+
+from . import jobs, runs, workspaces  # noqa: F401 - each registers its ModelAdmin

@@ -1,0 +1,97 @@
+"""What every admin page of the queue shares: the database's clock, how a span of time reads,
+the operator's actor string, and name-or-id search."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+from django.db.models import Q
+from django.utils.html import avoid_wrapping
+from django.utils.timesince import timesince
+from django.utils.translation import ngettext
+
+from jobqueue.db import db_now
+from jobqueue.models import Job, JobClaim
+
+
+def operator_actor(request) -> str:
+    """The actor of an admin repair, on job events and in log entries."""
+    return f"operator:{request.user.get_username()}"
+
+
+def request_db_now(request) -> dt.datetime:
+    """The database's clock, read once per request."""
+    if not hasattr(request, "_jobqueue_db_now"):
+        request._jobqueue_db_now = db_now()
+    return request._jobqueue_db_now
+
+
+def row_db_now(obj) -> dt.datetime:
+    """The database's clock as annotated on a row by get_queryset() (`db_now`)."""
+    now = getattr(obj, "db_now", None)
+    return now if now is not None else db_now()
+
+
+def span(a: dt.datetime, b: dt.datetime) -> str:
+    """The time between two moments in words, either order: Django's timesince ("3 minutes",
+    "1 hour, 5 minutes"), and below a minute, where timesince says "0 minutes", the seconds
+    ("42 seconds"): leases are often shorter than a minute."""
+    earlier, later = sorted((a, b))
+    seconds = int((later - earlier).total_seconds())
+    if seconds < 60:
+        return avoid_wrapping(
+            ngettext("%(num)d second", "%(num)d seconds", seconds) % {"num": seconds}
+        )
+    return timesince(earlier, later)
+
+
+def seconds_span(seconds: float) -> str:
+    """A duration given in seconds, in the same words as span()."""
+    origin = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    return span(origin, origin + dt.timedelta(seconds=seconds))
+
+
+def describe_lease(expires_at, now) -> str:
+    """ "expires in 42 seconds" or "expired 3 minutes ago", relative to the database's clock."""
+    if expires_at > now:
+        return f"expires in {span(now, expires_at)}"
+    return f"expired {span(expires_at, now)} ago"
+
+
+def describe_age(when, now, never="never") -> str:
+    if when is None:
+        return never
+    return f"{span(when, now)} ago"
+
+
+def claim_of(job: Job) -> JobClaim | None:
+    try:
+        return job.claim
+    except JobClaim.DoesNotExist:
+        return None
+
+
+def uuid_or_none(term: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(term)
+    except ValueError:
+        return None
+
+
+def id_or(queryset, search_term, q_for_term):
+    """Admin search: `q_for_term(term)`, or the id equals the term (a term that is not a UUID
+    never 500s). Returns get_search_results()'s (queryset, may_have_duplicates)."""
+    term = search_term.strip()
+    if not term:
+        return queryset, False
+    q = q_for_term(term)
+    term_id = uuid_or_none(term)
+    if term_id is not None:
+        q |= Q(id=term_id)
+    return queryset.filter(q), False
+
+
+def name_or_id_search(queryset, search_term):
+    """Name contains the term, or the id equals it."""
+    return id_or(queryset, search_term, lambda term: Q(name__icontains=term))

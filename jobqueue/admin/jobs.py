@@ -1,0 +1,296 @@
+"""Jobs in the admin: read-only records with their lease, claim and timeline; repairs are
+actions that call the lifecycle (requeue, cancel, mark failed), need the change permission and
+write a job event naming the operator and an admin LogEntry.
+
+`dispatch_context` may hold secrets: only its keys are ever rendered. Claim ids (fencing
+tokens) are never rendered either, nor filterable from the query string.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin, messages
+from django.db.models import F, Q
+from django.db.models.constants import LOOKUP_SEP
+from django.db.models.functions import Now
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from jobqueue import lifecycle, states
+from jobqueue.db import NowPlusSeconds
+from jobqueue.exceptions import JobQueueError
+from jobqueue.models import Job, JobEvent
+
+from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
+from .recovery import RecoveryViews
+
+
+def expiring_soon_cutoff():
+    """A lease is "expiring soon" with less than a third of it left (two heartbeats missed
+    at the suggested interval). Evaluated by the database, per claim."""
+    return NowPlusSeconds(F("claim__lease_seconds") / 3)
+
+
+class LeaseStateFilter(admin.SimpleListFilter):
+    title = "lease"
+    parameter_name = "lease"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("healthy", "healthy"),
+            ("expiring", "expiring soon (< 1/3 of the lease left)"),
+            ("expired", "expired, not yet reaped"),
+            ("none", "none (no claim)"),
+        ]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value == "healthy":
+            return queryset.filter(claim__claim_expires_at__gt=expiring_soon_cutoff())
+        if value == "expiring":
+            return queryset.filter(
+                claim__claim_expires_at__gt=Now(),
+                claim__claim_expires_at__lte=expiring_soon_cutoff(),
+            )
+        if value == "expired":
+            return queryset.filter(claim__claim_expires_at__lte=Now())
+        if value == "none":
+            return queryset.filter(claim__isnull=True)
+        return queryset
+
+
+@admin.register(Job)
+class JobAdmin(RecoveryViews, admin.ModelAdmin):
+    list_display = [
+        "id",
+        "job_agent",
+        "status",
+        "attempts",
+        "lease",
+        "last_heartbeat",
+        "created_at",
+    ]
+    list_filter = ["status", "job_agent", "workspace", LeaseStateFilter]
+    list_select_related = ["job_agent", "claim"]
+    search_fields = ["=id", "=idempotency_key", "=external_id"]
+    search_help_text = "Search by job id, idempotency key or external id (exact)."
+    actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed"]
+    show_full_result_count = False
+    # Never filterable from the query string: a `?dispatch_context__key__startswith=` would
+    # be a character-by-character oracle on a secret (and the same for the fencing token).
+    hidden_lookups = frozenset({"dispatch_context", "last_claim_id", "idempotency_fingerprint"})
+
+    def lookup_allowed(self, lookup, value, request=None):
+        if lookup.split(LOOKUP_SEP, 1)[0] in self.hidden_lookups:
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    fields = [
+        "id",
+        "workspace",
+        "job_agent",
+        "status",
+        "attempts",
+        "priority",
+        "available_at",
+        "created_at",
+        "started_at",
+        "completed_at",
+        "updated_at",
+        "external_id",
+        "idempotency_key",
+        "message",
+        "job_agent_config_display",
+        "dispatch_context_keys",
+        "result_display",
+        "claim_display",
+        "timeline",
+    ]
+    readonly_fields = fields
+
+    # Read-only records: a job moves only through the lifecycle actions.
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        # The change permission allows the actions (obj is None); the detail page of a
+        # job is always view-only.
+        if obj is not None:
+            return False
+        return super().has_change_permission(request)
+
+    def can_act(self, request) -> bool:
+        return super().has_change_permission(request)
+
+    def get_queryset(self, request):
+        # Never load dispatch_context, the claim token or the idempotency fingerprint.
+        return (
+            super()
+            .get_queryset(request)
+            .defer("dispatch_context", "idempotency_fingerprint", "last_claim_id")
+            .annotate(db_now=Now())
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        return id_or(
+            queryset, search_term, lambda term: Q(idempotency_key=term) | Q(external_id=term)
+        )
+
+    # --- columns
+
+    @admin.display(description="attempt / max")
+    def attempts(self, obj):
+        return f"{obj.attempt} / {obj.max_attempts}"
+
+    @admin.display(description="lease")
+    def lease(self, obj):
+        claim = claim_of(obj)
+        if claim is None:
+            return "—"
+        text = describe_lease(claim.claim_expires_at, row_db_now(obj))
+        if claim.claim_expires_at <= row_db_now(obj):
+            return format_html('<strong class="jq-expired">{}</strong>', text)
+        return text
+
+    @admin.display(description="last heartbeat")
+    def last_heartbeat(self, obj):
+        claim = claim_of(obj)
+        if claim is None:
+            return "—"
+        return describe_age(claim.heartbeat_at, row_db_now(obj), never="none yet")
+
+    # --- detail fields
+
+    @admin.display(description="job agent config")
+    def job_agent_config_display(self, obj):
+        return format_html("<pre>{}</pre>", json.dumps(obj.job_agent_config, indent=2))
+
+    @admin.display(description="dispatch context (keys only; values are never shown)")
+    def dispatch_context_keys(self, obj):
+        keys = (
+            Job.objects.filter(pk=obj.pk).values_list("dispatch_context", flat=True).first()
+        ) or {}
+        if not isinstance(keys, dict):
+            return f"({type(keys).__name__}, redacted)"
+        if not keys:
+            return "(empty)"
+        return format_html_join(", ", "<code>{}</code>", ((k,) for k in sorted(keys)))
+
+    @admin.display(description="result")
+    def result_display(self, obj):
+        if obj.result is None:
+            return "—"
+        return format_html("<pre>{}</pre>", json.dumps(obj.result, indent=2))
+
+    @admin.display(description="claim")
+    def claim_display(self, obj):
+        claim = claim_of(obj)
+        if claim is None:
+            return "No claim."
+        now = row_db_now(obj)
+        rows = [
+            ("attempt", claim.attempt),
+            ("claimed", f"{claim.claimed_at:%Y-%m-%d %H:%M:%S} UTC"),
+            ("lease", f"{claim.lease_seconds} s"),
+            ("expiry", f"{claim.claim_expires_at:%Y-%m-%d %H:%M:%S} UTC "
+                       f"({describe_lease(claim.claim_expires_at, now)})"),
+            ("last heartbeat", describe_age(claim.heartbeat_at, now, never="none yet")),
+            ("agent", claim.job_agent_id),
+        ]
+        return format_html(
+            '<table class="jq-claim">{}</table>',
+            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="timeline")
+    def timeline(self, obj):
+        events = JobEvent.objects.filter(job_id=obj.pk).only(
+            "created_at", "kind", "attempt", "actor", "detail"
+        )
+        rows = (
+            (
+                f"{e.created_at:%Y-%m-%d %H:%M:%S.%f}"[:-3],
+                e.get_kind_display(),
+                e.attempt,
+                e.actor or "—",
+                _format_detail(e.detail),
+            )
+            for e in events
+        )
+        return format_html(
+            '<table class="jq-timeline"><thead><tr><th>time (UTC)</th><th>event</th>'
+            "<th>attempt</th><th>actor</th><th>detail</th></tr></thead><tbody>{}</tbody>"
+            "</table>",
+            format_html_join(
+                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows
+            ),
+        )
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "recovery_url": reverse("admin:jobqueue_job_recovery"),
+            "reap_url": reverse("admin:jobqueue_job_reap"),
+            "can_act": self.can_act(request),
+        }
+        return super().changelist_view(request, extra_context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "can_act": self.can_act(request),
+            "changelist_url": reverse("admin:jobqueue_job_changelist"),
+        }
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    # --- actions
+
+    def _run_action(self, request, queryset, func, verb, reason):
+        actor = operator_actor(request)
+        done, refused = 0, []
+        for job_id, status in queryset.values_list("id", "status"):
+            if func is lifecycle.cancel_job and status == states.CANCELLED:
+                refused.append(f"{job_id}: already cancelled")  # cancel_job is a no-op
+                continue
+            try:
+                job = func(job_id, actor=actor, reason=reason)
+            except JobQueueError as exc:
+                refused.append(f"{job_id}: {exc}")
+                continue
+            self.log_change(request, job, f"{verb} by {actor} (status now {job.status}).")
+            done += 1
+        if done:
+            self.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
+        if refused:
+            self.message_user(
+                request,
+                f"{len(refused)} job(s) left unchanged: " + "; ".join(refused[:10]),
+                messages.WARNING,
+            )
+
+    @admin.action(description="Requeue selected jobs (supersedes a live claim)",
+                  permissions=["change"])
+    def requeue_jobs(self, request, queryset):
+        self._run_action(request, queryset, lifecycle.requeue_job, "Requeued",
+                         "Requeued from the admin.")
+
+    @admin.action(description="Cancel selected jobs", permissions=["change"])
+    def cancel_jobs(self, request, queryset):
+        self._run_action(request, queryset, lifecycle.cancel_job, "Cancelled",
+                         "Cancelled from the admin.")
+
+    @admin.action(description="Mark selected jobs failed", permissions=["change"])
+    def mark_jobs_failed(self, request, queryset):
+        self._run_action(request, queryset, lifecycle.mark_failed, "Marked failed",
+                         "Marked failed from the admin.")
+
+
+def _format_detail(detail) -> str:
+    if not isinstance(detail, dict) or not detail:
+        return ""
+    return ", ".join(f"{k}={v}" for k, v in sorted(detail.items()))
+

@@ -1,0 +1,184 @@
+"""The Recovery page (what is stuck, and whether the reaper runs) and "reap expired leases
+now" (a confirmation page, then one reaper sweep), both beside the job list in the admin.
+Every time on them is relative to the database's clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.contrib import messages
+from django.contrib.admin.models import ADDITION, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count
+from django.db.models.functions import Now
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from jobqueue import lifecycle, reaper, states
+from jobqueue.conf import jobqueue_settings
+from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun
+
+from .common import describe_age, describe_lease, operator_actor, request_db_now, seconds_span
+from .runs import run_duration
+
+# An agent counts as "not seen" after this many of its lease periods without a request.
+AGENT_UNSEEN_LEASE_PERIODS = 3
+# "Recently" on the Recovery page.
+RECENT = dt.timedelta(days=1)
+RECOVERY_ROWS = 50
+
+
+class RecoveryViews:
+    """The job admin's own pages (mixed into JobAdmin): the Recovery page needs the view
+    permission on jobs, reap-now the change permission (`can_act`)."""
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path("recovery/", wrap(self.recovery_view), name="jobqueue_job_recovery"),
+            path("reap/", wrap(self.reap_view), name="jobqueue_job_reap"),
+        ] + super().get_urls()
+
+    def recovery_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            **recovery_context(request),
+            "title": "Recovery",
+            "opts": self.opts,
+            "can_act": self.can_act(request),
+            "changelist_url": reverse("admin:jobqueue_job_changelist"),
+            "reap_url": reverse("admin:jobqueue_job_reap"),
+        }
+        return TemplateResponse(request, "admin/jobqueue/recovery.html", context)
+
+    def reap_view(self, request):
+        """Reap expired leases now: a confirmation page (GET), then one sweep (POST)."""
+        if not self.can_act(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            actor = operator_actor(request)
+            result = reaper.sweep(actor=actor)
+            run = ReaperRun.objects.get(pk=result.run_id)
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk,
+                queryset=[run],
+                action_flag=ADDITION,
+                change_message=(
+                    f"Reaped expired leases now ({actor}): requeued {result.requeued}, "
+                    f"expired {result.expired}."
+                ),
+                single_object=True,
+            )
+            self.message_user(
+                request,
+                f"Reaper ran: {result.requeued} job(s) requeued, {result.expired} expired.",
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(reverse("admin:jobqueue_job_recovery"))
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET", "POST"])
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Reap expired leases now?",
+            "opts": self.opts,
+            "counts": lifecycle.count_expired_claims(),
+            "changelist_url": reverse("admin:jobqueue_job_changelist"),
+            "recovery_url": reverse("admin:jobqueue_job_recovery"),
+        }
+        return TemplateResponse(request, "admin/jobqueue/reap_confirm.html", context)
+
+
+def recovery_context(request) -> dict:
+    """What the Recovery page shows; every time relative to the database's clock."""
+    now = request_db_now(request)
+    conf = jobqueue_settings()
+
+    counts = dict.fromkeys((value for value, _ in states.CHOICES), 0)
+    for row in Job.objects.order_by().values("status").annotate(n=Count("id")):
+        counts[row["status"]] = row["n"]
+
+    expired_claims_qs = JobClaim.objects.filter(
+        claim_expires_at__lt=Now(), job__status=states.IN_PROGRESS
+    )
+    expired_claims = [
+        {
+            "job_id": c.job_id,
+            "agent": c.job_agent.name,
+            "attempt": f"{c.job.attempt} / {c.job.max_attempts}",
+            "lease": describe_lease(c.claim_expires_at, now),
+            "outcome": "expire" if c.job.attempt >= c.job.max_attempts else "requeue",
+        }
+        for c in expired_claims_qs.select_related("job_agent", "job")
+        .only(
+            "job_id", "claim_expires_at", "job_agent__name", "job__attempt",
+            "job__max_attempts",
+        )
+        .order_by("claim_expires_at")[:RECOVERY_ROWS]
+    ]
+
+    orphans = list(
+        Job.objects.filter(status=states.IN_PROGRESS, claim__isnull=True)
+        .select_related("job_agent")
+        .only("id", "attempt", "max_attempts", "updated_at", "job_agent__name")[:RECOVERY_ROWS]
+    )
+    orphan_count = Job.objects.filter(status=states.IN_PROGRESS, claim__isnull=True).count()
+
+    recently_expired_qs = Job.objects.filter(
+        status=states.EXPIRED, completed_at__gte=now - RECENT
+    )
+    recently_expired = [
+        {
+            "job_id": j.id,
+            "agent": j.job_agent.name,
+            "attempt": f"{j.attempt} / {j.max_attempts}",
+            "ended": describe_age(j.completed_at, now),
+        }
+        for j in recently_expired_qs.select_related("job_agent")
+        .only("id", "attempt", "max_attempts", "completed_at", "job_agent__name")
+        .order_by("-completed_at")[:RECOVERY_ROWS]
+    ]
+
+    unseen_agents = []
+    for agent in JobAgent.objects.select_related("workspace").order_by("name"):
+        threshold = AGENT_UNSEEN_LEASE_PERIODS * agent.effective_lease_seconds
+        if agent.last_seen_at is None or (now - agent.last_seen_at).total_seconds() > threshold:
+            unseen_agents.append(
+                {
+                    "agent": agent,
+                    "workspace": agent.workspace.name,
+                    "last_seen": describe_age(agent.last_seen_at, now),
+                    "threshold": seconds_span(threshold),
+                }
+            )
+
+    runs = list(ReaperRun.objects.order_by("-started_at")[:10])
+    stale_after = conf["REAPER_STALE_AFTER_SECONDS"]
+    last_run = runs[0] if runs else None
+    last_run_at = (last_run.finished_at or last_run.started_at) if last_run else None
+    reaper_stale = last_run_at is None or (now - last_run_at).total_seconds() > stale_after
+    return {
+        "db_now": now,
+        "status_counts": [(label, value, counts[value]) for value, label in states.CHOICES],
+        "expired_claims": expired_claims,
+        "expired_claim_count": expired_claims_qs.count(),
+        "orphans": orphans,
+        "orphan_count": orphan_count,
+        "recently_expired": recently_expired,
+        "recently_expired_count": recently_expired_qs.count(),
+        "unseen_agents": unseen_agents,
+        "unseen_periods": AGENT_UNSEEN_LEASE_PERIODS,
+        "reaper_runs": [
+            {
+                "run": r,
+                "ago": describe_age(r.finished_at or r.started_at, now),
+                "duration": run_duration(r),
+            }
+            for r in runs
+        ],
+        "reaper_stale": reaper_stale,
+        "reaper_last_run_ago": describe_age(last_run_at, now),
+        "reaper_stale_after": seconds_span(stale_after),
+    }

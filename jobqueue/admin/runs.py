@@ -1,0 +1,60 @@
+"""The reaper's record: one row per `reap_claims` run (or admin reap-now), read-only."""
+
+from django.contrib import admin
+
+from jobqueue.models import ReaperRun
+
+
+def run_duration(run: ReaperRun) -> str:
+    return "—" if run.duration_seconds is None else f"{run.duration_seconds:.3f} s"
+
+
+@admin.register(ReaperRun)
+class ReaperRunAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "started_at",
+        "finished_at",
+        "sweeps",
+        "duration",
+        "batches",
+        "requeued",
+        "expired",
+        "dry_run",
+        "host",
+        "pid",
+        "has_error",
+    ]
+    list_filter = ["dry_run"]
+    readonly_fields = [
+        "id",
+        "started_at",
+        "finished_at",
+        "duration_seconds",
+        "sweeps",
+        "batches",
+        "requeued",
+        "expired",
+        "dry_run",
+        "error",
+        "host",
+        "pid",
+    ]
+    fields = readonly_fields
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="duration", ordering="duration_seconds")
+    def duration(self, obj):
+        return run_duration(obj)
+
+    @admin.display(description="error", boolean=True)
+    def has_error(self, obj):
+        return bool(obj.error)

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("metrics", views.metrics_view, name="metrics"),
+    path("healthz", views.healthz, name="healthz"),
+]
