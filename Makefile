@@ -19,7 +19,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: requirements.txt pyproject.toml clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements.txt
-	$(BIN)/pip install --quiet --no-deps -e . -e ./clients/python
+	$(BIN)/pip install --quiet --no-deps --force-reinstall -e . -e ./clients/python
 	touch $@
 
 $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
@@ -47,17 +47,38 @@ run: migrate
 	$(BIN)/gunicorn config.wsgi:application --bind $(HOST):$(PORT) --workers $(WORKERS) \
 	  --access-logfile - --graceful-timeout 10
 
-# Installs the test tools and runs the whole suite twice: on SQLite, then on PostgreSQL
-# (TEST_DATABASE_URL; pytest creates and drops its own test_* database there).
+# Installs the test tools, then runs the suite in three passes: the unit layer (tests/unit,
+# no database at all), then integration + acceptance (tests/integration, tests/e2e) on SQLite
+# and on PostgreSQL (TEST_DATABASE_URL; pytest creates and drops its own test_* database
+# there). Every pass runs under coverage (branch coverage, subprocesses included); the data is
+# combined into one report, printed, and written under $(COVERAGE_DIR)/ (html/, coverage.xml).
+# `make test` fails when coverage is under the floor (pyproject.toml, fail_under); a partial
+# run (PYTEST_ARGS naming a subset) can set COVERAGE_FAIL_UNDER=0. A pass whose selection is
+# empty (pytest's exit status 5) is not a failure.
+COVERAGE_DIR ?= var/coverage
+COVERAGE_FAIL_UNDER ?=
+COVERAGE_RUN = COVERAGE_FILE="$(abspath $(COVERAGE_DIR))/.coverage" $(BIN)/coverage
+PASS_OK = rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
+
 test: install-dev
 	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
 	@sh scripts/ensure_chromium.sh
-	env -u DATABASE_URL $(BIN)/pytest -m "not postgres_only" $(PYTEST_ARGS)
-	DATABASE_URL="$(TEST_DATABASE_URL)" $(BIN)/pytest $(PYTEST_ARGS)
+	@rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
+	env -u DATABASE_URL $(COVERAGE_RUN) run -m pytest tests/unit $(PYTEST_ARGS); $(PASS_OK)
+	env -u DATABASE_URL $(COVERAGE_RUN) run -m pytest -m "not postgres_only" \
+	  tests/integration tests/e2e $(PYTEST_ARGS); $(PASS_OK)
+	DATABASE_URL="$(TEST_DATABASE_URL)" $(COVERAGE_RUN) run -m pytest \
+	  tests/integration tests/e2e $(PYTEST_ARGS); $(PASS_OK)
+	@$(COVERAGE_RUN) combine -q
+	@$(COVERAGE_RUN) html -q -d $(COVERAGE_DIR)/html
+	@$(COVERAGE_RUN) xml -q -o $(COVERAGE_DIR)/coverage.xml
+	@echo "coverage report: $(COVERAGE_DIR)/html/index.html, $(COVERAGE_DIR)/coverage.xml"
+	$(COVERAGE_RUN) report $(if $(COVERAGE_FAIL_UNDER),--fail-under=$(COVERAGE_FAIL_UNDER))
 
 # Benchmarks, not part of `make test` (docs/performance.md): the peers go into their own
 # virtualenv (.venv-bench, requirements-bench.txt), never into the app's. Takes ~30-40 min on
 # 2 cores; sizes and scenarios: BENCH_ARGS="core http" and BENCH_* variables (benchmarks/run.py).
+# Its databases are named after TEST_DATABASE_URL's (jq_bench -> jq_bench_core, jq_bench_pgbench...).
 .venv-bench/.installed: requirements-bench.txt
 	$(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/pip install --quiet -r requirements-bench.txt
@@ -66,7 +87,7 @@ test: install-dev
 bench: install .venv-bench/.installed
 	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
 	@command -v pgbench >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql-contrib; }
-	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+	BENCH_DATABASE_URL="$(TEST_DATABASE_URL)" $(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 # Refreshes the admin screenshots that README.md shows (the browser test takes them).
 screenshots: install-dev

@@ -1,15 +1,24 @@
 """Shared pieces of the benchmark suite: databases, worker processes, statistics.
 
 Worker processes speak a tiny protocol on stdin/stdout so that every system is timed the
-same way: a worker sets itself up, prints `ready`, waits for a line on stdin, does its work,
-and prints one JSON line `{"n": jobs, "t0": start, "t1": end, ...}` (wall-clock seconds).
-Throughput of a run = sum(n) / (max(t1) - min(t0)).
+same way: a worker sets itself up (connection open, framework set up, its first poll about
+to happen), prints `ready`, waits for a line on stdin, does its work, and prints one JSON
+line `{"n": jobs, ...}`. A drain (`run_drain`) is timed on the database's clock: from the
+moment every worker is ready (clock_timestamp() read just before the orchestrator says go)
+to the last completion timestamp the system wrote. Other scenarios time themselves with the
+workers' own `t0`/`t1` (`throughput`).
+
+Databases: every database the suite creates is named after the one in BENCH_DATABASE_URL
+(`make bench` passes TEST_DATABASE_URL): `jq_bench` gives `jq_bench_core`,
+`jq_bench_pgbench`, `jq_bench_pgqueuer`, ... on the same server. The named database itself
+is never touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -17,12 +26,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN_URL = os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+BASE_URL = os.environ.get("BENCH_DATABASE_URL") or os.environ.get(
+    "TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jq_bench"
+)
+SERVER_URL, PREFIX = BASE_URL.split("?", 1)[0].rsplit("/", 1)
+if not re.fullmatch(r"[a-z_][a-z0-9_]{0,40}", PREFIX):
+    raise SystemExit(f"BENCH_DATABASE_URL must name a database like jq_bench, not {PREFIX!r}")
+
+
+def db_name(what: str) -> str:
+    """The name of one of the suite's own databases (`<prefix>_<what>`)."""
+    return f"{PREFIX}_{what}"
 
 
 def db_url(name: str) -> str:
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
-    return f"{base}/{name}"
+    return f"{SERVER_URL}/{name}"
 
 
 def admin_conn(dbname: str = "postgres"):
@@ -57,8 +75,10 @@ def worker_done(**result) -> None:
     sys.stdout.flush()
 
 
-def run_workers(commands: list[list[str]], env: dict | None = None, timeout: float = 900):
-    """Start every command, wait until all are ready, release them at once, collect."""
+def run_workers(commands: list[list[str]], env: dict | None = None, timeout: float = 900,
+                before_go=None):
+    """Start every command, wait until all are ready, call `before_go`, release them at once,
+    collect their results."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(ROOT)
     full_env.update(env or {})
@@ -75,6 +95,8 @@ def run_workers(commands: list[list[str]], env: dict | None = None, timeout: flo
             if line.strip() != "ready":
                 err = p.stderr.read() if p.poll() is not None else ""
                 raise RuntimeError(f"worker {p.args} did not start: {line!r} {err[-2000:]}")
+        if before_go is not None:
+            before_go()
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
@@ -91,6 +113,26 @@ def run_workers(commands: list[list[str]], env: dict | None = None, timeout: flo
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def run_drain(commands, env: dict, database: str, last_done_at, timeout: float = 900):
+    """Run one drain and time it on the database's clock: from just before `go` (every
+    worker ready) to `last_done_at()`, the epoch of the last completion the system wrote,
+    read after every worker exited. Returns (results, elapsed seconds)."""
+    import psycopg
+
+    with psycopg.connect(db_url(database), autocommit=True) as clock:
+        start: list[float] = []
+
+        def read_clock():
+            start.append(float(clock.execute(
+                "SELECT extract(epoch FROM clock_timestamp())").fetchone()[0]))
+
+        results = run_workers(commands, env=env, timeout=timeout, before_go=read_clock)
+    end = last_done_at()
+    if not end or end < start[0]:
+        raise RuntimeError(f"no completion recorded after the start ({end} < {start[0]})")
+    return results, end - start[0]
 
 
 def throughput(results: list[dict]) -> tuple[int, float, float]:

@@ -3,7 +3,11 @@
 Scenarios (each verifies its own outcome before it reports):
   core       drain no-op jobs at 1/4/16 worker processes: the project's lifecycle (per job and
              in batches) next to pgbench (the machine's limit), raw psycopg loops and the
-             peers procrastinate, pgqueuer and django-tasks-db (from .venv-bench)
+             peers procrastinate, pgqueuer and django-tasks-db (from .venv-bench), each in
+             its configuration of benchmarks.peers.CONFIGS
+  peers      each peer in every configuration of benchmarks.peers.SWEEP (driver, event loop,
+             batch size, processes vs in-process consumers, connection reuse), to choose
+             and show the best; BENCH_PEERS_CONCURRENCY levels, BENCH_PEERS_REPS runs
   http       N agents (1/8/32) against gunicorn: claim-next, one heartbeat, a terminal report;
              next to a trivial authenticated DRF endpoint that runs one query
   heartbeat  thousands of live claims heartbeating (one by one and in batches); the job
@@ -12,9 +16,12 @@ Scenarios (each verifies its own outcome before it reports):
              10,000 queued jobs
   reaper     time to reap many expired claims at a few batch sizes
 
-Writes benchmarks/results/latest.json and latest.md, and the tables in docs/performance.md
-(between the bench markers). Sizes: environment variables BENCH_* (see DEFAULTS below).
-All figures of one run come from the same machine state; compare ratios within a run.
+Every drain (core, peers) is timed on the database's clock from all workers ready to the
+last completion recorded (benchmarks.common.run_drain), verified, and followed by a pgbench
+run. Writes benchmarks/results/latest.json and latest.md, and the tables in
+docs/performance.md (between the bench markers). Sizes: environment variables BENCH_* (see
+DEFAULTS below); databases: named after BENCH_DATABASE_URL (benchmarks.common).
+Compare ratios within a run.
 """
 
 from __future__ import annotations
@@ -34,14 +41,17 @@ import time
 import uuid
 from pathlib import Path
 
+from benchmarks import peers as peer_configs
 from benchmarks.common import (
     ROOT,
+    db_name,
     db_url,
     drop_database,
     log,
     median,
     percentile,
     recreate_database,
+    run_drain,
     run_workers,
     throughput,
 )
@@ -54,6 +64,9 @@ DEFAULTS = {
     "BENCH_CORE_JOBS": 2000,
     "BENCH_CORE_CONCURRENCY": "1,4,16",
     "BENCH_PGBENCH_SECONDS": 5,
+    # The `peers` scenario (each peer's configurations): levels and runs.
+    "BENCH_PEERS_CONCURRENCY": "1,4",
+    "BENCH_PEERS_REPS": 1,
     "BENCH_HTTP_JOBS": 600,
     "BENCH_HTTP_AGENTS": "1,8,32",
     "BENCH_HTTP_WORKERS": 4,
@@ -66,7 +79,7 @@ DEFAULTS = {
     "BENCH_REAPER_CLAIMS": 100_000,
     "BENCH_REAPER_BATCHES": "100,500,2000",
 }
-DB = "bench_jobqueue"
+DB = db_name("core")
 APP_PY = str(ROOT / ".venv" / "bin" / "python")
 BENCH_PY = str(ROOT / ".venv-bench" / "bin" / "python")
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -198,16 +211,23 @@ def pgbench_tps(clients, seconds):
     script.write("\\set aid random(1, 100000)\n"
                  "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n")
     script.close()
-    base = db_url("bench_pgbench").rsplit("/", 1)[0]
-    host = base.split("@")[-1].split(":")[0]
     out = subprocess.run(
-        ["pgbench", "-n", "-h", host, "-U", "postgres", "-c", str(clients),
-         "-j", str(min(clients, 2)), "-T", str(seconds), "-f", script.name, "bench_pgbench"],
+        ["pgbench", "-n", *pg_cli_args(), "-c", str(clients), "-j", str(min(clients, 2)),
+         "-T", str(seconds), "-f", script.name, db_name("pgbench")],
         capture_output=True, text=True, check=True,
     ).stdout
     os.unlink(script.name)
     m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
     return float(m.group(1))
+
+
+def pg_cli_args():
+    """-h/-p/-U for PostgreSQL's command-line tools, from BENCH_DATABASE_URL."""
+    from urllib.parse import urlparse
+
+    url = urlparse(db_url("postgres"))
+    return ["-h", url.hostname or "127.0.0.1", "-p", str(url.port or 5432),
+            "-U", url.username or "postgres"]
 
 
 def lifecycle_sql_file() -> str:
@@ -223,6 +243,12 @@ def lifecycle_sql_file() -> str:
     return str(path)
 
 
+def last_completed_at(agent):
+    """Epoch of the last job completion of this agent, on the database's clock."""
+    return float(sql("SELECT extract(epoch FROM max(completed_at)) FROM job "
+                     "WHERE job_agent_id = %s", [agent.id], fetch=True)[0][0] or 0)
+
+
 def run_project_drain(kind, concurrency, n, batch=1, ack="single"):
     reset_tables()
     agent = make_agent()
@@ -234,42 +260,70 @@ def run_project_drain(kind, concurrency, n, batch=1, ack="single"):
     args = {"core": [str(agent.id), str(batch), ack], "raw_shape": [str(agent.id)],
             "raw_cte": [str(agent.id), lifecycle_sql_file()]}[kind]
     cmds = [[APP_PY, "-m", "benchmarks.workers", kind, *args]] * concurrency
-    results = run_workers(cmds, env={"DATABASE_URL": db_url(DB),
-                                     "DJANGO_SETTINGS_MODULE": "config.settings"})
-    total, elapsed, rate = throughput(results)
-    if kind == "core" or kind == "raw_shape" or kind == "raw_cte":
-        if kind == "core":
-            verify_drained(agent, n)
-        else:
-            st = count_by_status(agent)
-            if st != {"successful": n}:
-                raise SystemExit(f"{kind}: statuses {st}")
-    if total != n:
-        raise SystemExit(f"{kind}: workers report {total} jobs, expected {n}")
-    return rate
-
-
-def run_peer(system, concurrency, n, batch=None):
-    name = f"bench_{system}"
-    recreate_database(name)
-    env = {"DATABASE_URL": db_url(name)}
-    full = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
-    subprocess.run([BENCH_PY, "-m", "benchmarks.peers", "setup", system, str(n)], cwd=ROOT,
-                   env=full, check=True, capture_output=True)
-    cmd = [BENCH_PY, "-m", "benchmarks.peers", "worker", system]
-    if batch:
-        cmd.append(str(batch))
-    results = run_workers([cmd] * concurrency, env=env)
-    subprocess.run([BENCH_PY, "-m", "benchmarks.peers", "verify", system, str(n)], cwd=ROOT,
-                   env=full, check=True, capture_output=True)
+    results, elapsed = run_drain(
+        cmds, env={"DATABASE_URL": db_url(DB), "DJANGO_SETTINGS_MODULE": "config.settings"},
+        database=DB, last_done_at=lambda: last_completed_at(agent),
+    )
+    if kind == "core":
+        verify_drained(agent, n)
+    else:
+        st = count_by_status(agent)
+        if st != {"successful": n}:
+            raise SystemExit(f"{kind}: statuses {st}")
     total = sum(r["n"] for r in results)
     if total != n:
-        raise SystemExit(f"{system}: workers ran {total} jobs, expected {n}")
-    elapsed = max(r["t1"] for r in results) - min(r["t0"] for r in results)
-    drop_database(name)
+        raise SystemExit(f"{kind}: workers report {total} jobs, expected {n}")
     return n / elapsed
 
 
+def peer_call(action, system, *args, env):
+    out = subprocess.run([BENCH_PY, "-m", "benchmarks.peers", action, system, *args],
+                         cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"peers {action} {system}: {out.stderr[-3000:]}")
+    return out.stdout
+
+
+def run_peer(config, concurrency, n):
+    """One drain of a peer in `config` (benchmarks.peers.CONFIGS) with `concurrency`
+    consumers; verified (every job done exactly once), timed on the database's clock."""
+    system = config["system"]
+    name = db_name(system)
+    recreate_database(name)
+    env = {"DATABASE_URL": db_url(name)}
+    spec = json.dumps(config)
+    peer_call("setup", system, str(n), spec, env=env)
+    checked = {}
+
+    def last_done_at():
+        checked.update(json.loads(peer_call("verify", system, str(n), env=env)))
+        return checked["last_done_at"]
+
+    cmds = [[BENCH_PY, "-m", "benchmarks.peers", "worker", system, spec, str(k)]
+            for k in peer_configs.split(config, concurrency)]
+    results, elapsed = run_drain(cmds, env=env, database=name, last_done_at=last_done_at)
+    total = sum(r["n"] for r in results)
+    if total != n or checked["done"] != n:
+        raise SystemExit(f"{system}: workers ran {total} jobs, {checked['done']} recorded "
+                         f"done, expected {n}")
+    drop_database(name)
+    setups = [r["setup_s"] for r in results if r.get("setup_s") is not None]
+    DRAINS.append({"config": config, "c": concurrency, "jobs": n, "seconds": elapsed,
+                   "setup_s": max(setups) if setups else None})
+    return n / elapsed
+
+
+# Every peer drain of this run: its length and the set-up that round 1 counted into it.
+DRAINS: list = []
+
+
+PEER_LABELS = {  # {v}: the peer's version in the run
+    "pgqueuer_b1": "pgqueuer {v}, batch 1",
+    "pgqueuer_b10": "pgqueuer {v}, its default batch (10)",
+    "procrastinate": "procrastinate {v}",
+    "djtasks": "django-tasks-db {v}",
+}
 CORE_SYSTEMS = [
     ("pgbench", "pgbench: one single-row UPDATE by primary key per transaction (the limit)"),
     ("raw_cte", "raw psycopg, the lifecycle's SQL on PostgreSQL: one CTE per phase, 2 round "
@@ -281,25 +335,47 @@ CORE_SYSTEMS = [
      "(report_many)"),
     ("jobqueue_b10_pipe", "jobqueue lifecycle: batch claim of 10, batch reports sent by a second "
      "thread meanwhile (the reference agent's shape)"),
-    ("pgqueuer_b1", "pgqueuer 1.6.0, batch 1"),
-    ("pgqueuer_b10", "pgqueuer 1.6.0, its default batch (10)"),
-    ("procrastinate", "procrastinate 3.10.0"),
-    ("djtasks", "django-tasks-db 0.13.0"),
+    *PEER_LABELS.items(),
 ]
+SLOW_PEERS = ("procrastinate", "djtasks")
+
+
+def setup_pgbench():
+    recreate_database(db_name("pgbench"))
+    subprocess.run(["pgbench", "-i", "-q", "-s", "1", *pg_cli_args(), db_name("pgbench")],
+                   check=True, capture_output=True)
+
+
+class Bracketed:
+    """Drains at one concurrency level with pgbench run between them, so that pgbench samples
+    the same minutes as the drains. The tables divide by the median of the level's pgbench
+    runs (robust to a burst of load during one 3-5 s pgbench run); each drain's ratio to the
+    two pgbench runs around it is kept too (`ratios_adjacent` in the results)."""
+
+    def __init__(self, c, secs):
+        self.c, self.secs = c, secs
+        self.pgbench = [self._pgbench()]
+
+    def _pgbench(self):
+        return retry(lambda: pgbench_tps(self.c, self.secs), f"pgbench c={self.c}")
+
+    def measure(self, fn, what):
+        value = retry(fn, what)
+        self.pgbench.append(self._pgbench())
+        return value, value / ((self.pgbench[-2] + self.pgbench[-1]) / 2)
 
 
 def scenario_core(peers=True):
+    """Every system drains the same jobs at each concurrency, pgbench between drains."""
     n, reps = conf("BENCH_CORE_JOBS"), conf("BENCH_REPS")
     levels = conf("BENCH_CORE_CONCURRENCY")
     secs = conf("BENCH_PGBENCH_SECONDS")
-    recreate_database("bench_pgbench")
-    subprocess.run(["pgbench", "-i", "-q", "-s", "1", "-h", "127.0.0.1", "-U", "postgres",
-                    "bench_pgbench"], check=True, capture_output=True)
+    setup_pgbench()
     raw: dict = {key: {c: [] for c in levels} for key, _ in CORE_SYSTEMS}
+    ratios: dict = {key: {c: [] for c in levels} for key, _ in CORE_SYSTEMS}
     for rep in range(reps):
         for c in levels:
             runs = {
-                "pgbench": lambda c=c: pgbench_tps(c, secs),
                 "raw_shape": lambda c=c: run_project_drain("raw_shape", c, n),
                 "raw_cte": lambda c=c: run_project_drain("raw_cte", c, n),
                 "jobqueue": lambda c=c: run_project_drain("core", c, n, 1),
@@ -309,59 +385,195 @@ def scenario_core(peers=True):
                                                                    "pipelined"),
             }
             if peers:
-                runs.update({
-                    "pgqueuer_b1": lambda c=c: run_peer("pgqueuer", c, n, 1),
-                    "pgqueuer_b10": lambda c=c: run_peer("pgqueuer", c, n, 10),
-                })
-                if rep < (conf("BENCH_SLOW_PEER_REPS") or reps):
-                    runs.update({
-                        "procrastinate": lambda c=c: run_peer("procrastinate", c, n),
-                        "djtasks": lambda c=c: run_peer("djtasks", c, n),
-                    })
+                for key in PEER_LABELS:
+                    if key in SLOW_PEERS and rep >= (conf("BENCH_SLOW_PEER_REPS") or reps):
+                        continue
+                    runs[key] = lambda c=c, key=key: run_peer(peer_configs.CONFIGS[key], c, n)
+            level = Bracketed(c, secs)
             for key, fn in runs.items():
-                value = retry(fn, f"core c={c} {key}")
+                value, ratio = level.measure(fn, f"core c={c} {key}")
                 raw[key][c].append(value)
-                log(f"core rep {rep + 1}/{reps} c={c} {key}: {value:,.0f}/s")
-    drop_database("bench_pgbench")
+                ratios[key][c].append(ratio)
+                log(f"core rep {rep + 1}/{reps} c={c} {key}: {value:,.0f}/s ({ratio:.3f} of "
+                    f"pgbench {level.pgbench[-2]:,.0f}-{level.pgbench[-1]:,.0f})")
+            raw["pgbench"][c] += level.pgbench
+    drop_database(db_name("pgbench"))
     med = {key: {c: median(v) for c, v in by_c.items() if v} for key, by_c in raw.items()}
     return {"jobs": n, "reps": reps, "slow_peer_reps": conf("BENCH_SLOW_PEER_REPS") or reps,
-            "levels": levels, "raw": raw, "median": med}
+            "levels": levels, "raw": raw, "ratios_adjacent": ratios, "median": med,
+            "noise": noise(raw["pgbench"]), "drains": list(DRAINS),
+            "peer_configs": {k: peer_configs.CONFIGS[k] for k in PEER_LABELS} if peers else {}}
+
+
+def noise(pgbench_runs):
+    """The spread of pgbench's runs at each level: (max - min) / median."""
+    return {c: {"min": min(v), "median": median(v), "max": max(v),
+                "spread": (max(v) - min(v)) / median(v)} for c, v in pgbench_runs.items() if v}
+
+
+def noise_line(res):
+    parts = [f"c={c}: {m['min']:,.0f}–{m['max']:,.0f} tps ({m['spread']:.0%})"
+             for c, m in res.get("noise", {}).items()]
+    return ("Machine noise, every pgbench run of the level (between the drains): "
+            + "; ".join(parts) + ".") if parts else ""
 
 
 def core_table(res):
     levels, med = res["levels"], res["median"]
+    versions = res.get("versions", {})
+    small = ("**A small run** (the targets are read from 20,000 jobs a drain, 3 runs). "
+             if res["jobs"] < 20_000 else "")
     lines = [
-        f"Drain of {res['jobs']:,} no-op jobs per run, median of {res['reps']} runs, jobs/s "
-        "(pgbench: transactions/s); in brackets the ratio to pgbench and to the raw psycopg loop "
-        "of the same SQL shape (the lifecycle's statements on PostgreSQL), measured in the same "
-        "run; the batch rows also give the ratio to pgqueuer at its default batch."
+        small + f"Drain of {res['jobs']:,} no-op jobs per run, median of {res['reps']} runs, "
+        "jobs/s (pgbench: transactions/s), timed from the moment every worker is ready to "
+        "the last completion the database recorded; in brackets the ratio to pgbench (the "
+        "median of its runs between this level's drains) and to the raw psycopg loop of the "
+        "same SQL shape (the lifecycle's statements on PostgreSQL); "
+        "the batch rows also give the ratio to pgqueuer at its default batch."
         + (f" procrastinate and django-tasks-db: median of {res['slow_peer_reps']} run(s)."
            if res.get("slow_peer_reps", res["reps"]) != res["reps"] else ""),
         "",
         "| system | " + " | ".join(f"c={c}" for c in levels) + " |",
         "|---|" + "---|" * len(levels),
     ]
+    # Ratios to the median of the level's pgbench runs; the other ratios divide those.
+    norm = {k: {lv: x / med["pgbench"][lv] for lv, x in by.items() if med["pgbench"].get(lv)}
+            for k, by in med.items() if k != "pgbench"}
     for key, label in CORE_SYSTEMS:
         if not med.get(key):
             continue
+        if key in PEER_LABELS:
+            config = res.get("peer_configs", {}).get(key)
+            label = label.format(v=peer_version(config, versions) if config else "")
         cells = []
         for c in levels:
             v = med[key].get(c)
             if v is None:
                 cells.append("")
                 continue
-            limit = med["pgbench"].get(c)
-            shape = med["raw_cte"].get(c)
+            r = norm.get(key, {}).get(c)
+            shape = norm.get("raw_cte", {}).get(c)
             cell = f"{v:,.0f}"
-            if key != "pgbench" and limit:
-                cell += f" ({v / limit:.2f}"
-                cell += f"; {v / shape:.2f}× raw" if shape and key != "raw_cte" else ""
-                peer = med.get("pgqueuer_b10", {}).get(c)
+            if key != "pgbench" and r:
+                cell += f" ({r:.2f}"
+                cell += f"; {r / shape:.2f}× raw" if shape and key != "raw_cte" else ""
+                peer = norm.get("pgqueuer_b10", {}).get(c)
                 if key.startswith("jobqueue_b10") and peer:
-                    cell += f"; {v / peer:.2f}× pgqueuer b10"
+                    cell += f"; {r / peer:.2f}× pgqueuer b10"
                 cell += ")"
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", noise_line(res), ""] if res.get("noise") else [""]
+    if res.get("peer_configs"):
+        lines.append("How each peer ran (`benchmarks.peers.CONFIGS`):")
+        lines += [f"- {PEER_LABELS[k].format(v=peer_version(cfg, versions))}: {describe(cfg)}"
+                  for k, cfg in res["peer_configs"].items()]
+    if res.get("commit"):
+        lines += ["", f"jobqueue at commit {res['commit']}."]
+    return lines
+
+
+def peer_version(config, versions):
+    package = {"pgqueuer": "pgqueuer", "procrastinate": "procrastinate",
+               "djtasks": "django-tasks-db"}[config["system"]]
+    return versions.get(package, "")
+
+
+def describe(config):
+    """One line for a peer configuration, as the tables print it."""
+    procs = config.get("processes", "c")
+    where = ("one worker process per consumer" if procs == "c" else
+             f"{procs} worker process{'es' if procs != 1 else ''}, consumers shared out")
+    if config["system"] == "pgqueuer":
+        what = (f"batch {config['batch']}, {config['driver']} driver (one connection per "
+                f"QueueManager), {config['loop']} event loop, drain mode")
+    elif config["system"] == "procrastinate":
+        what = (f"{config.get('task', 'async')} no-op task, `run_worker(concurrency=<consumers "
+                "in the process>, wait=False)`, psycopg connector with its default pool")
+    else:
+        age = config.get("conn_max_age", 0)
+        what = (f"`db_worker --batch`, CONN_MAX_AGE={'None' if age is None else age}")
+    gate = (", released before its set-up (round-1 harness)" if config.get("gate") == "start"
+            else "")
+    return f"{what}; {where}{gate}"
+
+
+# --- scenario 1b: each peer's configurations ----------------------------------------------
+
+
+def scenario_peers():
+    """Every configuration of benchmarks.peers.SWEEP at each level, pgbench between drains,
+    to pick (and show) each peer's best: BENCH_CORE_JOBS jobs a drain, BENCH_PEERS_REPS
+    runs."""
+    n, reps = conf("BENCH_CORE_JOBS"), conf("BENCH_PEERS_REPS")
+    levels, secs = conf("BENCH_PEERS_CONCURRENCY"), conf("BENCH_PGBENCH_SECONDS")
+    setup_pgbench()
+    pgbench: dict = {c: [] for c in levels}
+    raw: dict = {system: {label: {c: [] for c in levels} for label in sweep}
+                 for system, sweep in peer_configs.SWEEP.items()}
+    ratios: dict = {system: {label: {c: [] for c in levels} for label in sweep}
+                    for system, sweep in peer_configs.SWEEP.items()}
+    for rep in range(reps):
+        for c in levels:
+            level = Bracketed(c, secs)
+            seen = set()
+            for system, sweep in peer_configs.SWEEP.items():
+                for label, cfg in sweep.items():
+                    config = {"system": system, **cfg}
+                    shape = json.dumps({**config, "processes": peer_configs.split(config, c)},
+                                       sort_keys=True)
+                    if shape in seen:  # e.g. "one process" at c=1: measured already
+                        continue
+                    seen.add(shape)
+                    value, ratio = level.measure(
+                        lambda config=config, c=c: run_peer(config, c, n),
+                        f"peers c={c} {system} {label}")
+                    raw[system][label][c].append(value)
+                    ratios[system][label][c].append(ratio)
+                    log(f"peers rep {rep + 1}/{reps} c={c} {system} [{label}]: {value:,.0f}/s "
+                        f"({ratio:.3f} of pgbench)")
+            pgbench[c] += level.pgbench
+    drop_database(db_name("pgbench"))
+
+    def medians(values):
+        return {system: {label: {c: median(v) for c, v in by_c.items() if v}
+                         for label, by_c in rows.items()} for system, rows in values.items()}
+
+    return {"jobs": n, "reps": reps, "levels": levels, "pgbench": pgbench,
+            "noise": noise(pgbench), "raw": raw, "ratios_adjacent": ratios,
+            "median": medians(raw), "sweep": peer_configs.SWEEP, "drains": list(DRAINS),
+            "chosen": peer_configs.CONFIGS}
+
+
+def peers_table(res):
+    levels = res["levels"]
+    lines = [
+        f"Each peer in each configuration: drain of {res['jobs']:,} no-op jobs, "
+        f"median of {res['reps']} run(s): jobs/s and (in brackets) the ratio to the median "
+        "of the level's pgbench runs (run between the drains); timed from every worker ready "
+        "to the last completion the database recorded. Best per level in bold. c = consumers in "
+        "all (worker processes × consumers per process); an empty cell is the same shape as "
+        "a row above.",
+        "",
+        "| peer | configuration | " + " | ".join(f"c={c}" for c in levels) + " |",
+        "|---|---|" + "---|" * len(levels),
+    ]
+    names = {"pgqueuer": "pgqueuer", "procrastinate": "procrastinate",
+             "djtasks": "django-tasks-db"}
+    limit = {c: median(v) for c, v in res["pgbench"].items() if v}
+    for system, rows in res["median"].items():
+        best = {c: max((r.get(c, 0) for r in rows.values()), default=0) for c in levels}
+        for label, by_c in rows.items():
+            cells = []
+            for c in levels:
+                v = by_c.get(c)
+                if v is None:
+                    cells.append("")
+                    continue
+                cell = f"{v:,.0f} ({v / limit[c]:.3f})" if limit.get(c) else f"{v:,.0f}"
+                cells.append(f"**{cell}**" if v == best[c] and len(rows) > 1 else cell)
+            lines.append(f"| {names[system]} | {label} | " + " | ".join(cells) + " |")
+    lines += ["", noise_line(res)]
     return lines
 
 
@@ -762,6 +974,7 @@ def markdown(results):
     ]
     sections = [
         ("core", "Core cycle on PostgreSQL", core_table),
+        ("peers", "Each peer's configurations", peers_table),
         ("http", "HTTP cycle", http_table),
         ("heartbeat", "Heartbeat storm", heartbeat_table),
         ("growth", "Growth", growth_table),
@@ -790,6 +1003,19 @@ def write_outputs(results):
     return md
 
 
+def git_commit():
+    """The commit measured (with `+changes` when the code differs from it: anything tracked
+    but the result files)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":!benchmarks/results", ":!docs")
+    return commit + ("+changes" if changed else "")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenarios", nargs="*",
@@ -797,7 +1023,8 @@ def main(argv=None):
     parser.add_argument("--no-peers", action="store_true", help="core: skip the peers")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    if not args.no_peers and "core" in args.scenarios and not Path(BENCH_PY).exists():
+    wants_peers = "peers" in args.scenarios or ("core" in args.scenarios and not args.no_peers)
+    if wants_peers and not Path(BENCH_PY).exists():
         raise SystemExit(f"{BENCH_PY} is missing: run `make bench` (it installs the peers)")
     migrate()
     setup_django()
@@ -810,14 +1037,21 @@ def main(argv=None):
         "scenarios": {},
     }
     runners = {"core": lambda: scenario_core(peers=not args.no_peers), "http": scenario_http,
-               "heartbeat": scenario_heartbeat, "growth": scenario_growth,
-               "reaper": scenario_reaper}
+               "peers": scenario_peers, "heartbeat": scenario_heartbeat,
+               "growth": scenario_growth, "reaper": scenario_reaper}
+    provenance = {"commit": git_commit()}
+    if wants_peers:
+        provenance["versions"] = json.loads(
+            subprocess.run([BENCH_PY, "-m", "benchmarks.peers", "versions"], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True,
+                           capture_output=True, text=True).stdout)
     for name in args.scenarios:
         log(f"scenario {name}")
         t = time.perf_counter()
         results["scenarios"][name] = runners[name]()
         results["scenarios"][name]["measured_at"] = dt.datetime.now(dt.UTC).strftime(
             "%Y-%m-%d %H:%M UTC")
+        results["scenarios"][name].update(provenance)
         log(f"scenario {name} done in {time.perf_counter() - t:.0f}s")
     # Scenarios not run this time keep their latest results (each says when it was measured).
     previous = RESULTS_DIR / "latest.json"

@@ -13,12 +13,8 @@ from .harness import Stack
 
 @pytest.fixture
 def stack(transactional_db, tmp_path):
-    s = Stack(tmp_path)
-    try:
-        s.start_server()
+    with Stack(tmp_path) as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture

@@ -85,6 +85,9 @@ class Proc:
     name: str
     popen: subprocess.Popen
     log: Path
+    # A line the process prints once its signal handlers are installed (agents and reapers):
+    # a SIGTERM before it would meet the default action and kill the process.
+    ready_line: str | None = None
 
     @property
     def pid(self) -> int:
@@ -110,16 +113,30 @@ class Proc:
         except FileNotFoundError:
             return ""
 
+    def ready(self) -> bool:
+        return self.ready_line is None or self.ready_line in self.output()
+
+    def wait_ready(self, timeout: float = 60) -> Proc:
+        """Wait for the ready line (or for the process to exit: nothing to wait for then)."""
+        wait_for(lambda: self.ready() or not self.alive(), timeout,
+                 f"{self.name} to be ready ({self.ready_line!r})",
+                 interval=0.05, on_fail=lambda: self.output()[-3000:])
+        return self
+
     def stop(self, timeout: float = 30) -> int:
-        """SIGTERM (after SIGCONT, in case it is stopped) and wait for the exit status."""
+        """SIGTERM (after SIGCONT, in case it is stopped) and wait for the exit status. A
+        process that has not installed its handlers yet is waited for first."""
         if self.alive():
             os.kill(self.pid, signal.SIGCONT)
+            self.wait_ready()
+        if self.alive():
             os.kill(self.pid, signal.SIGTERM)
         return self.popen.wait(timeout=timeout)
 
 
 class Stack:
-    """One test's processes. `close()` ends every one of them, and their orphans."""
+    """One test's processes. `close()` ends every one of them, and their orphans. As a
+    context manager: started with its API server, closed at the end."""
 
     def __init__(self, tmp_path: Path, *, server_env: dict | None = None):
         self.tmp = tmp_path
@@ -133,6 +150,17 @@ class Stack:
         self.server: Proc | None = None
         self.server_env = server_env or {}
         self._n = Counter()
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start_server()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- environment --
 
@@ -152,7 +180,8 @@ class Stack:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def _spawn(self, name: str, argv: list[str], env: dict, preexec_fn=None) -> Proc:
+    def _spawn(self, name: str, argv: list[str], env: dict, preexec_fn=None,
+               ready_line: str | None = None) -> Proc:
         self._n[name] += 1
         log = self.tmp / f"{name}-{self._n[name]}.log"
         fh = open(log, "ab")  # noqa: SIM115 - handed to the child
@@ -160,7 +189,7 @@ class Stack:
                                  stderr=subprocess.STDOUT, start_new_session=True,
                                  preexec_fn=preexec_fn)
         fh.close()
-        proc = Proc(name, popen, log)
+        proc = Proc(name, popen, log, ready_line)
         self.procs.append(proc)
         return proc
 
@@ -194,10 +223,12 @@ class Stack:
     def start_agent(self, job_agent, token: str, name: str, *, concurrency: int = 1,
                     drain_timeout: float = 10, kill_grace: float = 1, idle_max: float = 0.5,
                     extra_env: dict | None = None, tmpdir: Path | None = None,
-                    address_space_bytes: int | None = None) -> Proc:
+                    address_space_bytes: int | None = None, wait_ready: bool = True) -> Proc:
         """A `jobqueue-agent` process. Its TMPDIR (where its job directories go) is its own,
         tmp-<name>, unless `tmpdir` is given; `address_space_bytes` caps its memory
-        (RLIMIT_AS: beyond it, allocations fail with MemoryError)."""
+        (RLIMIT_AS: beyond it, allocations fail with MemoryError). With wait_ready (the
+        default), it returns once the agent runs its claim loop with its signal handlers
+        installed (its `event=started` line)."""
         tmpdir = tmpdir or self.tmp / f"tmp-{name}"
         tmpdir.mkdir(exist_ok=True)
         env = self.env(
@@ -216,13 +247,17 @@ class Stack:
         if address_space_bytes is not None:
             def preexec_fn():
                 resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
-        return self._spawn(f"agent-{name}", argv, env, preexec_fn=preexec_fn)
+        proc = self._spawn(f"agent-{name}", argv, env, preexec_fn=preexec_fn,
+                           ready_line="event=started ")
+        return proc.wait_ready() if wait_ready else proc
 
-    def start_reaper(self, interval: float = 0.3, batch_size: int | None = None) -> Proc:
+    def start_reaper(self, interval: float = 0.3, batch_size: int | None = None,
+                     wait_ready: bool = True) -> Proc:
         argv = [sys.executable, "manage.py", "reap_claims", "--loop", "--interval", str(interval)]
         if batch_size:
             argv += ["--batch-size", str(batch_size)]
-        return self._spawn("reaper", argv, self.env())
+        proc = self._spawn("reaper", argv, self.env(), ready_line="reaper looping every")
+        return proc.wait_ready() if wait_ready else proc
 
     def reap_once(self) -> str:
         out = subprocess.run([sys.executable, "manage.py", "reap_claims", "--json"], cwd=ROOT,
@@ -265,8 +300,32 @@ class Stack:
 
     # -- teardown --
 
-    def close(self) -> None:
-        for proc in reversed(self.procs):
+    def close(self, grace: float = 5) -> None:
+        """End every process: SIGTERM first, so that they exit through their own shutdown
+        (and coverage saves their data), SIGKILL for whatever is left after `grace` seconds.
+        Agents go first (a second SIGTERM ends their drain at once; what they release needs
+        the server), then the reapers and the server together."""
+        alive = [p for p in self.procs if p.alive()]
+        agents = [p for p in alive if p.name.startswith("agent-")]
+        for proc in agents:
+            proc.signal(signal.SIGCONT)
+            if proc.ready():
+                proc.signal(signal.SIGTERM)
+                proc.signal(signal.SIGTERM)
+            else:  # its handlers are not installed yet: a SIGTERM would only kill it too
+                proc.kill_group()
+        self._wait_or_kill(agents, grace)
+        rest = [p for p in alive if p not in agents]
+        for proc in rest:
+            proc.signal(signal.SIGCONT)
+            if proc is self.server:  # gunicorn's quick shutdown: workers exit via sys.exit
+                proc.signal(signal.SIGQUIT)
+            elif proc.ready():
+                proc.signal(signal.SIGTERM)
+            else:
+                proc.kill_group()
+        self._wait_or_kill(rest, grace)
+        for proc in self.procs:  # nothing should be left; if it is, it goes now
             if proc.alive():
                 proc.kill_group()
         # Children of killed agents live on in their own sessions: end them by pid, after
@@ -282,6 +341,15 @@ class Stack:
                     os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+
+    @staticmethod
+    def _wait_or_kill(procs: list[Proc], grace: float) -> None:
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill_group()
 
 
 # --- checks against the event log ----------------------------------------------------------

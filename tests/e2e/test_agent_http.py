@@ -13,7 +13,6 @@ import logging
 import re
 import signal
 import threading
-import time
 
 import httpx
 import pytest
@@ -36,8 +35,8 @@ REPORTS = re.compile(r"/job-agents/[^/]+/reports$")
 
 class Shim(httpx.BaseTransport):
     """Forwards to the real server over HTTP and records (method, path, json body).
-    `rules` may answer instead of the server, delay the request, or lose the server's
-    answer."""
+    `rules` may answer instead of the server, hold the request until a condition holds, or
+    lose the server's answer."""
 
     def __init__(self):
         self.inner = httpx.HTTPTransport()
@@ -54,8 +53,9 @@ class Shim(httpx.BaseTransport):
                                        for rule in self.rules) if a), None)
         if action and action[0] == "answer":
             return httpx.Response(action[1], json=action[2])
-        if action and action[0] == "delay":
-            time.sleep(action[1])
+        if action and action[0] == "hold":  # ("hold", condition, at most seconds)
+            wait_for(action[1], action[2], "the condition a held request waits for",
+                     interval=0.02)
         response = self.inner.handle_request(request)
         if action and action[0] == "lose":
             response.read()
@@ -105,6 +105,12 @@ def in_process(stack, monkeypatch):
         agent.request_stop()
         thread.join(timeout=30)
         client.close()
+
+
+def hold_until_all_ended(stack, n):
+    """A rule action: hold the request until the commands of n jobs have ended (so that
+    their reports are waiting in the agent's reporter meanwhile)."""
+    return ("hold", lambda: sum(r["what"] == "end" for r in stack.executions()) >= n, 30)
 
 
 def all_done(ids, stack, timeout=60):
@@ -225,12 +231,12 @@ def test_falls_back_to_single_paths_when_the_batch_ones_are_missing(
 
 def test_reports_that_wait_together_go_in_one_batch_report(stack, make_agent, make_jobs,
                                                           in_process):
-    """Six jobs end at once while the first report is held up on the wire: the others wait
-    in the reporter and go together in one POST job-agents/{id}/reports."""
+    """Six jobs end while the first report is held up on the wire: the others wait in the
+    reporter and go together in one POST job-agents/{id}/reports."""
     agent, token = make_agent(lease_seconds=5)
     jobs = make_jobs(agent, 6, stack.command("sleep 0.5"))
     shim = Shim()
-    shim.rules.append(once(STATUS, ("delay", 1.0), method="PUT"))
+    shim.rules.append(once(STATUS, hold_until_all_ended(stack, 6), method="PUT"))
     in_process(agent, token, shim, concurrency=6)
     all_done([j.id for j in jobs], stack)
     batches = shim.paths(REPORTS)
@@ -251,7 +257,7 @@ def test_a_lost_batch_report_response_is_retried(
     agent, token = make_agent(lease_seconds=5)
     jobs = make_jobs(agent, 6, stack.command("sleep 0.5"))
     shim = Shim()
-    shim.rules.append(once(STATUS, ("delay", 1.0), method="PUT"))
+    shim.rules.append(once(STATUS, hold_until_all_ended(stack, 6), method="PUT"))
     shim.rules.append(once(REPORTS, ("lose",)))
     caplog.set_level(logging.INFO, logger="jobqueue.agent")
     in_process(agent, token, shim, concurrency=6)
@@ -272,7 +278,7 @@ def test_falls_back_to_single_reports_when_the_batch_report_is_missing(
     more = make_jobs(agent, 6, stack.command("sleep 0.5"))
     caplog.set_level(logging.INFO, logger="jobqueue.agent")
     older = Shim()
-    older.rules.append(once(STATUS, ("delay", 1.0), method="PUT"))
+    older.rules.append(once(STATUS, hold_until_all_ended(stack, 6), method="PUT"))
     older.rules.append(lambda m, p, b: ("answer", 404, {"code": "not_found", "detail": "x"})
                        if REPORTS.search(p) else None)
     in_process(agent, token, older, concurrency=6)

@@ -72,10 +72,11 @@ def test_chaos_every_job_ends_exactly_once_and_stale_writes_are_refused(
             pool.remove(victim)
             if pool is agents:
                 n = CONCURRENCY[len(agents) % len(CONCURRENCY)]
+                # Not waited for: the chaos may strike an agent while it starts, too.
                 agents.append(stack.start_agent(agent, token, f"ag{next(serial)}",
-                                                concurrency=n))
+                                                concurrency=n, wait_ready=False))
             else:
-                reapers.append(stack.start_reaper(interval=0.5))
+                reapers.append(stack.start_reaper(interval=0.5, wait_ready=False))
         else:
             victim.signal(signal.SIGSTOP)
             frozen[victim] = time.monotonic() + rng.uniform(0.5, 4.0)

@@ -1,44 +1,62 @@
 """Acceptance scenario 6: PostgreSQL restarted in immediate mode under load.
 
-This restarts the shared PostgreSQL server once (a few seconds), and waits until it is back."""
+The server restarted is a private cluster that this test starts for itself (tests/e2e/
+pgcluster.py: initdb on a temporary directory, a free port), never the machine's shared
+PostgreSQL: the test database pytest-django made stays where it is, and this test points its
+Django connection, the API server, the agents and the reapers at the private cluster."""
 
-import os
-import subprocess
 import time
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from jobqueue import states
 from jobqueue.models import Job, JobClaim
 
-from .harness import audit, duplicated_executions, wait_for
+from .harness import Stack, audit, duplicated_executions, wait_for
+from .pgcluster import PrivateCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
 
-def postgres_is_ready() -> bool:
-    d = connection.settings_dict
-    return subprocess.run(
-        ["pg_isready", "-q", "-h", d.get("HOST") or "127.0.0.1", "-p", str(d.get("PORT") or 5432)],
-        timeout=10,
-    ).returncode == 0
+@pytest.fixture
+def private_postgres(transactional_db):
+    """A private cluster with the schema migrated, and this process's default connection
+    pointed at it for the test (restored, with its own connection, afterwards)."""
+    cluster = PrivateCluster().start()
+    saved = dict(connection.settings_dict)
+    try:
+        cluster.create_database("jobqueue_restart")
+        connection.close()
+        connection.settings_dict.update(HOST=cluster.host, PORT=cluster.port,
+                                        NAME="jobqueue_restart", USER=cluster.user,
+                                        PASSWORD="")
+        call_command("migrate", verbosity=0, interactive=False)
+        yield cluster
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+        cluster.stop()
 
 
-def restart_postgres() -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    out = subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart",
-         "-m", "immediate"],
-        capture_output=True, text=True, timeout=120,
-    )
-    # Whatever pg_ctlcluster said, wait for the server to accept connections again.
-    wait_for(postgres_is_ready, 90, f"PostgreSQL to come back ({out.stderr.strip()})",
-             interval=0.2)
+@pytest.fixture
+def stack(private_postgres, tmp_path):
+    """The conftest's stack, on the private cluster."""
+    with Stack(tmp_path) as s:
+        yield s
+
+
+def restart_postgres(cluster: PrivateCluster) -> None:
+    cluster.restart_immediate()
+    wait_for(cluster.is_ready, 90, "PostgreSQL to come back", interval=0.2,
+             on_fail=cluster.server_log)
     connection.close()  # this test's own connection died with the server
 
 
-def test_postgres_restart_under_load_loses_nothing(stack, make_agent, make_jobs, say):
+def test_postgres_restart_under_load_loses_nothing(private_postgres, stack, make_agent, make_jobs,
+                                                   say):
     agent, token = make_agent(lease_seconds=4, max_attempts=10)
     jobs = make_jobs(agent, 100, stack.command("sleep 0.2"))
     ids = [j.id for j in jobs]
@@ -51,7 +69,7 @@ def test_postgres_restart_under_load_loses_nothing(stack, make_agent, make_jobs,
 
     wait_for(lambda: finished() >= 20, 60, "work to be under way", on_fail=stack.logs)
     t0 = time.monotonic()
-    restart_postgres()
+    restart_postgres(private_postgres)
     restart_took = time.monotonic() - t0
     assert finished() < len(ids), "the restart should hit a queue with work left"
 

@@ -117,23 +117,36 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
 
+    # The handlers go in before anything slow (the HTTP client loads its TLS context): a
+    # SIGTERM that arrives while the agent starts is a clean stop too, never the default
+    # action. The agent logs `event=started` once its claim loop runs.
+    signals: list[int] = []  # every signal so far
+    early: list[int] = []  # those that came before the agent existed
+    holder: dict[str, Agent] = {}
+
+    def on_signal(signum, frame):
+        logging.getLogger("jobqueue.agent").info(
+            "event=signal name=%s action=%s", signal.Signals(signum).name,
+            "abort_drain" if signals else "drain")
+        signals.append(signum)
+        if "agent" in holder:
+            holder["agent"].request_stop()
+        else:
+            early.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
     client = AgentClient(args.server, args.workspace, args.agent, args.token)
-    agent = Agent(client, AgentOptions(
+    agent = holder["agent"] = Agent(client, AgentOptions(
         concurrency=args.concurrency,
         drain_timeout=args.drain_timeout,
         kill_grace=args.kill_grace,
         idle_min=min(0.2, args.idle_max) or 0.05,
         idle_max=max(args.idle_max, 0.05),
     ))
-
-    def on_signal(signum, frame):
-        logging.getLogger("jobqueue.agent").info(
-            "event=signal name=%s action=%s", signal.Signals(signum).name,
-            "abort_drain" if agent._stop.is_set() else "drain")
+    for _ in early:
         agent.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
         return agent.run()
     finally:

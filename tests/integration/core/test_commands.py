@@ -135,3 +135,33 @@ def test_reap_claims_loop_stops_at_once_on_sigterm_between_sweeps():
     assert proc.returncode == 0, err
     assert "reaper stopped" in err
     assert waited < 20, waited  # far from the 60 s the loop would otherwise sleep
+
+
+def test_create_workspace_prints_the_id_and_the_key_once_as_text(capsys):
+    from agents import credentials
+
+    call_command("create_workspace", "  acme  ")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[0] for line in lines] == ["workspace_id", "api_key"]
+    ws = Workspace.objects.get(id=lines[0].split(": ")[1])
+    assert ws.name == "acme"  # trimmed
+    key = credentials.resolve_api_key(lines[1].split(": ")[1])
+    assert key is not None and key.workspace_id == ws.id
+
+
+@pytest.mark.parametrize("name", ["", "   "])
+def test_create_workspace_refuses_an_empty_name(name):
+    with pytest.raises(CommandError, match="NAME must not be empty"):
+        call_command("create_workspace", name)
+    assert Workspace.objects.count() == 0
+
+
+def test_create_job_agent_prints_text_with_its_token(capsys):
+    from agents import credentials
+
+    ws = Workspace.objects.create(name="w")
+    call_command("create_job_agent", "--workspace", str(ws.id), "builder")
+    out = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert set(out) == {"job_agent_id", "workspace_id", "token"}
+    token = credentials.resolve_agent_token(out["token"])
+    assert str(token.job_agent_id) == out["job_agent_id"] and out["workspace_id"] == str(ws.id)

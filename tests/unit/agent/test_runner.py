@@ -248,3 +248,38 @@ def test_lease_deadline_uses_the_servers_clock_difference_not_ours():
     assert lease.deadline == 1050.0 and lease.next_due == 1030.0
     assert lease.mark_lost("claim_superseded") and not lease.mark_lost("job_finished")
     assert lease.lost_code == "claim_superseded" and lease.stop_child.is_set()
+
+
+def test_output_beyond_the_buffer_keeps_only_its_tail():
+    """200 KiB of output: the agent keeps a bounded buffer and reports the last characters."""
+    script = "i=0; while [ $i -lt 2000 ]; do printf '%0100d\\n' $i; i=$((i+1)); done; echo END"
+    outcome = run(sh(script))
+    assert outcome.succeeded
+    assert len(outcome.output_tail) == OUTPUT_TAIL_CHARS
+    assert outcome.output_tail.endswith("00001999\nEND\n")
+
+
+def test_a_result_file_over_the_cap_makes_the_job_fail(monkeypatch):
+    from jobqueue_client import runner
+
+    monkeypatch.setattr(runner, "RESULT_FILE_MAX_BYTES", 10)
+    outcome = run(sh('echo \'{"much": "more than ten bytes"}\' > "$JOB_RESULT_FILE"'))
+    assert not outcome.succeeded and outcome.result is None
+    assert outcome.message() == "JOB_RESULT_FILE is larger than 10 bytes"
+
+
+def test_a_result_file_that_is_a_directory_makes_the_job_fail():
+    outcome = run(sh('mkdir "$JOB_RESULT_FILE"'))
+    assert not outcome.succeeded
+    assert outcome.message() == "JOB_RESULT_FILE is a directory, not a regular file"
+
+
+def test_on_start_sees_the_child_and_a_finished_child_needs_no_signal():
+    from jobqueue_client.runner import stop_process_group
+
+    seen = []
+    outcome = run(sh("exit 0"), on_start=seen.append)
+    [proc] = seen
+    assert outcome.succeeded and proc.returncode == 0
+    stop_process_group(proc, grace=5)  # already gone: returns at once, raises nothing
+    assert proc.returncode == 0

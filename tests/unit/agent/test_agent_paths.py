@@ -1,0 +1,446 @@
+"""The agent's loop against answers a real server gives only rarely (refusals, 413, lost
+leases, failing batch endpoints, release errors), with an in-memory stand-in for the agent
+API behind httpx.MockTransport. Child processes are real. The agent against the real server
+is in tests/e2e/test_agent_http.py."""
+
+import itertools
+import json
+import logging
+import re
+import threading
+import time
+
+import httpx
+import pytest
+from jobqueue_client import client as api
+from jobqueue_client import runner
+from jobqueue_client.runner import Agent, AgentOptions
+
+from tests.e2e.harness import wait_for
+
+CLAIM_NEXT = re.compile(r"/job-agents/ag/jobs/claim$")
+AGENT_HEARTBEAT = re.compile(r"/job-agents/ag/heartbeat$")
+REPORTS = re.compile(r"/job-agents/ag/reports$")
+HEARTBEAT = re.compile(r"/jobs/([^/]+)/heartbeat$")
+STATUS = re.compile(r"/jobs/([^/]+)/status$")
+RELEASE = re.compile(r"/jobs/([^/]+)/release$")
+
+
+def stamp(seconds_from_now=0.0):
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + seconds_from_now)) + "Z"
+
+
+class Api:
+    """Hands out `jobs` (each {"id", "command"}) one claim at a time, renews every lease,
+    accepts every report and release; `rules` (first match wins) answer instead:
+    rule(method, path, body) -> (status, json[, headers]), an exception to raise, or None.
+    `holds` run first, outside the lock, and may block a request. Records every request."""
+
+    def __init__(self, *commands, lease_seconds=30):
+        self._ids = itertools.count(1)
+        self.jobs = [{"id": f"job{next(self._ids)}", "command": c} for c in commands]
+        self.lease_seconds = lease_seconds
+        self.rules = []
+        self.holds = []
+        self.seen = []
+        self.lock = threading.Lock()
+
+    def add(self, *commands):
+        with self.lock:
+            self.jobs += [{"id": f"job{next(self._ids)}", "command": c} for c in commands]
+
+    def _grant(self, job):
+        return {"job": {"id": job["id"], "attempt": 1,
+                        "job_agent_config": {"command": job["command"]},
+                        "dispatch_context": {}},
+                "claim": {"claim_id": f"claim-{job['id']}", "attempt": 1,
+                          "lease_seconds": self.lease_seconds,
+                          "heartbeat_interval_seconds": self.lease_seconds / 3,
+                          "claim_expires_at": stamp(self.lease_seconds),
+                          "server_time": stamp()}}
+
+    def __call__(self, request):
+        raw = request.read()
+        body = json.loads(raw) if raw else None
+        method, path = request.method, request.url.path
+        with self.lock:
+            self.seen.append((method, path, body))
+        for hold in self.holds:
+            hold(method, path, body)
+        with self.lock:
+            for rule in self.rules:
+                answer = rule(method, path, body)
+                if answer is not None:
+                    if isinstance(answer, Exception):
+                        raise answer
+                    status, payload, *headers = answer
+                    return httpx.Response(status, json=payload,
+                                          headers=headers[0] if headers else None)
+            return self._default(method, path, body)
+
+    def _default(self, method, path, body):
+        if CLAIM_NEXT.search(path):
+            n = body.get("limit", 1) if isinstance(body, dict) else 1
+            taken, self.jobs = self.jobs[:n], self.jobs[n:]
+            if "limit" in (body or {}):
+                return httpx.Response(200, json={"claims": [self._grant(j) for j in taken]})
+            return httpx.Response(200, json=self._grant(taken[0])) if taken \
+                else httpx.Response(204)
+        if AGENT_HEARTBEAT.search(path):
+            return httpx.Response(200, json={"server_time": stamp(), "results": [
+                {"job_id": c["job_id"], "renewed": True,
+                 "claim_expires_at": stamp(self.lease_seconds)} for c in body["claims"]]})
+        if m := HEARTBEAT.search(path):
+            return httpx.Response(200, json={"job_id": m[1], "server_time": stamp(),
+                                             "claim_expires_at": stamp(self.lease_seconds)})
+        if REPORTS.search(path):
+            return httpx.Response(200, json={"results": [
+                {"job_id": r["job_id"], "accepted": True} for r in body["reports"]]})
+        if m := STATUS.search(path):
+            return httpx.Response(200, json={"id": m[1], "status": body["status"]})
+        if m := RELEASE.search(path):
+            return httpx.Response(200, json={"id": m[1], "status": "queued"})
+        return httpx.Response(404, json={"code": "not_found", "detail": path})
+
+    def requests(self, pattern, method=None):
+        with self.lock:
+            return [(m, p, b) for m, p, b in self.seen
+                    if pattern.search(p) and (method is None or m == method)]
+
+
+def answer_once(pattern, status, body, method=None, headers=None):
+    used = []
+
+    def rule(m, path, b):
+        if not used and pattern.search(path) and (method is None or m == method):
+            used.append(1)
+            return (status, body, headers or {})
+        return None
+
+    return rule
+
+
+def always(pattern, status, body, method=None):
+    return lambda m, path, b: (status, body) if pattern.search(path) and \
+        (method is None or m == method) else None
+
+
+class Running:
+    def __init__(self, agent, thread, client):
+        self.agent, self.thread, self.client = agent, thread, client
+        self.exit_code = None
+
+    def stop(self, timeout=30):
+        self.agent.request_stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the agent did not stop"
+        self.client.close()
+        return self.agent.exit_code
+
+
+@pytest.fixture
+def start(caplog):
+    caplog.set_level(logging.DEBUG, logger="jobqueue.agent")
+    started = []
+
+    def start(server, **options):
+        client = api.AgentClient("http://jq.test", "ws", "ag", "jqa_0123456789ab_s",
+                                 transport=httpx.MockTransport(server))
+        opts = {"idle_min": 0.02, "idle_max": 0.05, "kill_grace": 0.5, "release_timeout": 3}
+        agent = Agent(client, AgentOptions(**{**opts, **options}))
+        thread = threading.Thread(target=agent.run, daemon=True)
+        thread.start()
+        run = Running(agent, thread, client)
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        if run.thread.is_alive():
+            run.agent.request_stop()
+            run.agent.request_stop()
+            run.thread.join(30)
+
+
+def logged(caplog, text, timeout=30):
+    return wait_for(lambda: text in caplog.text, timeout, f"the agent to log {text!r}",
+                    interval=0.02, on_fail=lambda: caplog.text[-3000:])
+
+
+# --- reports -------------------------------------------------------------------------------
+
+
+def test_a_refused_report_publishes_nothing_and_is_not_retried(start, caplog):
+    server = Api(["true"])
+    server.rules.append(always(STATUS, 409, {"code": "job_cancelled", "detail": "x"}))
+    run = start(server)
+    logged(caplog, "event=report_refused job=job1 attempt=1 code=job_cancelled")
+    assert run.stop() == 0
+    assert len(server.requests(STATUS)) == 1
+
+
+def test_a_result_the_server_refuses_is_reported_as_failure_without_it(start, caplog):
+    """413 (or any 4xx) for a report with a result: the job is reported failed, with why."""
+    script = 'echo \'{"big": "result"}\' > "$JOB_RESULT_FILE"'
+    server = Api(["sh", "-c", script])
+    server.rules.append(answer_once(STATUS, 413, {"code": "payload_too_large", "detail": "big"}))
+    run = start(server)
+    logged(caplog, "event=reported job=job1 attempt=1 status=failure has_result=False")
+    assert run.stop() == 0
+    first, second = [b for _, _, b in server.requests(STATUS)]
+    assert first["status"] == "successful" and first["result"] == {"big": "result"}
+    assert second["status"] == "failure" and "result" not in second
+    assert second["message"] == "the report was refused (payload_too_large): big"
+    assert "event=report_invalid job=job1 attempt=1 code=payload_too_large fallback=failure" \
+        in caplog.text
+
+
+def test_a_failure_report_the_server_refuses_is_given_up(start, caplog):
+    server = Api(["false"])
+    server.rules.append(always(STATUS, 400, {"code": "validation_error", "detail": "x"}))
+    run = start(server)
+    logged(caplog, "event=report_invalid job=job1 attempt=1 code=validation_error")
+    assert run.stop() == 0
+    assert len(server.requests(STATUS)) == 1
+
+
+@pytest.mark.parametrize(("status", "code"), [(404, "not_found"), (401, "not_authenticated")])
+def test_a_report_for_a_job_or_token_that_is_gone_is_abandoned_at_once(start, caplog, status,
+                                                                       code):
+    server = Api(["true"])
+    server.rules.append(always(STATUS, status, {"code": code, "detail": "x"}))
+    run = start(server)
+    logged(caplog, f"event=report_abandoned job=job1 attempt=1 code={code} status={status}")
+    assert run.stop() == 0
+    assert len(server.requests(STATUS)) == 1
+
+
+def test_a_report_is_retried_only_while_the_lease_allows(start, caplog, monkeypatch):
+    monkeypatch.setattr(runner, "TERMINAL_REPORT_CAP_SECONDS", 0.5)
+    server = Api(["true"])
+    server.rules.append(always(STATUS, 503, {"code": "unavailable", "detail": "x"}))
+    run = start(server)
+    logged(caplog, "event=report_abandoned job=job1 attempt=1 code=unavailable status=503")
+    assert run.stop() == 0
+    assert len(server.requests(STATUS)) >= 2  # retried, then given up at the cap
+    assert "event=report_retry job=job1 attempt=1 code=unavailable status=503" in caplog.text
+
+
+# --- the batch reporter ------------------------------------------------------------------
+
+
+def hold_first_report(server, go):
+    """Hold the first single report on the wire until the returned event is set, and create
+    the file `go` once it is held: jobs that wait for that file end only then, so their
+    reports come while the first is on the wire (and wait in the agent's reporter, or, too
+    big for a batch, go alone)."""
+    gate, held = threading.Event(), []
+
+    def hold(method, path, body):
+        if STATUS.search(path) and not held:
+            held.append(body["claim_id"])
+            go.touch()
+            gate.wait(30)
+
+    server.holds.append(hold)
+    return gate
+
+
+def after(go, then=":"):
+    """A job command that waits for the file `go`, then runs `then`."""
+    return ["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.01; done; {then}']
+
+
+def batch_after_a_held_report(start, tmp_path, reports_rule):
+    """Three jobs; the first one's report is held until the other two, which end only once
+    it is held, wait in the reporter; then those two go in one batch report, which
+    `reports_rule` answers."""
+    go = tmp_path / "go"
+    server = Api(["true"], after(go), after(go))
+    server.rules.append(reports_rule)
+    gate = hold_first_report(server, go)
+    run = start(server, concurrency=3)
+    wait_for(lambda: len(run.agent.reporter._queue) == 2, 30, "two reports to wait")
+    gate.set()
+    return server, run
+
+
+def test_a_batch_report_refused_as_a_whole_falls_back_to_single_reports(start, caplog,
+                                                                        tmp_path):
+    server, run = batch_after_a_held_report(
+        start, tmp_path, always(REPORTS, 400, {"code": "validation_error", "detail": "x"}))
+    wait_for(lambda: caplog.text.count("event=reported ") == 3, 30, "three reports")
+    assert run.stop() == 0
+    assert "event=batch_report_refused code=validation_error reports=2 fallback=single" \
+        in caplog.text
+    assert len(server.requests(STATUS)) == 3  # one held, two after the refused batch
+
+
+def test_a_failing_batch_report_hands_each_job_the_error_and_each_retries(start, caplog,
+                                                                          tmp_path):
+    _, run = batch_after_a_held_report(
+        start, tmp_path, answer_once(REPORTS, 503, {"code": "unavailable", "detail": "x"}))
+    wait_for(lambda: caplog.text.count("event=reported ") == 3, 30, "three reports")
+    assert run.stop() == 0
+    # The two in the failed batch were told, and each sent its report again.
+    assert caplog.text.count("event=report_retry") == 2
+    assert caplog.text.count("code=unavailable status=503") == 2
+
+
+def test_a_bug_in_the_batch_report_does_not_take_the_agent_down(start, caplog, tmp_path):
+    server, run = batch_after_a_held_report(
+        start, tmp_path, lambda m, p, b: RuntimeError("bug") if REPORTS.search(p) else None)
+    logged(caplog, "event=report_batch_error")
+    wait_for(lambda: caplog.text.count("event=job_thread_error") == 2, 30, "the job threads")
+    server.add(["true"])  # the agent goes on with the next job
+    logged(caplog, "event=child_exited job=job4")
+    assert run.stop() == 0
+
+
+def test_a_large_result_skips_the_batch(start, caplog, tmp_path):
+    """While the reporter is busy, a report too big for a batch goes out alone at once."""
+    big = "x" * (runner.BATCH_REPORT_ITEM_BYTES + 1)
+    go = tmp_path / "go"
+    server = Api(["true"], after(go, f'printf \'{{"blob": "{big}"}}\' > "$JOB_RESULT_FILE"'))
+    gate = hold_first_report(server, go)
+    run = start(server, concurrency=2)
+    wait_for(lambda: len(server.requests(STATUS)) == 2, 30, "the big report, alone")
+    gate.set()
+    wait_for(lambda: caplog.text.count("event=reported ") == 2, 30, "two reports")
+    assert run.stop() == 0
+    held, alone = [b for _, _, b in server.requests(STATUS)]
+    assert held["claim_id"] == "claim-job1" and alone["result"] == {"blob": big}
+    assert server.requests(REPORTS) == []
+
+
+# --- heartbeats ----------------------------------------------------------------------------
+
+
+def test_batch_heartbeat_errors_are_retried_and_refusals_stop_the_job(start, caplog):
+    server = Api(["sleep", "30"], ["sleep", "30"], lease_seconds=1)
+    state = {"n": 0}
+
+    def beats(m, path, body):
+        if not AGENT_HEARTBEAT.search(path):
+            return None
+        state["n"] += 1
+        if state["n"] == 1:
+            return (503, {"code": "unavailable", "detail": "x"})
+        if state["n"] == 2:  # an answer without one of the jobs: asked again soon
+            return (200, {"server_time": stamp(), "results": [
+                {"job_id": "job1", "renewed": True, "claim_expires_at": stamp(1)}]})
+        return (200, {"server_time": stamp(), "results": [
+            {"job_id": c["job_id"], "renewed": False, "code": "claim_superseded"}
+            for c in body["claims"]]})
+
+    server.rules.append(beats)
+    run = start(server, concurrency=2)
+    wait_for(lambda: caplog.text.count("event=abandoned") == 2, 30, "both jobs abandoned",
+             on_fail=lambda: caplog.text[-3000:])
+    assert run.stop() == 0
+    assert re.search(r"event=heartbeat_retry job=job\d attempt=1 code=unavailable status=503",
+                     caplog.text)
+    # Both refused, job2 too: a renewal missing from an answer is asked for again.
+    assert caplog.text.count("code=claim_superseded via=heartbeat") == 2
+    assert server.requests(STATUS) == [] and server.requests(REPORTS) == []
+
+
+def test_a_heartbeat_answered_404_stops_the_job(start, caplog):
+    server = Api(["sleep", "30"], lease_seconds=1)
+    server.rules.append(always(HEARTBEAT, 404, {"code": "not_found", "detail": "x"}))
+    run = start(server)
+    logged(caplog, "event=lease_lost job=job1 attempt=1 code=not_found via=heartbeat")
+    logged(caplog, "event=abandoned job=job1")
+    assert run.stop() == 0
+    assert server.requests(STATUS) == []
+
+
+# --- claiming --------------------------------------------------------------------------------
+
+
+def test_claim_errors_are_retried_honouring_retry_after(start, caplog):
+    server = Api()
+    server.rules.append(answer_once(CLAIM_NEXT, 429, {"code": "throttled", "detail": "x"},
+                                    headers={"Retry-After": "0"}))
+    server.rules.append(answer_once(CLAIM_NEXT, 503, {"code": "unavailable", "detail": "x"}))
+    run = start(server)
+    logged(caplog, "event=claim_retry code=throttled status=429 retry_in=0.000")
+    logged(caplog, "event=claim_retry code=unavailable status=503")
+    wait_for(lambda: len(server.requests(CLAIM_NEXT)) >= 3, 30, "claims to go on")
+    assert run.stop() == 0
+
+
+def test_batch_claims_shrink_to_one_then_fall_back_to_single_claims(start, caplog):
+    server = Api(["true"])
+    server.rules.append(lambda m, p, b: (400, {"code": "validation_error", "detail": "x",
+                                               "fields": {"limit": ["too many"]}})
+                        if CLAIM_NEXT.search(p) and "limit" in (b or {}) else None)
+    run = start(server, concurrency=2)
+    logged(caplog, "event=reported job=job1")
+    assert run.stop() == 0
+    bodies = [b for _, _, b in server.requests(CLAIM_NEXT)]
+    assert bodies[:3] == [{"limit": 2}, {"limit": 1}, {}]
+    assert "event=batch_claim_limit_refused limit=1" in caplog.text
+
+
+def test_a_batch_claim_refused_for_another_reason_stops_the_agent_with_status_1(start, caplog):
+    server = Api(["true"])
+    server.rules.append(always(CLAIM_NEXT, 400, {"code": "validation_error", "detail": "no",
+                                                 "fields": {"wait_seconds": ["bad"]}}))
+    run = start(server, concurrency=2)
+    run.thread.join(30)
+    assert run.agent.exit_code == 1
+    assert "event=claim_refused code=validation_error status=400" in caplog.text
+
+
+def test_jobs_claimed_while_stopping_are_released_at_once(start, caplog):
+    server = Api(["true"], ["true"])
+    holder, known = {}, threading.Event()
+
+    def stop_then_answer(m, path, body):
+        if CLAIM_NEXT.search(path):
+            known.wait(30)
+            holder["agent"].request_stop()  # the stop comes while the claim is on the wire
+
+    server.holds.append(stop_then_answer)
+    holder["agent"] = start(server, concurrency=2).agent
+    known.set()
+    wait_for(lambda: caplog.text.count("event=released ") == 2, 30, "both jobs released")
+    assert [b for _, _, b in server.requests(RELEASE)] == [
+        {"claim_id": "claim-job1", "reason": "agent stopping"},
+        {"claim_id": "claim-job2", "reason": "agent stopping"},
+    ]
+    assert server.requests(STATUS) == []
+
+
+# --- release at the end of a drain ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("answer", "rule", "requests", "logged_line"), [
+    ((503, {"code": "unavailable", "detail": "x"}), answer_once, 2,
+     'event=released job=job1 attempt=1 reason="agent shutting down"'),
+    ((409, {"code": "claim_superseded", "detail": "x"}), always, 1,
+     "event=release_refused job=job1 attempt=1 code=claim_superseded"),
+    ((400, {"code": "validation_error", "detail": "x"}), always, 1,
+     "event=release_failed job=job1 attempt=1 code=validation_error"),
+], ids=["transient-retried", "refused-left-alone", "invalid-given-up"])
+def test_the_release_at_the_end_of_a_drain(start, caplog, answer, rule, requests, logged_line):
+    server = Api(["sleep", "30"])
+    server.rules.append(rule(RELEASE, *answer))
+    run = start(server, drain_timeout=0)
+    logged(caplog, "event=started_child job=job1")
+    assert run.stop() == 0
+    assert len(server.requests(RELEASE)) == requests
+    assert logged_line in caplog.text
+
+
+# --- the agent object ---------------------------------------------------------------------
+
+
+def test_concurrency_below_one_is_refused_and_active_counts_running_jobs(start, caplog):
+    with pytest.raises(ValueError, match="at least 1"):
+        Agent(api.AgentClient("http://jq.test", "w", "a", "t"), AgentOptions(concurrency=0))
+    run = start(Api(["sleep", "30"], ["sleep", "30"]), concurrency=3, drain_timeout=0)
+    wait_for(lambda: run.agent.active == 2, 30, "two jobs to run")
+    assert run.stop() == 0
+    assert run.agent.active == 0
