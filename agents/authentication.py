@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
-from jobqueue.lifecycle import agent_actor
+from jobqueue import actors
 from jobqueue.models import JobAgent
 
 from . import credentials, health
@@ -44,10 +44,10 @@ class Principal:
 
     @property
     def actor(self) -> str:
-        """Who did it, on job events: the agent as the lifecycle names it, or the key."""
+        """Who did it, on job events (jobqueue.actors): the agent, or the workspace key."""
         if self.is_agent:
-            return agent_actor(self.job_agent_id)
-        return f"producer:api_key:{self.credential_id}"
+            return actors.agent_actor(self.job_agent_id)
+        return actors.producer_actor(self.credential_id)
 
     @property
     def throttle_ident(self) -> str:

@@ -60,6 +60,9 @@ class BatchHeartbeatItem(serializers.Serializer):
     class Meta:
         ref_name = "BatchHeartbeatItem"
 
+    def to_internal_value(self, data):
+        return lifecycle.ClaimRef(**super().to_internal_value(data))
+
 
 class BatchHeartbeatInput(serializers.Serializer):
     claims = batch_of(
@@ -106,6 +109,9 @@ class BatchReportItem(StatusInput):
 
     class Meta:
         ref_name = "BatchReportItem"
+
+    def to_internal_value(self, data):
+        return lifecycle.ReportItem(**super().to_internal_value(data))
 
 
 class BatchReportInput(serializers.Serializer):

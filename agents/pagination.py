@@ -21,6 +21,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
+from jobqueue.models import CLAIM_ORDER
+
 
 class KeysetPagination:
     ordering: tuple[str, ...] = ("-created_at", "-id")
@@ -120,7 +122,7 @@ class NewestFirst(KeysetPagination):
 class ClaimOrder(KeysetPagination):
     """The order in which claim-next would take the jobs."""
 
-    ordering = ("-priority", "available_at", "created_at", "id")
+    ordering = (*CLAIM_ORDER, "id")
 
 
 class ByName(KeysetPagination):

@@ -232,13 +232,13 @@ def pg_cli_args():
 
 def lifecycle_sql_file() -> str:
     """The lifecycle's claim-next and terminal report statements, for the raw psycopg loop."""
-    from jobqueue import lifecycle
+    from jobqueue.lifecycle.pg import statements
 
     path = ROOT / "var" / "bench-lifecycle-sql.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps({
-        "claim": lifecycle._PG_CLAIM_SQL_NEXT,
-        "report": lifecycle.report_sql(True, scope="AND job.job_agent_id = %(agent)s "),
+        "claim": statements.JOB_CLAIM_AVAILABLE,
+        "report": statements.JOB_SET_STATE_IF_RUNNING,
     }))
     return str(path)
 

@@ -59,8 +59,7 @@ def core(agent_id: str, batch: str = "1", ack: str = "single") -> None:
             break
         if ack == "batch":
             out = lifecycle.report_many(agent.id, [
-                {"job_id": g.job.id, "claim_id": g.claim_id, "status": states.SUCCESSFUL}
-                for g in grants
+                lifecycle.ReportItem(g.job.id, g.claim_id, states.SUCCESSFUL) for g in grants
             ])
             if not all(r.accepted for r in out.results):
                 raise RuntimeError(f"batch report refused: {out.results}")
@@ -87,7 +86,7 @@ def _core_pipelined(agent, batch: int) -> None:
         try:
             while (grants := handoff.get()) is not None:
                 out = lifecycle.report_many(agent.id, [
-                    {"job_id": g.job.id, "claim_id": g.claim_id, "status": states.SUCCESSFUL}
+                    lifecycle.ReportItem(g.job.id, g.claim_id, states.SUCCESSFUL)
                     for g in grants
                 ])
                 if not all(r.accepted for r in out.results):
@@ -208,8 +207,9 @@ def raw_cte(agent_id: str, sql_file: str) -> None:
     actor = f"agent:{agent}"
     claim_params = {"agent": agent, "actor": actor, "limit": 1, "lease": 60, "kind": "claimed",
                     "detail": '{"lease_seconds": 60}'}
-    report_params = {"agent": agent, "actor": actor, "kind": "status_reported",
-                     "status": "successful",
+    report_params = {"agent": agent, "workspace": None, "actor": actor,
+                     "kind": "status_reported", "status": "successful", "message": None,
+                     "result": None, "external_id": None,
                      "detail": '{"status": "successful", "has_result": false}'}
     at = None
     worker_ready()
@@ -241,8 +241,9 @@ def heartbeat(agent_id: str, claims_file: str, mode: str, rounds: str) -> None:
     _django()
     from jobqueue import lifecycle
 
+    agent_id = uuid.UUID(agent_id)
     with open(claims_file) as fh:
-        pairs = [tuple(line.split()) for line in fh if line.strip()]
+        pairs = [lifecycle.ClaimRef(*map(uuid.UUID, line.split())) for line in fh if line.strip()]
     batch = 100
     worker_ready()
     t0 = time.time()

@@ -127,6 +127,10 @@ else:
     _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("OPTIONS", {})
     _db["OPTIONS"].setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", 5))
+    # The lifecycle's hot statements are prepared explicitly (jobqueue/lifecycle/pg/cursor.py).
+    # psycopg ignores prepare=True when the threshold is None (Django's default); one never
+    # reached keeps its automatic preparing off for every other query.
+    _db["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -1,9 +1,34 @@
-"""Database-clock expressions. Lease arithmetic never uses the app server's clock."""
+"""The database's clock. Lease arithmetic never uses the app server's clock.
 
-from datetime import UTC
+On SQLite, Django stores datetimes as text (UTC) in SQLITE_DATETIME_FORMAT; the database's
+clock is written in the same format, so that comparing it with stored values compares equal
+texts. `sqlite_clock()` is that clock as SQL, for every statement that needs it.
+"""
 
-from django.db.models import DateTimeField, Func, IntegerField
+from datetime import UTC, datetime
+
+from django.db.models import DateTimeField, Func, IntegerField, Value
 from django.db.models.functions import Now
+
+SQLITE_DATETIME_FORMAT = "%Y-%m-%d %H:%M:%f"
+
+
+def sqlite_clock(modifier: str = "", *, percent: str = "%%") -> str:
+    """SQLite's now() (with a date modifier, e.g. "lease_seconds || ' seconds'") as SQL.
+
+    `percent` is how a literal % is written where the text goes: "%%" in a statement run
+    with parameters (Django's convention on every backend), "%%%%" in an expression
+    template (which is %-formatted once more)."""
+    fmt = SQLITE_DATETIME_FORMAT.replace("%", percent)
+    return f"STRFTIME('{fmt}', 'NOW'" + (f", {modifier})" if modifier else ")")
+
+
+def parse_db_datetime(value) -> datetime:
+    """An aware UTC datetime from what a raw statement returns for a time: a datetime
+    (PostgreSQL) or SQLite's text."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
 class NowPlusSeconds(Func):
@@ -13,8 +38,6 @@ class NowPlusSeconds(Func):
     arity = 1
 
     def __init__(self, seconds, **extra):
-        from django.db.models import Value
-
         if isinstance(seconds, (int, float)):
             seconds = Value(seconds, output_field=IntegerField())
         super().__init__(seconds, **extra)
@@ -28,14 +51,8 @@ class NowPlusSeconds(Func):
         )
 
     def as_sqlite(self, compiler, connection, **extra_context):
-        # Same text format as Django's Now() on SQLite, so comparisons stay textual-safe.
-        return self.as_sql(
-            compiler,
-            connection,
-            template="STRFTIME('%%%%Y-%%%%m-%%%%d %%%%H:%%%%M:%%%%f', 'NOW', "
-            "(%(expressions)s) || ' seconds')",
-            **extra_context,
-        )
+        template = sqlite_clock("(%(expressions)s) || ' seconds'", percent="%%%%")
+        return self.as_sql(compiler, connection, template=template, **extra_context)
 
 
 def db_now():
@@ -46,11 +63,8 @@ def db_now():
         if connection.vendor == "postgresql":
             cursor.execute("SELECT STATEMENT_TIMESTAMP()")
             return cursor.fetchone()[0]
-        cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
-        raw = cursor.fetchone()[0]
-    from datetime import datetime
-
-    return datetime.fromisoformat(raw).replace(tzinfo=UTC)
+        cursor.execute("SELECT " + sqlite_clock(), [])
+        return parse_db_datetime(cursor.fetchone()[0])
 
 
-__all__ = ["Now", "NowPlusSeconds", "db_now"]
+__all__ = ["Now", "NowPlusSeconds", "db_now", "parse_db_datetime", "sqlite_clock"]

@@ -64,13 +64,22 @@ class JobAgent(models.Model):
         return self.max_attempts or jobqueue_settings()["DEFAULT_MAX_ATTEMPTS"]
 
 
+# Claim order: priority (higher first), then available_at, then created_at. The PostgreSQL
+# claim statement (jobqueue/lifecycle/pg/statements.py) is pinned to this by a test.
+CLAIM_ORDER = ("-priority", "available_at", "created_at")
+
+
 class JobQuerySet(models.QuerySet):
     def claimable(self):
         """Queued and due, by the database's clock."""
         return self.filter(status=states.QUEUED, available_at__lte=Now())
 
     def in_claim_order(self):
-        return self.order_by("-priority", "available_at", "created_at")
+        return self.order_by(*CLAIM_ORDER)
+
+    def lease_expired(self):
+        """In progress, with a claim whose lease has expired (what the reaper takes)."""
+        return self.filter(status=states.IN_PROGRESS, claim__claim_expires_at__lt=Now())
 
     def active(self):
         return self.filter(status__in=states.ACTIVE)
@@ -162,6 +171,12 @@ class Job(models.Model):
         return self.status in states.TERMINAL
 
 
+class JobClaimQuerySet(models.QuerySet):
+    def expired(self):
+        """Claims whose lease has expired and that the reaper has not taken yet."""
+        return self.filter(claim_expires_at__lt=Now(), job__status=states.IN_PROGRESS)
+
+
 class JobClaim(models.Model):
     """The lease of one in-progress job. Narrow on purpose: heartbeats update only this row.
 
@@ -183,6 +198,8 @@ class JobClaim(models.Model):
     claimed_at = models.DateTimeField(db_default=Now())
     claim_expires_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobClaimQuerySet.as_manager()
 
     class Meta:
         db_table = "job_claim"
@@ -223,7 +240,8 @@ class JobEvent(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=32, choices=KINDS)
     attempt = models.PositiveIntegerField(default=0)
-    # "agent:<id>", "operator:<username>", "producer:<...>", "reaper".
+    # Who did it, as jobqueue.actors writes it: "agent:<id>", "operator:<username>",
+    # "producer:api_key:<id>", "reaper".
     actor = models.CharField(max_length=200, blank=True, default="")
     # The claim this event concerns, for audits of fencing (never exposed over the API).
     claim_id = models.UUIDField(null=True, blank=True)

@@ -1,34 +1,43 @@
 """Lifecycle notifications for metrics and logs, kept out of the lifecycle's own logic.
 
-`emit(kind, **data)` is called after a transition commits (or a write is refused). Listeners
-(the Prometheus metrics, for one) subscribe at startup. A listener must be fast and must not
-raise; emit() swallows and logs what it raises so that observability never breaks a claim.
-Data never carries dispatch_context, results or tokens.
+`emit(kind, **data)` is called after a transition commits (or a write is refused). It sends
+the Django signal `transition` (sender: the kind), robustly: a receiver that raises is logged
+by Django ("django.dispatch") and never breaks a claim. Listeners (the Prometheus metrics, for
+one) subscribe at startup with `subscribe(listener)`, called as `listener(kind, **data)`;
+receivers may also connect to `transition` directly. A listener must be fast. Data never
+carries dispatch_context, results or tokens.
 
-Kinds: claimed(job_agent_id, count), heartbeat(job_agent_id), progress(job_agent_id),
+Kinds: claimed(job_agent_id, count), heartbeat(job_agent_id[, count]), progress(job_agent_id),
 reported(job_agent_id, status), released(job_agent_id), refused(operation, code),
 reaped(requeued, expired), cancelled(), requeued(), created(job_agent_id).
 """
 
-import logging
+import functools
 
-log = logging.getLogger("jobqueue.observe")
-_listeners = []
+from django.dispatch import Signal
 
-
-def subscribe(listener) -> None:
-    if listener not in _listeners:
-        _listeners.append(listener)
-
-
-def unsubscribe(listener) -> None:
-    if listener in _listeners:
-        _listeners.remove(listener)
+transition = Signal()
 
 
 def emit(kind: str, **data) -> None:
-    for listener in list(_listeners):
-        try:
-            listener(kind, **data)
-        except Exception:  # noqa: BLE001 - never let a listener break a transition
-            log.exception("observer %r failed on %s", listener, kind)
+    transition.send_robust(sender=kind, **data)
+
+
+def _uid(listener) -> str:
+    # A bound method is a new object at each access: key it by its object and function.
+    owner, func = getattr(listener, "__self__", None), getattr(listener, "__func__", listener)
+    return f"jobqueue.observe:{id(owner)}:{id(func)}"
+
+
+def subscribe(listener) -> None:
+    """Call `listener(kind, **data)` on every emit (once, however often subscribed)."""
+
+    @functools.wraps(listener)  # Django's log of a failure names the listener
+    def receiver(signal, sender, **data):
+        listener(sender, **data)
+
+    transition.connect(receiver, weak=False, dispatch_uid=_uid(listener))
+
+
+def unsubscribe(listener) -> None:
+    transition.disconnect(dispatch_uid=_uid(listener))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from . import lifecycle
+from .actors import REAPER
 from .conf import jobqueue_settings
 from .models import ReaperRun
 
@@ -45,7 +47,7 @@ class SweepResult:
 
 
 def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
-          dry_run: bool = False, record: bool = True, actor: str = "reaper",
+          dry_run: bool = False, record: bool = True, actor: str = REAPER,
           idle_run_id: int | None = None) -> SweepResult:
     """Reap every expired claim, `batch_size` per transaction, at most `max_batches`.
 
@@ -107,15 +109,16 @@ def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
 
 
 def run_forever(*, interval: float, batch_size: int | None, max_batches: int | None,
-                should_stop, on_result=None, on_error=None) -> None:
-    """Sweep every `interval` seconds until should_stop() is true.
+                stop: threading.Event, on_result=None, on_error=None) -> None:
+    """Sweep every `interval` seconds until `stop` is set; a set `stop` ends the pause
+    between sweeps at once (Event.wait, no polling).
 
     A database outage does not end the loop: the error is logged, the connection is
     dropped, and the next sweep tries again after a backoff.
     """
     backoff = interval
     idle_run_id = None
-    while not should_stop():
+    while not stop.is_set():
         close_old_connections()
         try:
             result = sweep(batch_size=batch_size, max_batches=max_batches,
@@ -126,13 +129,13 @@ def run_forever(*, interval: float, batch_size: int | None, max_batches: int | N
                 on_error(exc)
             _drop_connection()
             backoff = min(max(backoff * 2, interval), 60.0)
-            _sleep(backoff, should_stop)
+            stop.wait(backoff)
             continue
         backoff = interval
         idle_run_id = result.run_id if not (result.requeued or result.expired) else None
         if on_result:
             on_result(result)
-        _sleep(interval, should_stop)
+        stop.wait(interval)
 
 
 def _drop_connection():
@@ -142,12 +145,3 @@ def _drop_connection():
         connection.close()
     except Exception:  # noqa: BLE001 - it is already broken
         connection.connection = None
-
-
-def _sleep(seconds: float, should_stop) -> None:
-    deadline = time.monotonic() + seconds
-    while not should_stop():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        time.sleep(min(left, 0.2))

@@ -24,7 +24,6 @@ import os
 
 from django.db import DatabaseError
 from django.db.models import Count, Max, Sum
-from django.db.models.functions import Now
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -114,7 +113,6 @@ class DatabaseCollector:
         return []
 
     def collect(self):
-        from jobqueue import states
         from jobqueue.models import Job, JobClaim, ReaperRun
 
         up = GaugeMetricFamily("jobqueue_database_up", "1 when the scrape could read the database.")
@@ -129,9 +127,7 @@ class DatabaseCollector:
             for status, agent_id, n in rows:
                 jobs.add_metric([status, str(agent_id)], n)
                 seen.add(status)
-            pending = JobClaim.objects.filter(
-                claim_expires_at__lt=Now(), job__status=states.IN_PROGRESS
-            ).count()
+            pending = JobClaim.objects.expired().count()
             in_flight = JobClaim.objects.count()
             runs = ReaperRun.objects.filter(dry_run=False).aggregate(
                 runs=Sum("sweeps"),

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.db import connection, connections
@@ -44,9 +46,12 @@ def spawn(*args, **kwargs) -> subprocess.Popen:
     )
 
 
-def run_threads(target, n: int, *args) -> list:
-    """Run target(i, barrier, *args) in n threads started together; return results or raise
-    the first exception. Each thread closes its own database connection at the end."""
+def run_threads(target, n: int, *args, timeout: float = 300) -> list:
+    """Run target(i, barrier, *args) in n threads started together; return their results.
+
+    Every thread is joined within `timeout` seconds (in all): one still running then (a
+    deadlock, a lost wake-up) fails the test, as does an exception raised in any thread
+    (the first one is re-raised). Each thread closes its own database connection."""
     barrier = threading.Barrier(n)
     results: list = [None] * n
     errors: list = []
@@ -60,14 +65,35 @@ def run_threads(target, n: int, *args) -> list:
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=wrap, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=wrap, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout
     for t in threads:
-        t.join(timeout=300)
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = [i for i, t in enumerate(threads) if t.is_alive()]
+    if stuck:
+        barrier.abort()
+        raise AssertionError(f"thread(s) {stuck} of {n} still running after {timeout} s")
     if errors:
         raise errors[0]
     return results
+
+
+@contextmanager
+def statements_sent(conn=None):
+    """The (sql, params) of every statement sent on `conn` (default: this thread's) inside
+    the block, as production sends them: recorded by an execute_wrapper(), which every
+    cursor path runs, the lifecycle's hot cursor included."""
+    conn = conn or connection
+    sent: list = []
+
+    def record(execute, sql, params, many, context):
+        sent.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with conn.execute_wrapper(record):
+        yield sent
 
 
 def final_state_is_consistent():

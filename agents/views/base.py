@@ -15,6 +15,7 @@ from rest_framework.exceptions import NotFound, UnsupportedMediaType, Validation
 from rest_framework.viewsets import ViewSet
 
 from jobqueue import states
+from jobqueue.lifecycle.inputs import parse_uuid
 from jobqueue.models import JobAgent
 
 from .. import serializers as s
@@ -53,16 +54,6 @@ def write_schema(tags, operation_id, summary, request, response, *error_statuses
         request=request,
         responses={200: response, **errors(*error_statuses, *WITH_BODY, *COMMON)},
     )
-
-
-def parse_uuid(value) -> uuid.UUID | None:
-    """A UUID from a path or query value, or None when it is not one."""
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except (ValueError, TypeError, AttributeError):
-        return None
 
 
 class ApiViewSet(ViewSet):

@@ -168,8 +168,7 @@ class JobAgentViewSet(ApiViewSet):
     def heartbeat_many(self, request, workspace_id, agent_id):
         data = self.validated(BatchHeartbeatInput)
         agent = self.agent_in_path()
-        pairs = [(item["job_id"], item["claim_id"]) for item in data["claims"]]
-        result = lifecycle.heartbeat_many(agent.id, pairs)
+        result = lifecycle.heartbeat_many(agent.id, data["claims"])
         return Response(s.represent(BatchHeartbeatResponse, result))
 
     @write_schema(AGENT_TAGS, "report_many",
@@ -180,5 +179,5 @@ class JobAgentViewSet(ApiViewSet):
     def report_many(self, request, workspace_id, agent_id):
         data = self.validated(BatchReportInput)
         agent = self.agent_in_path()
-        result = lifecycle.report_many(agent.id, [dict(item) for item in data["reports"]])
+        result = lifecycle.report_many(agent.id, data["reports"])
         return Response(s.represent(BatchReportResponse, result))

@@ -4,20 +4,21 @@ the operator's actor string, and name-or-id search."""
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 
 from django.db.models import Q
 from django.utils.html import avoid_wrapping
 from django.utils.timesince import timesince
 from django.utils.translation import ngettext
 
+from jobqueue import actors
 from jobqueue.db import db_now
+from jobqueue.lifecycle.inputs import parse_uuid
 from jobqueue.models import Job, JobClaim
 
 
 def operator_actor(request) -> str:
     """The actor of an admin repair, on job events and in log entries."""
-    return f"operator:{request.user.get_username()}"
+    return actors.operator_actor(request.user.get_username())
 
 
 def request_db_now(request) -> dt.datetime:
@@ -72,13 +73,6 @@ def claim_of(job: Job) -> JobClaim | None:
         return None
 
 
-def uuid_or_none(term: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(term)
-    except ValueError:
-        return None
-
-
 def id_or(queryset, search_term, q_for_term):
     """Admin search: `q_for_term(term)`, or the id equals the term (a term that is not a UUID
     never 500s). Returns get_search_results()'s (queryset, may_have_duplicates)."""
@@ -86,7 +80,7 @@ def id_or(queryset, search_term, q_for_term):
     if not term:
         return queryset, False
     q = q_for_term(term)
-    term_id = uuid_or_none(term)
+    term_id = parse_uuid(term)
     if term_id is not None:
         q |= Q(id=term_id)
     return queryset.filter(q), False

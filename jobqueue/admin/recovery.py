@@ -10,7 +10,6 @@ from django.contrib import messages
 from django.contrib.admin.models import ADDITION, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
-from django.db.models.functions import Now
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -100,9 +99,7 @@ def recovery_context(request) -> dict:
     for row in Job.objects.order_by().values("status").annotate(n=Count("id")):
         counts[row["status"]] = row["n"]
 
-    expired_claims_qs = JobClaim.objects.filter(
-        claim_expires_at__lt=Now(), job__status=states.IN_PROGRESS
-    )
+    expired_claims_qs = JobClaim.objects.expired()
     expired_claims = [
         {
             "job_id": c.job_id,

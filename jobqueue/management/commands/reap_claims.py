@@ -1,6 +1,7 @@
 import json
 import signal
 import sys
+import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -49,10 +50,12 @@ class Command(BaseCommand):
 
         if opts["dry_run"]:
             raise CommandError("--dry-run cannot be combined with --loop")
-        stopping = {"flag": False}
+        stopping = threading.Event()
 
         def stop(signum, frame):
-            stopping["flag"] = True
+            # Set from another thread: the handler runs in the main thread, which may be
+            # inside stopping.wait() holding the event's lock at that very moment.
+            threading.Thread(target=stopping.set, daemon=True).start()
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
@@ -61,7 +64,7 @@ class Command(BaseCommand):
             interval=interval,
             batch_size=batch_size,
             max_batches=opts["max_batches"],
-            should_stop=lambda: stopping["flag"],
+            stop=stopping,
             on_result=lambda r: (r.requeued or r.expired or opts["json"])
             and self._print(r, opts["json"]),
             on_error=lambda e: self.stderr.write(f"reap failed, will retry: {e}"),

@@ -99,7 +99,9 @@ def test_batch_heartbeat_answers_each_claim(world):
         {"claims": []},
         {"claims": "x"},
         {"claims": [{"job_id": "nope", "claim_id": str(uuid.uuid4())}]},
+        {"claims": [{"job_id": str(uuid.uuid4()), "claim_id": "nope"}]},
         {"claims": [{"job_id": str(uuid.uuid4())}]},
+        {"claims": [[str(uuid.uuid4()), str(uuid.uuid4())]]},
         "DUPLICATE",
         "TOO_MANY",
     ],
@@ -222,6 +224,14 @@ def test_batch_report_answers_each_report(world):
                       "status": "successful", "external_id": "x" * 256}]},
         {"reports": [{"job_id": str(uuid.uuid4()), "claim_id": str(uuid.uuid4()),
                       "status": "successful", "message": ["not", "text"]}]},
+        {"reports": ["not an object"]},
+        {"reports": [{"job_id": str(uuid.uuid4()), "claim_id": None, "status": "successful"}]},
+        {"reports": [{"job_id": str(uuid.uuid4()), "claim_id": str(uuid.uuid4()),
+                      "status": "expired"}]},
+        {"reports": [{"job_id": str(uuid.uuid4()), "claim_id": str(uuid.uuid4()),
+                      "status": "successful", "message": "a\x00b"}]},
+        {"reports": [{"job_id": str(uuid.uuid4()), "claim_id": str(uuid.uuid4()),
+                      "status": "successful", "result": {"k": ["ok", "a\x00"]}}]},
         "DUPLICATE",
         "TOO_MANY",
     ],
@@ -263,3 +273,32 @@ def test_batch_report_scope_and_auth(world):
     assert Job.objects.get(id=grant.job.id).status == "in_progress"
     r = world.producer().post(path, json=body)
     assert r.status_code == 200 and r.json()["results"][0]["accepted"] is True
+
+
+def test_the_edge_hands_the_lifecycle_typed_values(world):
+    """The batch bodies are parsed once, by their serializers, into the lifecycle's typed
+    values (UUIDs, ClaimRef, ReportItem), which the lifecycle takes as they are."""
+    from agents.batch_serializers import BatchHeartbeatInput, BatchReportInput
+
+    JobFactory.create_batch(2, job_agent=world.agent)
+    first, second = lifecycle.claim_next_jobs(world.agent, 2)
+    heartbeat = BatchHeartbeatInput(data={"claims": [
+        {"job_id": str(first.job.id), "claim_id": str(first.claim_id)}]})
+    assert heartbeat.is_valid(), heartbeat.errors
+    claims = heartbeat.validated_data["claims"]
+    assert claims == [lifecycle.ClaimRef(first.job.id, first.claim_id)]
+    assert lifecycle.heartbeat_many(world.agent.id, claims).results[0].renewed
+    reports = BatchReportInput(data={"reports": [
+        {"job_id": str(first.job.id), "claim_id": str(first.claim_id), "status": "successful",
+         "message": "done"},
+        {"job_id": str(second.job.id), "claim_id": str(second.claim_id), "status": "failure"},
+    ]})
+    assert reports.is_valid(), reports.errors
+    items = reports.validated_data["reports"]
+    assert items == [
+        lifecycle.ReportItem(first.job.id, first.claim_id, "successful", message="done"),
+        lifecycle.ReportItem(second.job.id, second.claim_id, "failure"),
+    ]
+    out = lifecycle.report_many(world.agent.id, items)
+    assert [(r.job_id, r.accepted) for r in out.results] == [(first.job.id, True),
+                                                             (second.job.id, True)]

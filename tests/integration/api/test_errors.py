@@ -4,6 +4,7 @@ nothing and is never a 500. In-process client unless a real server matters."""
 import io
 import json
 import sys
+import uuid
 
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
@@ -58,6 +59,16 @@ def test_heartbeat_needs_a_claim_id(world, claimed, body, field):
     before = _state()
     r = world.agent_caller().post(f"jobs/{job.id}/heartbeat", json=body)
     assert field in _is_error(r, 400, "validation_error")["fields"]
+    assert _state() == before
+
+
+@pytest.mark.parametrize("body", [{"status": "successful"},
+                                  {"status": "successful", "claim_id": None}])
+def test_status_report_needs_a_claim_id(world, claimed, body):
+    job, _ = claimed
+    before = _state()
+    r = world.agent_caller().put(f"jobs/{job.id}/status", json=body)
+    assert "claim_id" in _is_error(r, 400, "validation_error")["fields"]
     assert _state() == before
 
 
@@ -329,7 +340,7 @@ def test_wrong_claim_id_is_claim_superseded(world, claimed):
 
 def test_cancel_finished_job_is_job_finished(world, claimed):
     job, claim_id = claimed
-    lifecycle.report_status(job.id, claim_id, "successful")
+    lifecycle.report_status(job.id, uuid.UUID(claim_id), "successful")
     _is_error(world.producer().post(f"jobs/{job.id}/cancel"), 409, "job_finished")
 
 

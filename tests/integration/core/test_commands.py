@@ -117,6 +117,26 @@ def test_reap_claims_loop_reaps_and_stops_gracefully_on_sigterm():
     assert lifecycle.count_expired_claims() == {"would_requeue": 0, "would_expire": 0}
 
 
+def test_reap_claims_loop_stops_at_once_on_sigterm_between_sweeps():
+    """The pause between sweeps is a threading.Event wait: a signal ends it at once, not at
+    the next poll (nor after the 60 s interval)."""
+    proc = spawn("manage.py", "reap_claims", "--loop", "--interval", "60")
+    try:
+        assert "reaper looping every 60.0s" in proc.stderr.readline()
+        time.sleep(1.0)  # the first sweep is done: the loop waits for the next one
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        waited = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "reaper stopped" in err
+    assert waited < 20, waited  # far from the 60 s the loop would otherwise sleep
+
+
 def test_create_workspace_prints_the_id_and_the_key_once_as_text(capsys):
     from agents import credentials
 

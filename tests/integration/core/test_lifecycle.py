@@ -168,8 +168,8 @@ def test_claim_named_job_refusals():
         lifecycle.claim_job(other_agent, JobFactory(job_agent=agent).id)
     with pytest.raises(NotFound):
         lifecycle.claim_job(agent, uuid.uuid4())
-    with pytest.raises(NotFound):
-        lifecycle.claim_job(agent, "not-a-uuid")
+    # A malformed job id never reaches the lifecycle: the URL's is a 404 at the edge
+    # (tests/integration/api/test_errors.py).
     assert JobClaim.objects.count() == 1
 
 
@@ -236,8 +236,6 @@ def test_heartbeat_scoped_to_agent_and_validated():
     job, grant = claimed_job()
     with pytest.raises(NotFound):
         lifecycle.heartbeat(job.id, grant.claim_id, job_agent_id=JobAgentFactory().id)
-    with pytest.raises(InvalidInput):
-        lifecycle.heartbeat(job.id, "nope")
     with pytest.raises(NotFound):
         lifecycle.heartbeat(uuid.uuid4(), grant.claim_id)
     with pytest.raises(ClaimSuperseded):
@@ -289,8 +287,7 @@ def test_report_validation_changes_nothing():
     job, grant = claimed_job()
     with pytest.raises(InvalidInput):
         lifecycle.report_status(job.id, grant.claim_id, "done")
-    with pytest.raises(InvalidInput):
-        lifecycle.report_status(job.id, None, states.SUCCESSFUL)
+    # A missing or malformed claim_id is the edge's to refuse (400, test_errors.py).
     with pytest.raises(InvalidInput):
         lifecycle.report_status(job.id, grant.claim_id, states.EXPIRED)
     assert Job.objects.get(id=job.id).status == states.IN_PROGRESS

@@ -2,8 +2,11 @@
 here by the statements they send, their plans, and real callers racing them. The field and
 scope tests run on both backends (SQLite takes the ORM path)."""
 
+import re
+import uuid
+
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from jobqueue import lifecycle, states
@@ -11,7 +14,7 @@ from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import ClaimSuperseded, Conflict, NotFound
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory
-from tests.utils import run_threads
+from tests.utils import run_threads, statements_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,11 +50,12 @@ def test_claim_statement_locks_through_the_partial_index_without_sorting():
     agent = JobAgentFactory()
     bulk_jobs(agent, 20000, status=states.SUCCESSFUL, completed_at=db_now(), attempt=1)
     bulk_jobs(agent, 20)
-    params = {"agent": agent.id, "limit": 5, "lease": 60, "kind": "claimed", "actor": "a",
-              "detail": "{}"}
     with connection.cursor() as cur:
         cur.execute("ANALYZE job")
-        sql = lifecycle._PG_CLAIM_SQL.format(only="", job_columns=lifecycle._JOB_COLUMNS)
+    with statements_sent() as sent:
+        assert len(lifecycle.claim_next_jobs(agent, 5)) == 5
+    ((sql, params),) = sent  # the statement production ran, with its parameters
+    with connection.cursor() as cur:
         cur.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cur.fetchall())
     locking = plan.split("CTE locked", 1)[1].split("CTE claimed", 1)[0]
@@ -59,6 +63,52 @@ def test_claim_statement_locks_through_the_partial_index_without_sorting():
     assert "LockRows" in locking and "Sort" not in locking, plan
     # LIMIT sits above the row locks, inside a CTE evaluated once (not IN (SELECT ...)).
     assert locking.index("Limit") < locking.index("LockRows"), plan
+
+
+def _clauses(sql: str, params) -> dict:
+    """A locking SELECT's WHERE (as a set of conditions), ORDER BY, LIMIT and lock, with
+    Django's quoting, qualifiers and positional parameters written as the statement's."""
+    for value in params:
+        sql = sql.replace("%s", "%(agent)s" if isinstance(value, uuid.UUID) else f"'{value}'", 1)
+    sql = " ".join(sql.replace('"job".', "").replace('"', "").split())
+    sql = re.sub(r"LIMIT \d+", "LIMIT %(limit)s", sql).replace(" ASC", "").replace(" OF job", "")
+    sql = sql.replace("(STATEMENT_TIMESTAMP())", "STATEMENT_TIMESTAMP()")
+    m = re.search(r"WHERE (.*?) ORDER BY (.*?) (LIMIT \S+ )?(FOR .*?)$", sql)
+    assert m, sql
+    where = m[1][1:-1] if m[1].startswith("(") and m[1].endswith(")") else m[1]
+    return {"where": set(where.split(" AND ")), "order": m[2].split(", "), "lock": m[4],
+            "limited": bool(m[3])}
+
+
+@pytest.mark.postgres_only
+def test_claim_statements_say_what_the_orm_says_is_claimable_and_in_which_order():
+    """One definition of the claimable filter and the claim order: the ORM's
+    Job.objects.claimable().in_claim_order() with select_for_update(skip_locked=True)
+    (claim_candidates, which SQLite runs). The PostgreSQL statements' locking SELECTs, and
+    the order they answer in, must say the same: this fails when they drift."""
+    from jobqueue.lifecycle.pg import statements
+
+    agent = JobAgentFactory()
+    job_id = uuid.uuid4()
+    with transaction.atomic():  # FOR UPDATE compiles only inside a transaction
+        orm_next = lifecycle.claim_candidates(agent).values("id")[:5].query.sql_with_params()
+        orm_one = lifecycle.claim_candidates(agent, Job.objects.filter(id=job_id)).values("id")
+        orm_one = orm_one.query.sql_with_params()
+    expected = _clauses(*orm_next)
+    assert expected["order"] == ["priority DESC", "available_at", "created_at"]
+
+    def locking(statement):
+        body = statement.split("WITH locked AS MATERIALIZED (", 1)[1].split("), claimed", 1)[0]
+        if "ORDER BY" not in body:  # the named claim: one row, no order to keep
+            body = body.replace(" FOR ", " ORDER BY priority DESC, available_at, created_at FOR ")
+        return "SELECT id FROM job " + body.split("FROM job", 1)[1], ()
+
+    assert _clauses(*locking(statements.JOB_CLAIM_AVAILABLE)) == expected
+    named = _clauses(*locking(statements.JOB_CLAIM_AVAILABLE_BY_ID))
+    one = _clauses(orm_one[0].replace("%s", "%(job)s", 1), orm_one[1][1:])
+    assert named["where"] == one["where"] and named["lock"] == one["lock"]
+    answered = statements.JOB_CLAIM_AVAILABLE.rsplit("ORDER BY", 1)[1].split()
+    assert " ".join(answered).split(", ") == expected["order"]
 
 
 def test_report_sets_fields_and_respects_scope():
@@ -99,9 +149,9 @@ def test_report_sets_fields_and_respects_scope():
 def test_claim_grant_matches_what_is_stored():
     agent = JobAgentFactory(lease_seconds=45)
     JobFactory.create_batch(3, job_agent=agent, dispatch_context={"secret": "s"})
-    for grant in lifecycle.claim_next_jobs(agent, 3) + [None]:
-        if grant is None:
-            break
+    grants = lifecycle.claim_next_jobs(agent, 3)
+    assert len(grants) == 3
+    for grant in grants:
         claim = JobClaim.objects.get(job_id=grant.job.id)
         job = Job.objects.get(id=grant.job.id)
         assert grant.claim_id == claim.claim_id == job.last_claim_id
@@ -223,6 +273,36 @@ def test_claimed_and_reported_jobs_have_the_orms_values_types_and_time_zones():
                                    result={"r": True}, message="m", job_agent_id=agent.id)
     _same_as_the_orm(done)
     assert done.result == {"r": True} and done.completed_at is not None
+
+
+@pytest.mark.postgres_only
+def test_logged_or_not_a_statement_runs_on_the_same_cached_cursor():
+    """CaptureQueriesContext (and DEBUG) see what production runs: the same statement text
+    on the same cached cursor, through Django's own cursor wrapper and execute_wrapper()s."""
+    from jobqueue.lifecycle.pg import statements
+
+    agent = JobAgentFactory()
+    JobFactory.create_batch(3, job_agent=agent)
+    with statements_sent() as quiet:
+        first = lifecycle.claim_next_job(agent)
+    hot = connection.jobqueue_backend.cursor
+    raw = hot._cursor
+
+    cursors = []
+
+    def record(execute, sql, params, many, context):
+        cursors.append(context["cursor"].cursor)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as logged, connection.execute_wrapper(record):
+        second = lifecycle.claim_next_job(agent)
+        lifecycle.report_status(second.job.id, second.claim_id, states.SUCCESSFUL,
+                                job_agent_id=agent.id)
+    assert quiet == [(statements.JOB_CLAIM_AVAILABLE, quiet[0][1])]
+    assert [q["sql"] for q in logged.captured_queries] == [
+        statements.JOB_CLAIM_AVAILABLE, statements.JOB_SET_STATE_IF_RUNNING]
+    assert cursors == [raw, raw] and hot._cursor is raw  # no other cursor, logged or not
+    assert first.job.id != second.job.id
 
 
 @pytest.mark.postgres_only

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
 
@@ -19,7 +19,7 @@ from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import Conflict, JobNotClaimable
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
-from tests.utils import run_threads, spawn
+from tests.utils import run_threads, spawn, statements_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -235,17 +235,25 @@ def test_lease_arithmetic_ignores_the_app_servers_clock():
 
 
 def test_claim_uses_the_partial_index_over_many_finished_jobs():
+    """EXPLAIN of the locking statement production sends for a claim-next (recorded on its
+    way to the database): PostgreSQL's one-statement claim, SQLite's ORM query."""
     is_pg = connection.vendor == "postgresql"
     agent = JobAgentFactory()
     bulk_jobs(agent, 20000 if is_pg else 5000, status=states.SUCCESSFUL,
               completed_at=db_now(), attempt=1)
     bulk_jobs(agent, 20)
-    with transaction.atomic():  # FOR UPDATE compiles only inside a transaction
-        sql, params = lifecycle.claim_candidates(agent)[:1].query.sql_with_params()
     with connection.cursor() as cur:
         cur.execute("ANALYZE job" if is_pg else "ANALYZE")
+    with statements_sent() as sent:
+        assert len(lifecycle.claim_next_jobs(agent, 1)) == 1
+    locking = [(sql, params) for sql, params in sent if "ORDER BY" in sql]
+    sql, params = locking[0]
+    with connection.cursor() as cur:
         cur.execute(("EXPLAIN " if is_pg else "EXPLAIN QUERY PLAN ") + sql, params)
         plan = "\n".join(str(row[-1]) for row in cur.fetchall())
+    if is_pg:  # the locking CTE; the statement then answers its few rows in claim order
+        assert len(sent) == 1
+        plan = plan.split("CTE locked", 1)[1].split("CTE claimed", 1)[0]
     assert "job_claim_order_idx" in plan, plan
     # The index yields the claim order: no sort step over the candidates.
     assert ("Sort" not in plan) if is_pg else ("TEMP B-TREE" not in plan), plan

@@ -1,0 +1,92 @@
+"""The job lifecycle: the only code that moves a job between statuses.
+
+One function per transition, each in the module that names it:
+
+    create.py    create_job_agent, create_job, dispatch_job
+    claim.py     claim_job (a named job), claim_next_jobs / claim_next_job (SKIP LOCKED)
+    lease.py     heartbeat, heartbeat_many, release_job
+    report.py    report_status, report_many
+    operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
+    reap.py      reap_expired_claims_once, count_expired_claims (jobqueue.reaper loops it)
+
+and what they share:
+
+    inputs.py    typed input values (ClaimRef, ReportItem) and one validator per rule
+    refusals.py  explain_refusal: why a write with a claim_id changed nothing (every path)
+    results.py   what they answer (ClaimGrant, HeartbeatResult, outcomes of batches)
+    records.py   jobs in a caller's scope, job events
+    backends.py  the backend, chosen once per connection by its vendor:
+      pg/          PostgreSQL: statements.py (named SQL, one statement per hot transition),
+                   cursor.py (the cached, preparing psycopg cursor), rows.py (row loading)
+      sqlite.py    SQLite: the portable ORM path (orm.py) and its heartbeat statements
+
+Every transition puts its guards (status, claim_id, expiry) in the WHERE of the statement
+that writes, checks the row count, and appends a JobEvent in the same transaction; every time
+comes from the database's clock. Callers pass typed values (the edge parses, inputs.py
+checks the domain's rules); refusals raise jobqueue.exceptions.
+
+Lock order, to stay free of deadlocks on PostgreSQL: a transaction that touches both tables
+locks the `job` row first and the `job_claim` row second. Heartbeats lock only claim rows;
+the reaper takes job rows with SKIP LOCKED, so it never waits on a report in flight; batches
+lock in job_id order.
+
+SQLite runs every write transaction as BEGIN IMMEDIATE (config/settings.py), so writers are
+serialized; the same conditional updates and row counts keep the rules there.
+"""
+
+from jobqueue.actors import agent_actor
+
+from .claim import claim_job, claim_next_job, claim_next_jobs, heartbeat_interval_for, lease_for
+from .create import create_job, create_job_agent, dispatch_job
+from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
+from .inputs import lease_seconds as validate_lease_seconds
+from .inputs import max_attempts as validate_max_attempts
+from .lease import heartbeat, heartbeat_many, release_job
+from .operator import cancel_job, mark_failed, requeue_job
+from .orm import claim_candidates
+from .reap import count_expired_claims, reap_expired_claims_once
+from .report import report_many, report_status
+from .results import (
+    BatchHeartbeatResult,
+    BatchReportResult,
+    ClaimGrant,
+    HeartbeatOutcome,
+    HeartbeatResult,
+    ReapResult,
+    ReportOutcome,
+)
+
+__all__ = [
+    "BATCH_REPORT_STATUSES",
+    "BatchHeartbeatResult",
+    "BatchReportResult",
+    "ClaimGrant",
+    "ClaimRef",
+    "HeartbeatOutcome",
+    "HeartbeatResult",
+    "ReapResult",
+    "ReportItem",
+    "ReportOutcome",
+    "agent_actor",
+    "cancel_job",
+    "claim_candidates",
+    "claim_job",
+    "claim_next_job",
+    "claim_next_jobs",
+    "count_expired_claims",
+    "create_job",
+    "create_job_agent",
+    "dispatch_job",
+    "heartbeat",
+    "heartbeat_interval_for",
+    "heartbeat_many",
+    "lease_for",
+    "mark_failed",
+    "reap_expired_claims_once",
+    "release_job",
+    "report_many",
+    "report_status",
+    "requeue_job",
+    "validate_lease_seconds",
+    "validate_max_attempts",
+]

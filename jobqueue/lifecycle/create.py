@@ -1,0 +1,133 @@
+"""Creating job agents and jobs, and dispatching held jobs (pending -> queued)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
+
+from jobqueue import observe, states
+from jobqueue.db import NowPlusSeconds
+from jobqueue.exceptions import IdempotencyKeyReused, InvalidInput, InvalidTransition, NotFound
+from jobqueue.models import Job, JobAgent, JobEvent
+
+from . import inputs
+from .records import event, fetch_job, scoped_jobs
+
+
+def create_job_agent(*, workspace, name: str, lease_seconds: int | None = None,
+                     max_attempts: int | None = None) -> JobAgent:
+    agent = JobAgent(
+        workspace=workspace,
+        name=inputs.agent_name(name),
+        lease_seconds=inputs.lease_seconds(lease_seconds),
+        max_attempts=inputs.max_attempts(max_attempts),
+    )
+    try:
+        with transaction.atomic():
+            agent.save()
+    except IntegrityError as exc:
+        raise InvalidInput("A job agent with this name already exists.", field="name") from exc
+    return agent
+
+
+def _fingerprint(payload: dict) -> str:
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_job(
+    *,
+    workspace,
+    job_agent: JobAgent,
+    job_agent_config: dict | None = None,
+    dispatch_context: dict | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    delay_seconds: int | None = None,
+    external_id: str = "",
+    idempotency_key: str | None = None,
+    hold: bool = False,
+    actor: str = "",
+) -> tuple[Job, bool]:
+    """Create a job (queued, or pending when `hold`). Returns (job, created).
+
+    With an idempotency key, a replay of the same request returns the first job and
+    created=False; the same key with different content raises IdempotencyKeyReused.
+    """
+    if job_agent.workspace_id != workspace.id:
+        raise NotFound("No such job agent.")
+    max_attempts = inputs.max_attempts(max_attempts) or job_agent.effective_max_attempts
+    delay_seconds = inputs.delay_seconds(delay_seconds)
+    fingerprint = ""
+    if inputs.idempotency_key(idempotency_key) is not None:
+        fingerprint = _fingerprint(
+            {
+                "job_agent": str(job_agent.id),
+                "job_agent_config": job_agent_config or {},
+                "dispatch_context": dispatch_context or {},
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "delay_seconds": delay_seconds,
+                "external_id": external_id,
+                "hold": hold,
+            }
+        )
+        existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _idempotent_replay(existing, fingerprint), False
+
+    job = Job(
+        workspace=workspace,
+        job_agent=job_agent,
+        status=states.PENDING if hold else states.QUEUED,
+        job_agent_config=job_agent_config or {},
+        dispatch_context=dispatch_context or {},
+        priority=priority,
+        max_attempts=max_attempts,
+        initial_max_attempts=max_attempts,
+        external_id=external_id or "",
+        idempotency_key=idempotency_key,
+        idempotency_fingerprint=fingerprint,
+    )
+    if delay_seconds:
+        job.available_at = NowPlusSeconds(delay_seconds)
+    try:
+        with transaction.atomic():
+            job.save(force_insert=True)
+            event(job.id, JobEvent.CREATED, actor=actor, status=job.status).save()
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _idempotent_replay(existing, fingerprint), False
+    if delay_seconds:
+        job.refresh_from_db(fields=["available_at"])
+    observe.emit("created", job_agent_id=job_agent.id)
+    return job, True
+
+
+def _idempotent_replay(existing: Job, fingerprint: str) -> Job:
+    if existing.idempotency_fingerprint != fingerprint:
+        raise IdempotencyKeyReused()
+    return existing
+
+
+def dispatch_job(job_id, *, workspace_id=None, actor: str = "") -> Job:
+    """pending -> queued (the producer releases its hold)."""
+    with transaction.atomic():
+        n = (
+            scoped_jobs(workspace_id)
+            .filter(id=job_id, status=states.PENDING)
+            .update(status=states.QUEUED, available_at=Now(), updated_at=Now())
+        )
+        if n == 1:
+            job = Job.objects.get(id=job_id)
+            event(job.id, JobEvent.DISPATCHED, attempt=job.attempt, actor=actor).save()
+            return job
+    job = fetch_job(job_id, workspace_id=workspace_id)
+    raise InvalidTransition(f"Only a pending job can be dispatched; this one is {job.status}.")

@@ -1,0 +1,159 @@
+"""The lifecycle's inputs: typed values, and one validator per rule.
+
+The edge parses: the HTTP API's serializers and URLs, the admin's forms and the commands'
+arguments turn what they receive into UUIDs, ints, strings and the small frozen values
+below, and refuse what is malformed (not JSON, not a UUID, not text). The lifecycle never
+parses again; on entry it checks the domain's rules on those typed values with the
+validators here: bounds that come from settings, which statuses a call may set, one item
+per job in a batch. Each refuses with InvalidInput naming its field, before anything is
+written (the HTTP edge answers 400 {"code": "validation_error", "detail", "fields"}).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from jobqueue import states
+from jobqueue.conf import jobqueue_settings
+from jobqueue.exceptions import InvalidInput
+
+BATCH_REPORT_STATUSES = frozenset(states.REPORTABLE & states.TERMINAL)
+MAX_DELAY_SECONDS = 10**8
+
+
+class ClaimRef(NamedTuple):
+    """One claim of a batch heartbeat (a plain (job_id, claim_id) tuple does as well)."""
+
+    job_id: uuid.UUID
+    claim_id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class ReportItem:
+    """One report of a batch report. None means "not given" (the job keeps its value)."""
+
+    job_id: uuid.UUID
+    claim_id: uuid.UUID
+    status: str
+    message: str | None = None
+    result: object = None
+    external_id: str | None = None
+
+
+# --- parsing (for the edge) -------------------------------------------------------------
+
+
+def parse_uuid(value) -> uuid.UUID | None:
+    """The UUID that `value` (a UUID or its text) names, or None when it names none."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+# --- rules --------------------------------------------------------------------------------
+
+
+def bounded_int(value, field: str, low: int, high: int) -> int:
+    """An int (not a bool) from `low` to `high`: the rule of every count and duration."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidInput(f"{field} must be an integer from {low} to {high}.", field=field)
+    return value
+
+
+def lease_seconds(value: int | None) -> int | None:
+    """A job agent's lease (None: the service default)."""
+    if value is None:
+        return None
+    conf = jobqueue_settings()
+    return bounded_int(value, "lease_seconds", conf["MIN_LEASE_SECONDS"],
+                       conf["MAX_LEASE_SECONDS"])
+
+
+def max_attempts(value: int | None) -> int | None:
+    """A job agent's or a job's attempts (None: the default)."""
+    if value is None:
+        return None
+    conf = jobqueue_settings()
+    return bounded_int(value, "max_attempts", conf["MIN_MAX_ATTEMPTS"], conf["MAX_MAX_ATTEMPTS"])
+
+
+def claim_limit(value: int) -> int:
+    """How many jobs one batch claim may take."""
+    return bounded_int(value, "limit", 1, jobqueue_settings()["MAX_CLAIM_BATCH"])
+
+
+def retry_after_seconds(value: int | None) -> int | None:
+    """How long a released job stays unclaimable (None: not at all)."""
+    if value is None:
+        return None
+    return bounded_int(value, "retry_after_seconds", 0,
+                       jobqueue_settings()["MAX_RETRY_AFTER_SECONDS"])
+
+
+def delay_seconds(value: int | None) -> int | None:
+    """How long a new job waits before it is claimable (None: not at all)."""
+    if value is None:
+        return None
+    return bounded_int(value, "delay_seconds", 0, MAX_DELAY_SECONDS)
+
+
+def idempotency_key(value: str | None) -> str | None:
+    """A producer's Idempotency-Key: 1 to 255 printable characters (None: none)."""
+    if value is not None and (not value or len(value) > 255 or not value.isprintable()):
+        raise InvalidInput(
+            "Idempotency-Key must be 1 to 255 printable characters.", field="idempotency_key"
+        )
+    return value
+
+
+def agent_name(value: str) -> str:
+    name = (value or "").strip()
+    if not name:
+        raise InvalidInput("name must not be empty.", field="name")
+    return name
+
+
+def reportable_status(status: str) -> str:
+    """What an agent may report: progress (in_progress) or a terminal status it sets."""
+    if status not in states.REPORTABLE:
+        raise InvalidInput(
+            "status must be one of: " + ", ".join(sorted(states.REPORTABLE)) + ".", field="status"
+        )
+    return status
+
+
+def heartbeat_batch(claims: Sequence[ClaimRef]) -> Sequence[ClaimRef]:
+    """1 to MAX_HEARTBEAT_BATCH claims, each job once."""
+    return _batch(claims, "claims", jobqueue_settings()["MAX_HEARTBEAT_BATCH"], lambda c: c[0])
+
+
+def report_batch(reports: Sequence[ReportItem]) -> Sequence[ReportItem]:
+    """1 to MAX_REPORT_BATCH reports, each job once, each with a status that ends the job."""
+    allowed = ", ".join(sorted(BATCH_REPORT_STATUSES))
+
+    def job_of(report: ReportItem):
+        if report.status not in BATCH_REPORT_STATUSES:
+            raise InvalidInput(f"status must be one of: {allowed}.", field="status")
+        return report.job_id
+
+    return _batch(reports, "reports", jobqueue_settings()["MAX_REPORT_BATCH"], job_of)
+
+
+def _batch(items: Sequence, field: str, limit: int, job_of: Callable) -> Sequence:
+    if not isinstance(items, (list, tuple)) or not 1 <= len(items) <= limit:
+        raise InvalidInput(f"{field} must be a list of 1 to {limit} items.", field=field)
+    seen = set()
+    for item in items:
+        job_id = job_of(item)
+        if job_id in seen:
+            raise InvalidInput(f"each job_id may appear only once in {field}.", field=field)
+        seen.add(job_id)
+    return items

@@ -1,0 +1,136 @@
+"""The portable path: claims and reports as conditional ORM updates (SQLite runs it).
+
+Each transition runs in `transaction.atomic()`; its guards are in the WHERE of the one
+update that writes, and the row count says whether it applied. On SQLite every write
+transaction is BEGIN IMMEDIATE (config/settings.py), so writers are serialized and the same
+conditional updates keep the rules; `select_for_update(skip_locked=True)` is then a no-op.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+from django.db import transaction
+from django.db.models import Case, F, Q, UUIDField, Value, When
+from django.db.models.functions import Now
+
+from jobqueue import states
+from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
+from jobqueue.models import Job, JobClaim, JobEvent
+
+from .records import event, scoped_jobs
+
+
+def claim_candidates(job_agent, candidates=None):
+    """The locking query of a claim: this agent's claimable jobs in claim order, SKIP
+    LOCKED, with the database's clock alongside. Served by job_claim_order_idx. The
+    PostgreSQL statement runs the same SELECT (pinned by a test)."""
+    qs = Job.objects.all() if candidates is None else candidates
+    return (
+        qs.filter(job_agent_id=job_agent.id)
+        .claimable()
+        .in_claim_order()
+        .annotate(db_now=Now())
+        .select_for_update(skip_locked=True, no_key=True, of=("self",))
+    )
+
+
+class OrmBackend:
+    vendor = "portable"
+
+    def __init__(self, db):
+        self.db = db
+
+    def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None):
+        """Lock up to `limit` claimable jobs (or the one named) and claim them:
+        (jobs, the database's time)."""
+        candidates = None if job_id is None else Job.objects.filter(id=job_id)
+        with transaction.atomic():
+            locked = list(claim_candidates(job_agent, candidates)[:limit])
+            if not locked:
+                return [], None
+            now = locked[0].db_now
+            self._claim_locked(job_agent, locked, lease, now, actor)
+        return locked, now
+
+    @staticmethod
+    def _claim_locked(job_agent, locked, lease, now, actor):
+        expires = now + dt.timedelta(seconds=lease)
+        claim_ids = {job.id: uuid.uuid4() for job in locked}
+        # The rows are locked (PostgreSQL) or the database is write-locked (SQLite), so these
+        # values are current; the guard still goes in the WHERE of the one write for the batch.
+        last_claim_id = (
+            Value(claim_ids[locked[0].id])
+            if len(locked) == 1
+            else Case(
+                *(When(id=job_id, then=Value(cid)) for job_id, cid in claim_ids.items()),
+                output_field=UUIDField(),
+            )
+        )
+        n = Job.objects.filter(id__in=list(claim_ids), status=states.QUEUED).update(
+            status=states.IN_PROGRESS,
+            attempt=F("attempt") + 1,
+            last_claim_id=last_claim_id,
+            started_at=now,
+            updated_at=now,
+        )
+        if n != len(locked):  # pragma: no cover - impossible while the locks are held
+            raise JobNotClaimable()
+        claims, events = [], []
+        for job in locked:
+            job.status = states.IN_PROGRESS
+            job.attempt += 1
+            job.last_claim_id = claim_ids[job.id]
+            job.started_at = job.updated_at = now
+            claims.append(JobClaim(
+                job_id=job.id, job_agent_id=job_agent.id, claim_id=job.last_claim_id,
+                attempt=job.attempt, lease_seconds=lease, claimed_at=now,
+                claim_expires_at=expires,
+            ))
+            events.append(event(job.id, JobEvent.CLAIMED, attempt=job.attempt, actor=actor,
+                                claim_id=job.last_claim_id, lease_seconds=lease))
+        JobClaim.objects.bulk_create(claims)
+        JobEvent.objects.bulk_create(events)
+
+    def report(self, job_id, claim_id, status, actor, *, message, result, external_id,
+               job_agent_id, workspace_id):
+        """The job after a report that its claim allowed, or None (nothing changed)."""
+        fields = {"updated_at": Now()}
+        for name, value in (("message", message), ("result", result),
+                            ("external_id", external_id)):
+            if value is not None:
+                fields[name] = value
+        guard = Q(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_id)
+        with transaction.atomic():
+            qs = scoped_jobs(workspace_id, job_agent_id).filter(guard)
+            if status == states.IN_PROGRESS:
+                n = qs.update(**fields)
+                kind = JobEvent.PROGRESS_REPORTED
+            else:
+                n = qs.update(status=status, completed_at=Now(), **fields)
+                if n == 1:
+                    # The job row is ours (locked); its claim row goes with it.
+                    deleted, _ = JobClaim.objects.filter(job_id=job_id, claim_id=claim_id).delete()
+                    if deleted != 1:  # pragma: no cover - would break invariant 2
+                        raise ClaimSuperseded()
+                kind = JobEvent.STATUS_REPORTED
+            if n != 1:
+                return None
+            job = Job.objects.get(id=job_id)
+            event(job.id, kind, attempt=job.attempt, actor=actor, claim_id=claim_id,
+                  status=status, has_result=result is not None).save()
+            return job
+
+    def report_many(self, items, job_agent_id, workspace_id, actor):
+        """{job_id: (status, completed_at)} of the reports that their claims allowed, all in
+        one transaction."""
+        done = {}
+        with transaction.atomic():
+            for r in items:
+                job = self.report(r.job_id, r.claim_id, r.status, actor, message=r.message,
+                                  result=r.result, external_id=r.external_id,
+                                  job_agent_id=job_agent_id, workspace_id=workspace_id)
+                if job is not None:
+                    done[job.id] = (job.status, job.completed_at)
+        return done

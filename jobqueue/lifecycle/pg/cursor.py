@@ -1,0 +1,96 @@
+"""The hot paths' psycopg cursor: one per connection, server-side binding, prepared statements.
+
+Each statement's text never varies with the values (pg/statements.py), so it is prepared once
+per connection and a claim or report skips parsing and planning its CTE: about a sixth of
+its cost (docs/performance.md). `DATABASES["default"]["OPTIONS"]["prepare_threshold"]`
+(config/settings.py) lets psycopg honour `prepare=True`; a threshold never reached keeps
+its automatic preparing off for every other query.
+
+A statement runs through Django's own cursor wrapper around this cached cursor, as any
+`connection.cursor()` query does: the health check and reconnect, errors wrapped as
+django.db errors, the broken-transaction check, `execute_wrapper()`s, and query logging
+(DEBUG, CaptureQueriesContext) are Django's, and the path is the same whether or not queries
+are logged. What it saves is a new cursor and a column description per call (a tenth of a
+claim's client time) and Django's pure-Python timestamptz loader.
+"""
+
+from __future__ import annotations
+
+_preparing_cursor_class = None
+
+
+def _preparing_cursor(conn):
+    """A psycopg cursor with server-side binding whose statements are prepared."""
+    global _preparing_cursor_class
+    if _preparing_cursor_class is None:
+        from django.db.backends.postgresql.base import ServerBindingCursor
+
+        class PreparingCursor(ServerBindingCursor):
+            def execute(self, query, params=None, *, prepare=None, binary=None):
+                prepare = True if prepare is None else prepare
+                return super().execute(query, params, prepare=prepare, binary=binary)
+
+        _preparing_cursor_class = PreparingCursor
+    return _preparing_cursor_class(conn)
+
+
+def new_cursor(raw_conn):
+    from psycopg.types.datetime import TimestamptzLoader
+
+    cur = _preparing_cursor(raw_conn)
+    # psycopg's own timestamptz loader (its C version) instead of Django's pure-Python
+    # subclass: it yields the session's time zone, which Django keeps equal to
+    # db.timezone; pg/rows.py then sets db.timezone's tzinfo as Django's would.
+    cur.adapters.register_loader("timestamptz", TimestamptzLoader)
+    return cur
+
+
+_debug_wrapper_class = None
+
+
+def _debug_wrapper(raw, db):
+    """Django's CursorDebugWrapper, logging the statement's own text: a prepared statement
+    leaves psycopg no query text for Django's last_executed_query() to read."""
+    global _debug_wrapper_class
+    if _debug_wrapper_class is None:
+        from django.db.backends.utils import CursorDebugWrapper
+
+        class StatementDebugWrapper(CursorDebugWrapper):
+            def execute(self, sql, params=None):
+                with self.debug_sql(sql, params):
+                    return self._execute_with_wrappers(
+                        sql, params, many=False, executor=self._execute
+                    )
+
+        _debug_wrapper_class = StatementDebugWrapper
+    return _debug_wrapper_class(raw, db)
+
+
+class HotCursor:
+    """The cached cursor of one Django connection (a connection opened after a drop gets a
+    new one)."""
+
+    def __init__(self, db):
+        self.db = db
+        self._conn = None
+        self._cursor = None
+
+    def _raw(self):
+        conn = self.db.connection
+        if self._cursor is None or self._conn is not conn or self._cursor.closed:
+            self._cursor = new_cursor(conn)
+            self._conn = conn
+        return self._cursor
+
+    def run(self, sql: str, params: dict) -> tuple:
+        """Execute one statement: (the cursor, for its description; the rows)."""
+        db = self.db
+        db.close_if_health_check_failed()  # as db.cursor() does (CONN_HEALTH_CHECKS)
+        db.ensure_connection()
+        with db.wrap_database_errors:
+            raw = self._raw()
+        db.validate_thread_sharing()
+        wrapper = _debug_wrapper(raw, db) if db.queries_logged else db.make_cursor(raw)
+        wrapper.execute(sql, params)
+        with db.wrap_database_errors:
+            return raw, raw.fetchall()

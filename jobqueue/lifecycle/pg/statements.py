@@ -1,0 +1,217 @@
+"""The PostgreSQL statements of the hot paths, one per transition, named verb-first.
+
+Each is a fixed text with named parameters, prepared once per connection (pg/cursor.py), so
+its text never varies with the values: optional values are NULL ("not given"), and where a
+condition would change the plan (which rows are locked, a join) the variant is its own
+named statement. Every guard is in the WHERE of the statement that writes; every time is the
+statement's (STATEMENT_TIMESTAMP()).
+
+Lock order, as everywhere in the lifecycle: a job row first, then its claim row. Claims and
+reports lock job rows FOR NO KEY UPDATE (what their UPDATE takes anyway), never FOR UPDATE:
+a foreign-key check's KEY SHARE lock (an event inserted for a job) must not make a claim skip
+a job or a report wait. Batches lock their rows in job_id order, as the reaper does.
+
+The job's columns are named (JOB_COLUMNS), never `job.*`: a prepared `RETURNING job.*` fails
+("cached plan must not change result type") on every connection after a migration adds a
+column to `job`.
+"""
+
+from jobqueue.models import Job
+
+JOB_COLUMNS = ", ".join(f'job."{f.column}"' for f in Job._meta.concrete_fields)
+
+# --- claims ---------------------------------------------------------------------------------
+
+# After the locked CTE: the guarded UPDATE (status still 'queued'), then the claim rows and
+# the events, all from the rows that UPDATE returned; answered in claim order.
+_CLAIM_LOCKED = """
+), claimed AS (
+    UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
+        last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
+        updated_at = STATEMENT_TIMESTAMP()
+    FROM locked WHERE job.id = locked.id AND job.status = 'queued'
+    RETURNING """ + JOB_COLUMNS + """
+), claims AS (
+    INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
+                           claim_expires_at)
+    SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
+           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s)
+    FROM claimed
+), events AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT id, %(kind)s, attempt, %(actor)s, last_claim_id, %(detail)s::jsonb,
+           STATEMENT_TIMESTAMP()
+    FROM claimed
+)
+SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now FROM claimed
+ORDER BY priority DESC, available_at, created_at
+"""
+
+# JobClaimAvailable: claim up to %(limit)s of the agent's claimable jobs, in claim order,
+# skipping the rows other claimers hold. The locking SELECT is the ORM's
+# Job.objects.claimable().in_claim_order() (pinned by tests/integration/core/test_pg_fastpath)
+# in a MATERIALIZED CTE, evaluated exactly once: never `IN (SELECT ... LIMIT n FOR UPDATE)`.
+# Served by job_claim_order_idx without a sort.
+JOB_CLAIM_AVAILABLE = """
+WITH locked AS MATERIALIZED (
+    SELECT id FROM job
+    WHERE job_agent_id = %(agent)s AND status = 'queued'
+      AND available_at <= STATEMENT_TIMESTAMP()
+    ORDER BY priority DESC, available_at, created_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
+
+# JobClaimAvailableById: the same for one named job (no row when it is not claimable now).
+JOB_CLAIM_AVAILABLE_BY_ID = """
+WITH locked AS MATERIALIZED (
+    SELECT id FROM job
+    WHERE job_agent_id = %(agent)s AND status = 'queued'
+      AND available_at <= STATEMENT_TIMESTAMP() AND id = %(job)s
+    FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
+
+# --- reports --------------------------------------------------------------------------------
+
+# The caller's scope: an agent's token sees its own jobs, a workspace key its workspace's
+# (NULL: no such limit). The job row is found by its primary key, so these only filter it.
+_REPORT_GUARD = """
+    WHERE job.id = %(job)s AND job.status = 'in_progress' AND job.last_claim_id = %(claim)s
+      AND (%(agent)s::uuid IS NULL OR job.job_agent_id = %(agent)s)
+      AND (%(workspace)s::uuid IS NULL OR job.workspace_id = %(workspace)s)"""
+
+# message, result and external_id: NULL keeps the job's value (the field was not given).
+_REPORT_FIELDS = """
+        message = COALESCE(%(message)s, job.message),
+        result = COALESCE(%(result)s::jsonb, job.result),
+        external_id = COALESCE(%(external_id)s, job.external_id),"""
+
+_REPORT_EVENT = """
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
+    FROM done
+)"""
+
+# JobSetStateIfRunning: end the job with a terminal status if %(claim)s is still its claim.
+# The UPDATE locks the job row and requires the claim row (same claim_id) in its WHERE; the
+# claim row is then deleted from the UPDATE's rows (locked second). claims_deleted is 1.
+JOB_SET_STATE_IF_RUNNING = """
+WITH done AS (
+    UPDATE job SET status = %(status)s, completed_at = STATEMENT_TIMESTAMP(),""" + \
+    _REPORT_FIELDS + """
+        updated_at = STATEMENT_TIMESTAMP()
+    FROM job_claim c""" + _REPORT_GUARD + """
+      AND c.job_id = job.id AND c.claim_id = %(claim)s
+    RETURNING """ + JOB_COLUMNS + """
+), gone AS (
+    DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
+    RETURNING c.job_id
+), event AS (""" + _REPORT_EVENT + """
+SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
+"""
+
+# JobSetProgressIfRunning: record progress (message, result, external_id) if %(claim)s is
+# still the job's claim. Never touches the lease.
+JOB_SET_PROGRESS_IF_RUNNING = """
+WITH done AS (
+    UPDATE job SET""" + _REPORT_FIELDS + """
+        updated_at = STATEMENT_TIMESTAMP()""" + _REPORT_GUARD + """
+    RETURNING """ + JOB_COLUMNS + """
+), event AS (""" + _REPORT_EVENT + """
+SELECT done.* FROM done
+"""
+
+# JobSetStateIfRunningMany: end every job of the batch whose claim is current, one statement.
+# It locks each job row and then its claim row in job_id order (the order of batch
+# heartbeats and the reaper, job row first as everywhere), so batches never deadlock each
+# other or them; the UPDATE repeats every guard of the single report. FOR NO KEY UPDATE, not
+# FOR UPDATE: a transaction whose deferred foreign-key check at COMMIT takes KEY SHARE on
+# these rows (an event inserted for a job it does not lock, e.g. a recorded refusal) must not
+# wait on them while holding a row this statement waits for. %(messages)s, %(results)s and
+# %(external_ids)s may be NULL (a plain acknowledgement binds three arrays): unnest pads them.
+JOB_SET_STATE_IF_RUNNING_MANY = """
+WITH req AS (
+    SELECT * FROM unnest(%(jobs)s::uuid[], %(claims)s::uuid[], %(statuses)s::text[],
+                         %(messages)s::text[], %(results)s::text[], %(external_ids)s::text[])
+        AS r(job_id, claim_id, status, message, result, external_id)
+), locked AS MATERIALIZED (
+    SELECT j.id FROM job j
+    JOIN req ON req.job_id = j.id
+    JOIN job_claim c ON c.job_id = j.id AND c.claim_id = req.claim_id
+    WHERE j.job_agent_id = %(agent)s AND j.status = 'in_progress'
+      AND (%(workspace)s::uuid IS NULL OR j.workspace_id = %(workspace)s)
+      AND j.last_claim_id = req.claim_id
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j FOR UPDATE OF c
+), done AS (
+    UPDATE job SET status = req.status, completed_at = STATEMENT_TIMESTAMP(),
+        message = COALESCE(req.message, job.message),
+        result = COALESCE(req.result::jsonb, job.result),
+        external_id = COALESCE(req.external_id, job.external_id),
+        updated_at = STATEMENT_TIMESTAMP()
+    FROM locked JOIN req ON req.job_id = locked.id
+    WHERE job.id = locked.id AND job.status = 'in_progress' AND job.last_claim_id = req.claim_id
+    RETURNING job.id, job.status, job.completed_at, job.attempt, job.last_claim_id
+), gone AS (
+    DELETE FROM job_claim c USING done
+    WHERE c.job_id = done.id AND c.claim_id = done.last_claim_id
+    RETURNING c.job_id
+), events AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT done.id, %(kind)s, done.attempt, %(actor)s, done.last_claim_id,
+           jsonb_build_object('status', done.status, 'has_result', req.result IS NOT NULL),
+           STATEMENT_TIMESTAMP()
+    FROM done JOIN req ON req.job_id = done.id
+)
+SELECT done.id, done.status, done.completed_at, (SELECT count(*) FROM gone) FROM done
+"""
+
+# --- heartbeats (job_claim only, never job) ---------------------------------------------------
+
+_CLAIM_EXTEND = """
+UPDATE job_claim
+SET claim_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => lease_seconds),
+    heartbeat_at = STATEMENT_TIMESTAMP()
+WHERE job_id = %(job)s AND claim_id = %(claim)s AND claim_expires_at > STATEMENT_TIMESTAMP()
+  AND (%(agent)s::uuid IS NULL OR job_agent_id = %(agent)s)
+"""
+_CLAIM_EXTENDED = "RETURNING claim_expires_at, STATEMENT_TIMESTAMP()\n"
+
+# ClaimExtendIfCurrent: extend the lease to now + lease_seconds if %(claim)s is the job's
+# claim and its lease has not expired (a heartbeat never revives an expired lease).
+CLAIM_EXTEND_IF_CURRENT = _CLAIM_EXTEND + _CLAIM_EXTENDED
+
+# ClaimExtendIfCurrentInWorkspace: the same, for a job of %(workspace)s only.
+CLAIM_EXTEND_IF_CURRENT_IN_WORKSPACE = (
+    _CLAIM_EXTEND + "  AND job_id IN (SELECT id FROM job WHERE workspace_id = %(workspace)s)\n"
+    + _CLAIM_EXTENDED
+)
+
+_CLAIM_EXTEND_MANY = """
+), locked AS (
+    SELECT c.job_id FROM job_claim c
+    JOIN req ON req.job_id = c.job_id AND req.claim_id = c.claim_id
+    WHERE c.job_agent_id = %(agent)s AND c.claim_expires_at > STATEMENT_TIMESTAMP()
+    ORDER BY c.job_id
+    FOR UPDATE OF c
+)
+UPDATE job_claim c
+SET claim_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => c.lease_seconds),
+    heartbeat_at = STATEMENT_TIMESTAMP()
+FROM locked, req
+WHERE c.job_id = locked.job_id AND req.job_id = c.job_id AND req.claim_id = c.claim_id
+  AND c.job_agent_id = %(agent)s AND c.claim_expires_at > STATEMENT_TIMESTAMP()
+RETURNING c.job_id, c.claim_expires_at, STATEMENT_TIMESTAMP()
+"""
+
+# ClaimExtendIfCurrentMany: renew every claim of the batch that is the agent's, current and
+# unexpired; the claim rows are locked in job_id order (as the reaper locks them) first.
+CLAIM_EXTEND_IF_CURRENT_MANY = """
+WITH req AS (
+    SELECT * FROM unnest(%(jobs)s::uuid[], %(claims)s::uuid[]) AS r(job_id, claim_id)""" + \
+    _CLAIM_EXTEND_MANY
+
+# ClaimExtendIfCurrentManyInWorkspace: the same, for jobs of %(workspace)s only.
+CLAIM_EXTEND_IF_CURRENT_MANY_IN_WORKSPACE = """
+WITH req AS (
+    SELECT * FROM unnest(%(jobs)s::uuid[], %(claims)s::uuid[]) AS r(job_id, claim_id)
+    WHERE r.job_id IN (SELECT id FROM job WHERE workspace_id = %(workspace)s)""" + \
+    _CLAIM_EXTEND_MANY

@@ -1,0 +1,31 @@
+"""What every transition reads and writes besides its own statement: the jobs a caller may
+see, one job or NotFound, and the job events of the timeline."""
+
+from __future__ import annotations
+
+from jobqueue.exceptions import NotFound
+from jobqueue.models import Job, JobEvent
+
+
+def scoped_jobs(workspace_id=None, job_agent_id=None):
+    """The jobs a caller may act on: an agent's own, a workspace's, or (None) all."""
+    qs = Job.objects.all()
+    if workspace_id is not None:
+        qs = qs.filter(workspace_id=workspace_id)
+    if job_agent_id is not None:
+        qs = qs.filter(job_agent_id=job_agent_id)
+    return qs
+
+
+def fetch_job(job_id, *, workspace_id=None, job_agent_id=None) -> Job:
+    try:
+        return scoped_jobs(workspace_id, job_agent_id).get(id=job_id)
+    except Job.DoesNotExist as exc:
+        raise NotFound("No such job.") from exc
+
+
+def event(job_id, kind, *, attempt=0, actor="", claim_id=None, **detail) -> JobEvent:
+    """A timeline entry (unsaved). `detail` never holds dispatch_context, results or tokens."""
+    return JobEvent(
+        job_id=job_id, kind=kind, attempt=attempt, actor=actor, claim_id=claim_id, detail=detail
+    )

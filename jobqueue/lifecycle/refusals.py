@@ -1,0 +1,118 @@
+"""Why an agent's write carrying a claim_id changed nothing: one decision for every write.
+
+A heartbeat, a report or a release names its claim; when its statement changed nothing,
+`explain_refusal` reads the job as it now is and says why, with the code the agent is told
+(409, or 404 for a job the caller cannot see). The single writes, the batch heartbeat and
+the batch report all ask it, through `refuse()`, which also records each refusal on the
+job's timeline (a `stale_write_refused` event) and counts it (observe "refused").
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db.models.functions import Now
+
+from jobqueue import observe, states
+from jobqueue.exceptions import (
+    ClaimSuperseded,
+    JobCancelled,
+    JobFinished,
+    LeaseExpired,
+    NotFound,
+)
+from jobqueue.models import JobEvent
+
+from .records import event, scoped_jobs
+
+HEARTBEAT, STATUS, RELEASE = "heartbeat", "status", "release"
+ERRORS = {cls.code: cls for cls in (NotFound, JobCancelled, JobFinished, LeaseExpired,
+                                    ClaimSuperseded)}
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the decision reads about one job and its claim, at one moment."""
+
+    status: str
+    attempt: int
+    last_claim_id: uuid.UUID | None  # the claim that last held (or finished) the job
+    claim_id: uuid.UUID | None  # the live claim's, None without one
+    lease_expired: bool  # the live claim's lease has run out, by the database's clock
+    completed_at: object = None  # what an accepted retry answers
+
+
+def explain_refusal(facts: JobFacts | None, operation: str, claim_id: uuid.UUID,
+                    status: str | None = None) -> str | None:
+    """The code for a write with `claim_id` that changed nothing, or None when it repeats
+    the job's final report (a retry after a lost answer: it is answered as accepted).
+
+    `facts` is None when the caller cannot see the job; `status` is what a report asked."""
+    if facts is None:
+        return NotFound.code
+    if (operation == STATUS and status in states.TERMINAL and facts.status == status
+            and facts.last_claim_id == claim_id):
+        return None
+    if facts.status == states.CANCELLED:
+        return JobCancelled.code
+    if facts.status in states.TERMINAL:
+        return JobFinished.code
+    if operation == HEARTBEAT and facts.claim_id == claim_id and facts.lease_expired:
+        return LeaseExpired.code
+    return ClaimSuperseded.code
+
+
+def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
+               job_agent_id=None) -> dict[uuid.UUID, JobFacts]:
+    """The facts of the jobs the caller can see, in one query."""
+    rows = scoped_jobs(workspace_id, job_agent_id).filter(id__in=list(job_ids)).annotate(
+        db_now=Now()
+    ).values("id", "status", "attempt", "last_claim_id", "completed_at", "claim__claim_id",
+             "claim__claim_expires_at", "db_now")
+    return {
+        row["id"]: JobFacts(
+            status=row["status"],
+            attempt=row["attempt"],
+            last_claim_id=row["last_claim_id"],
+            claim_id=row["claim__claim_id"],
+            lease_expired=row["claim__claim_expires_at"] is not None
+            and row["claim__claim_expires_at"] <= row["db_now"],
+            completed_at=row["completed_at"],
+        )
+        for row in rows
+    }
+
+
+def refuse(writes: list[tuple[uuid.UUID, uuid.UUID, str | None]], operation: str, *,
+           actor: str = "", workspace_id=None, job_agent_id=None):
+    """Explain the writes [(job_id, claim_id, status asked or None)] that changed nothing.
+
+    Returns ({job_id: code, or None for an accepted retry}, {job_id: facts}); records and
+    counts every refusal of a job the caller can see."""
+    facts = load_facts((w[0] for w in writes), workspace_id=workspace_id,
+                       job_agent_id=job_agent_id)
+    codes, events = {}, []
+    for job_id, claim_id, status in writes:
+        code = codes[job_id] = explain_refusal(facts.get(job_id), operation, claim_id, status)
+        if code is not None and code != NotFound.code:
+            events.append(event(job_id, JobEvent.STALE_WRITE_REFUSED,
+                                attempt=facts[job_id].attempt, actor=actor, claim_id=claim_id,
+                                operation=operation, code=code))
+    if events:
+        JobEvent.objects.bulk_create(events)
+        for e in events:
+            observe.emit("refused", operation=operation, code=e.detail["code"])
+    return codes, facts
+
+
+def refuse_one(job_id: uuid.UUID, claim_id: uuid.UUID, operation: str, *,
+               status: str | None = None, **scope) -> JobFacts:
+    """The same for one write: raises its error (NotFound, or the Conflict named by the
+    code); returns the job's facts when the write is an accepted retry."""
+    codes, facts = refuse([(job_id, claim_id, status)], operation, **scope)
+    code = codes[job_id]
+    if code is None:
+        return facts[job_id]
+    raise ERRORS[code]("No such job.") if code == NotFound.code else ERRORS[code]()

@@ -1,0 +1,83 @@
+"""Status reports: progress (in_progress) or a terminal status, one job or a batch.
+
+Accepted with the current claim_id, even after the lease's expiry, as long as the reaper has
+not taken the claim (nobody else can hold the job, and the claim row serializes the report
+against the reaper). A terminal report ends the claim. A retried identical terminal report
+(same claim_id, same status) after a lost answer is answered as accepted again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from jobqueue import observe, states
+from jobqueue.actors import agent_actor
+from jobqueue.models import Job
+
+from . import inputs
+from .backends import backend
+from .refusals import STATUS, refuse, refuse_one
+from .results import BatchReportResult, ReportOutcome
+
+
+def report_status(
+    job_id: uuid.UUID,
+    claim_id: uuid.UUID,
+    status: str,
+    *,
+    message: str | None = None,
+    result=None,
+    external_id: str | None = None,
+    job_agent_id: uuid.UUID | None = None,
+    workspace_id: uuid.UUID | None = None,
+) -> Job:
+    """Record progress (status in_progress) or end the job (a terminal status). None for
+    message, result or external_id keeps the job's value."""
+    inputs.reportable_status(status)
+    actor = agent_actor(job_agent_id) if job_agent_id else ""
+    job = backend().report(job_id, claim_id, status, actor, message=message, result=result,
+                           external_id=external_id, job_agent_id=job_agent_id,
+                           workspace_id=workspace_id)
+    if job is not None:
+        if status == states.IN_PROGRESS:
+            observe.emit("progress", job_agent_id=job.job_agent_id)
+        else:
+            observe.emit("reported", job_agent_id=job.job_agent_id, status=status)
+        return job
+    # Nothing changed: refused, or a retried terminal report after a lost answer.
+    refuse_one(job_id, claim_id, STATUS, status=status, actor=actor, workspace_id=workspace_id,
+               job_agent_id=job_agent_id)
+    return Job.objects.get(id=job_id)
+
+
+def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *,
+                workspace_id: uuid.UUID | None = None) -> BatchReportResult:
+    """End many jobs of one agent at once: `reports` is [ReportItem], each with a status
+    that ends the job (successful, failure or cancelled).
+
+    Every report whose claim is current is applied in one transaction (on PostgreSQL, one
+    statement), with the single report's guards and events. Each other report is answered
+    as the single report would: accepted when it repeats the job's final report (a retry
+    after a lost answer), else job_cancelled, job_finished, claim_superseded or not_found;
+    refusals are recorded like the single path's. Results keep the order of `reports`. A
+    batch that breaks a rule (inputs.report_batch) changes nothing.
+    """
+    reports = inputs.report_batch(reports)
+    actor = agent_actor(job_agent_id)
+    done = backend().report_many(reports, job_agent_id, workspace_id, actor)
+    rest = [(r.job_id, r.claim_id, r.status) for r in reports if r.job_id not in done]
+    codes, facts = {}, {}
+    if rest:
+        codes, facts = refuse(rest, STATUS, actor=actor, workspace_id=workspace_id,
+                              job_agent_id=job_agent_id)
+    results = []
+    for r in reports:
+        if r.job_id in done:
+            observe.emit("reported", job_agent_id=job_agent_id, status=r.status)
+            results.append(ReportOutcome(r.job_id, True, *done[r.job_id]))
+        elif codes[r.job_id] is None:  # a retry of the job's final report
+            results.append(ReportOutcome(r.job_id, True, r.status, facts[r.job_id].completed_at))
+        else:
+            results.append(ReportOutcome(r.job_id, False, code=codes[r.job_id]))
+    return BatchReportResult(results=results)

@@ -1,0 +1,76 @@
+"""What the transitions answer. Plain frozen values: the HTTP edge renders them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+from jobqueue.models import Job
+
+
+@dataclass(frozen=True)
+class ClaimGrant:
+    """What a successful claim hands to the agent (and only to it)."""
+
+    job: Job
+    claim_id: uuid.UUID
+    attempt: int
+    lease_seconds: int
+    claimed_at: dt.datetime
+    claim_expires_at: dt.datetime
+    heartbeat_interval_seconds: int
+    server_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    job_id: uuid.UUID
+    claim_expires_at: dt.datetime
+    server_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class HeartbeatOutcome:
+    """One claim's answer in a batch heartbeat: renewed with its new expiry, or why not."""
+
+    job_id: uuid.UUID
+    renewed: bool
+    claim_expires_at: dt.datetime | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchHeartbeatResult:
+    server_time: dt.datetime
+    results: list[HeartbeatOutcome]
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """One report's answer in a batch: accepted (with the job's final status and its
+    completed_at), or why not (code)."""
+
+    job_id: uuid.UUID
+    accepted: bool
+    status: str | None = None
+    completed_at: dt.datetime | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchReportResult:
+    results: list[ReportOutcome]
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """One reaper batch: claims whose jobs went back to the queue, and those ended."""
+
+    requeued: int = 0
+    expired: int = 0
+    batches: int = 0
+
+    @property
+    def reaped(self) -> int:
+        return self.requeued + self.expired

@@ -1,0 +1,124 @@
+"""jobqueue.lifecycle.inputs: one validator per rule, on typed values (no database)."""
+
+import uuid
+
+import pytest
+
+from jobqueue.exceptions import InvalidInput
+from jobqueue.lifecycle import inputs
+from jobqueue.lifecycle.inputs import ClaimRef, ReportItem
+
+
+def refused(call, *args):
+    with pytest.raises(InvalidInput) as err:
+        call(*args)
+    assert err.value.code == "validation_error"
+    return err.value
+
+
+@pytest.mark.parametrize("bad", [4, 10**9, -1, 0.5, 2.0, "60", True, False, None])
+def test_bounded_int_takes_only_ints_in_bounds(bad):
+    err = refused(inputs.bounded_int, bad, "lease_seconds", 5, 3600)
+    assert err.detail == "lease_seconds must be an integer from 5 to 3600."
+    assert err.context == {"field": "lease_seconds"}
+
+
+def test_bounded_int_bounds_are_inclusive():
+    assert [inputs.bounded_int(v, "n", 1, 3) for v in (1, 2, 3)] == [1, 2, 3]
+
+
+def test_every_count_and_duration_is_the_bounded_int_rule_with_its_settings(settings):
+    settings.JOBQUEUE = {"MIN_LEASE_SECONDS": 10, "MAX_LEASE_SECONDS": 20, "MAX_MAX_ATTEMPTS": 7,
+                         "MAX_CLAIM_BATCH": 4, "MAX_RETRY_AFTER_SECONDS": 30}
+    cases = [
+        (inputs.lease_seconds, "lease_seconds", 10, 20),
+        (inputs.max_attempts, "max_attempts", 1, 7),
+        (inputs.claim_limit, "limit", 1, 4),
+        (inputs.retry_after_seconds, "retry_after_seconds", 0, 30),
+        (inputs.delay_seconds, "delay_seconds", 0, inputs.MAX_DELAY_SECONDS),
+    ]
+    for check, field, low, high in cases:
+        assert check(low) == low and check(high) == high
+        for bad in (low - 1, high + 1, str(low), True):
+            assert refused(check, bad).detail == (
+                f"{field} must be an integer from {low} to {high}."
+            )
+    # "Not given" is not a value to bound, except for a batch claim's limit.
+    for check, *_ in cases[:2] + cases[3:]:
+        assert check(None) is None
+    refused(inputs.claim_limit, None)
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "a\x00b", "tab\there", "new\nline"])
+def test_idempotency_key_is_1_to_255_printable_characters(key):
+    assert refused(inputs.idempotency_key, key).context == {"field": "idempotency_key"}
+
+
+def test_idempotency_key_accepted_or_absent():
+    assert inputs.idempotency_key("order-42 ü") == "order-42 ü"
+    assert inputs.idempotency_key("k" * 255) == "k" * 255
+    assert inputs.idempotency_key(None) is None
+
+
+def test_agent_name_and_reportable_status():
+    assert inputs.agent_name("  build  ") == "build"
+    refused(inputs.agent_name, "   ")
+    refused(inputs.agent_name, None)
+    for status in ("in_progress", "successful", "failure", "cancelled"):
+        assert inputs.reportable_status(status) == status
+    for status in ("queued", "pending", "expired", "done", None):
+        assert refused(inputs.reportable_status, status).context == {"field": "status"}
+
+
+@pytest.mark.parametrize(
+    "value", ["not-a-uuid", "", "12345", None, 12, b"x" * 16, "00000000-0000-4000-8000-00000000000"]
+)
+def test_parse_uuid_names_none_for_what_is_not_a_uuid(value):
+    assert inputs.parse_uuid(value) is None
+
+
+def test_parse_uuid():
+    u = uuid.uuid4()
+    assert inputs.parse_uuid(u) is u
+    assert inputs.parse_uuid(str(u)) == u and inputs.parse_uuid(u.hex.upper()) == u
+
+
+def ref():
+    return ClaimRef(uuid.uuid4(), uuid.uuid4())
+
+
+def test_heartbeat_batch_rules(settings):
+    settings.JOBQUEUE = {"MAX_HEARTBEAT_BATCH": 3}
+    batch = [ref(), ref(), ref()]
+    assert inputs.heartbeat_batch(batch) is batch
+    assert refused(inputs.heartbeat_batch, []).detail == "claims must be a list of 1 to 3 items."
+    refused(inputs.heartbeat_batch, batch + [ref()])
+    refused(inputs.heartbeat_batch, "not a list")
+    twice = refused(inputs.heartbeat_batch, [batch[0], ref(), ClaimRef(batch[0].job_id,
+                                                                        uuid.uuid4())])
+    assert twice.detail == "each job_id may appear only once in claims."  # names no id
+    assert twice.context == {"field": "claims"}
+
+
+def report(status="successful", **extra):
+    return ReportItem(uuid.uuid4(), uuid.uuid4(), status, **extra)
+
+
+def test_report_batch_rules(settings):
+    settings.JOBQUEUE = {"MAX_REPORT_BATCH": 2}
+    ok = [report("failure", message="m", result={"r": 1}), report("cancelled")]
+    assert inputs.report_batch(ok) is ok
+    refused(inputs.report_batch, [])
+    refused(inputs.report_batch, ok + [report()])
+    for status in ("in_progress", "expired", "queued"):
+        err = refused(inputs.report_batch, [report(status)])
+        assert err.detail == "status must be one of: cancelled, failure, successful."
+    dup = report()
+    assert refused(inputs.report_batch, [dup, dup]).context == {"field": "reports"}
+
+
+def test_report_item_defaults_mean_not_given():
+    item = ReportItem(uuid.uuid4(), uuid.uuid4(), "successful")
+    assert (item.message, item.result, item.external_id) == (None, None, None)
+    with pytest.raises(AttributeError):
+        item.status = "failure"  # frozen
