@@ -305,10 +305,17 @@ class JobAgentSerializer(serializers.Serializer):
     lease_seconds = serializers.IntegerField(source="effective_lease_seconds")
     max_attempts = serializers.IntegerField(source="effective_max_attempts")
     created_at = serializers.DateTimeField()
+    paused = serializers.SerializerMethodField(
+        help_text="While paused, claims hand out nothing; jobs already claimed go on."
+    )
+    paused_at = serializers.DateTimeField(allow_null=True)
     health = serializers.SerializerMethodField()
 
     class Meta:
         ref_name = "JobAgent"
+
+    def get_paused(self, agent: JobAgent) -> bool:
+        return agent.paused_at is not None
 
     @extend_schema_field(HealthSerializer)
     def get_health(self, agent: JobAgent):

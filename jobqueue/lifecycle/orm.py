@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 
 from jobqueue import states
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
-from jobqueue.models import Job, JobClaim, JobEvent
+from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 
 from .records import event, scoped_jobs
 
@@ -49,6 +49,10 @@ class OrmBackend:
         with transaction.atomic():
             locked = list(claim_candidates(job_agent, candidates)[:limit])
             if not locked:
+                return [], None
+            # Paused: hand out nothing. SQLite holds the write lock here (BEGIN IMMEDIATE),
+            # so a pause cannot commit between this read and the claim below.
+            if JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=False).exists():
                 return [], None
             now = locked[0].db_now
             self._claim_locked(job_agent, locked, lease, now, actor)
