@@ -130,7 +130,19 @@ else:
     # The lifecycle's hot statements are prepared explicitly (jobqueue/lifecycle/pg/cursor.py).
     # psycopg ignores prepare=True when the threshold is None (Django's default); one never
     # reached keeps its automatic preparing off for every other query.
-    _db["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
+    # JOBQUEUE_PREPARED_STATEMENTS=0, behind a transaction-mode pooler that cannot keep them
+    # (PgBouncer before 1.21, Debian 12's 1.18): nothing is prepared, and no server-side
+    # cursor is opened outside a transaction (docs/deploying.md).
+    # DATABASE_CONNECT_RETRY_SECONDS: open new connections again for that long when they are
+    # refused (a PgBouncer or PostgreSQL restart) instead of failing the request at once.
+    _retry = env.float("DATABASE_CONNECT_RETRY_SECONDS", 0.0)
+    if _retry > 0:
+        _db["ENGINE"] = "config.postgresql"
+        _db["CONNECT_RETRY_SECONDS"] = _retry
+    if env.bool("JOBQUEUE_PREPARED_STATEMENTS", True):
+        _db["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
+    else:
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -195,6 +207,9 @@ JOBQUEUE = {
 
 # --- HTTP API (agents app) --------------------------------------------------------------
 # Largest request body the API accepts (bytes), with or without Content-Length: 413 beyond.
+# Prepare the hot statements once per connection (off behind PgBouncer < 1.21 in transaction
+# mode; see DATABASES above).
+JOBQUEUE["PREPARED_STATEMENTS"] = env.bool("JOBQUEUE_PREPARED_STATEMENTS", True)
 JOBQUEUE["MAX_REQUEST_BYTES"] = env.int("JOBQUEUE_MAX_REQUEST_BYTES", 1024 * 1024)
 # Django's own cap on bodies it reads (forms, the admin) is never below the API's.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(JOBQUEUE["MAX_REQUEST_BYTES"], 2621440)
