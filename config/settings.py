@@ -221,6 +221,13 @@ JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] = env.float("JOBQUEUE_AGENT_SEEN_WRITE_SECO
 # with N server processes a client gets up to N times the rate; point CACHE_URL at a shared
 # cache (e.g. redis://...) for one fleet-wide counter.
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+    # A Redis that stops answering must cost a request a fraction of a second at most (the
+    # throttle then lets requests through: agents/throttling.py).
+    _redis_timeout = env.float("CACHE_TIMEOUT_SECONDS", 0.25)
+    CACHES["default"].setdefault("OPTIONS", {})
+    CACHES["default"]["OPTIONS"].setdefault("socket_connect_timeout", _redis_timeout)
+    CACHES["default"]["OPTIONS"].setdefault("socket_timeout", _redis_timeout)
 
 REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "agents.exceptions.exception_handler",

@@ -74,6 +74,10 @@ OPERATOR_TRANSITIONS = _counter(
     "Operator transitions (API and admin): cancels, requeues, agent pauses and resumes.",
     ["kind"],
 )
+THROTTLE_CACHE_FAILURES = _counter(
+    "jobqueue_throttle_cache_failures",
+    "Throttle cache calls that failed (e.g. Redis down): those requests were not throttled.",
+)
 REQUEST_LATENCY = Histogram(
     "jobqueue_http_request_duration_seconds",
     "Time to answer an HTTP request, by method, URL route and status code.",
@@ -103,6 +107,8 @@ def on_event(kind: str, **data) -> None:
         STALE_WRITES_REFUSED.labels(str(data.get("operation", "")), str(data.get("code", ""))).inc()
     elif kind == "created":
         JOBS_CREATED.inc()
+    elif kind == "throttle_cache_failed":
+        THROTTLE_CACHE_FAILURES.inc()
     elif kind in ("cancelled", "requeued", "agent_paused", "agent_resumed"):
         OPERATOR_TRANSITIONS.labels(kind).inc()
     # "reaped" is counted from reaper_run at scrape time: the reaper is another process.
