@@ -100,6 +100,7 @@ lint: install-dev
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
+	sh scripts/check_monitoring.sh
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3* var/static
