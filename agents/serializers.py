@@ -204,7 +204,7 @@ class ClaimNextInput(serializers.Serializer):
     )
 
     class Meta:
-        ref_name = "ClaimNextRequest"
+        ref_name = "ClaimNext"
 
 
 # --- agent writes ------------------------------------------------------------------------
@@ -214,7 +214,7 @@ class HeartbeatInput(serializers.Serializer):
     claim_id = StrictUUIDField()
 
     class Meta:
-        ref_name = "HeartbeatRequest"
+        ref_name = "Heartbeat"
 
 
 class HeartbeatResponseSerializer(serializers.Serializer):
@@ -249,7 +249,7 @@ class ReleaseInput(serializers.Serializer):
     )
 
     class Meta:
-        ref_name = "ReleaseRequest"
+        ref_name = "Release"
 
 
 # --- producer and operator -----------------------------------------------------------------
@@ -286,7 +286,7 @@ class ReasonInput(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, max_length=500)
 
     class Meta:
-        ref_name = "ReasonRequest"
+        ref_name = "Reason"
 
 
 class HealthSerializer(serializers.Serializer):

@@ -126,3 +126,14 @@ def test_swagger_ui_is_served_from_local_static_files(live_world, settings):
         "swagger-ui-bundle.js"
     )
     assert asset.status_code == 200 and len(asset.content) > 100_000
+
+
+def test_component_names_read_well_in_generated_clients(client):
+    """COMPONENT_SPLIT_REQUEST adds "Request" to every request body's component: the
+    serializers' names must not end in it already (HeartbeatRequestRequest)."""
+    doc = client.get("/v1/schema/?format=json").json()
+    names = set(doc["components"]["schemas"])
+    assert not [n for n in names if n.endswith("RequestRequest")]
+    assert {"ClaimNextRequest", "HeartbeatRequest", "StatusReportRequest", "ReleaseRequest",
+            "ReasonRequest", "BatchHeartbeatRequest", "BatchReportRequest", "JobCreateRequest",
+            "JobAgentCreateRequest", "AgentTokenCreateRequest"} <= names
