@@ -299,7 +299,8 @@ class JobAgentAdmin(admin.ModelAdmin):
         if obj.pk is None or obj.paused_at is None:
             return "running"
         since = describe_age(obj.paused_at, row_db_now(obj))
-        return f"PAUSED since {since} by {obj.paused_by}"
+        reason = f": {obj.paused_reason}" if obj.paused_reason else ""
+        return f"PAUSED since {since} by {obj.paused_by}{reason}"
 
     @admin.action(description="Pause claims of the selected job agents (jobs in flight go on)",
                   permissions=["change"])

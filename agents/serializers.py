@@ -309,6 +309,7 @@ class JobAgentSerializer(serializers.Serializer):
         help_text="While paused, claims hand out nothing; jobs already claimed go on."
     )
     paused_at = serializers.DateTimeField(allow_null=True)
+    paused_reason = serializers.CharField(help_text="The reason given with the pause, if any.")
     health = serializers.SerializerMethodField()
 
     class Meta:

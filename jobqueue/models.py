@@ -45,6 +45,7 @@ class JobAgent(models.Model):
     # under a share lock, so no claim starts after a pause has committed.
     paused_at = models.DateTimeField(null=True, blank=True, editable=False)
     paused_by = models.CharField(max_length=255, blank=True, default="", editable=False)
+    paused_reason = models.CharField(max_length=500, blank=True, default="", editable=False)
 
     class Meta:
         db_table = "job_agent"

@@ -28,11 +28,11 @@ log() { echo "shell-agent: $*" >&2; }
 call() {
   if [ $# -ge 3 ]; then
     printf '%s' "$3" > "$WORK/request"
-    curl -sS -o "$WORK/answer" -w '%{http_code}' -X "$1" "$API/$2" \
+    curl -sS --connect-timeout 5 --max-time 60 -o "$WORK/answer" -w '%{http_code}' -X "$1" "$API/$2" \
       -H "Authorization: Bearer $JOBQUEUE_TOKEN" -H 'Content-Type: application/json' \
       --data-binary @"$WORK/request" || echo 000
   else
-    curl -sS -o "$WORK/answer" -w '%{http_code}' -X "$1" "$API/$2" \
+    curl -sS --connect-timeout 5 --max-time 60 -o "$WORK/answer" -w '%{http_code}' -X "$1" "$API/$2" \
       -H "Authorization: Bearer $JOBQUEUE_TOKEN" || echo 000
   fi
 }
@@ -41,7 +41,7 @@ heartbeat_loop() {  # job_id claim_id interval job_pid: until the job ends or th
   while sleep "$3"; do
     body=$(jq -cn --arg c "$2" '{claim_id: $c}')
     printf '%s' "$body" > "$WORK/hb-request"
-    code=$(curl -sS -o "$WORK/hb-answer" -w '%{http_code}' -X POST "$API/jobs/$1/heartbeat" \
+    code=$(curl -sS --connect-timeout 5 --max-time 60 -o "$WORK/hb-answer" -w '%{http_code}' -X POST "$API/jobs/$1/heartbeat" \
       -H "Authorization: Bearer $JOBQUEUE_TOKEN" -H 'Content-Type: application/json' \
       --data-binary @"$WORK/hb-request" || echo 000)
     if [ "$code" = 409 ]; then

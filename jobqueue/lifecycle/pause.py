@@ -23,7 +23,7 @@ log = logging.getLogger("jobqueue.lifecycle")
 def pause_job_agent(job_agent: JobAgent, actor: str, reason: str = "") -> tuple[JobAgent, bool]:
     """Pause the agent's claims: (the agent as it is now, whether this call paused it)."""
     changed = JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=True).update(
-        paused_at=Now(), paused_by=actor
+        paused_at=Now(), paused_by=actor, paused_reason=(reason or "")[:500]
     ) == 1
     return _after(job_agent, changed, "paused", actor, reason)
 
@@ -31,7 +31,7 @@ def pause_job_agent(job_agent: JobAgent, actor: str, reason: str = "") -> tuple[
 def resume_job_agent(job_agent: JobAgent, actor: str, reason: str = "") -> tuple[JobAgent, bool]:
     """Let the agent claim again: (the agent as it is now, whether this call resumed it)."""
     changed = JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=False).update(
-        paused_at=None, paused_by=""
+        paused_at=None, paused_by="", paused_reason=""
     ) == 1
     return _after(job_agent, changed, "resumed", actor, reason)
 
@@ -42,8 +42,9 @@ def is_paused(job_agent_id) -> bool:
 
 
 def _after(job_agent: JobAgent, changed: bool, kind: str, actor: str, reason: str):
-    job_agent.refresh_from_db(fields=["paused_at", "paused_by"])
+    job_agent.refresh_from_db(fields=["paused_at", "paused_by", "paused_reason"])
     if changed:
-        log.info("job agent %s %s by %s (reason: %r)", job_agent.id, kind, actor, reason)
+        # The reason is the caller's text: kept on the agent, never written to a log line.
+        log.info("job agent %s %s by %s", job_agent.id, kind, actor)
         observe.emit(f"agent_{kind}", job_agent_id=job_agent.id)
     return job_agent, changed

@@ -30,5 +30,10 @@ class Migration(migrations.Migration):
             name="paused_by",
             field=models.CharField(blank=True, default="", editable=False, max_length=255),
         ),
+        migrations.AddField(
+            model_name="jobagent",
+            name="paused_reason",
+            field=models.CharField(blank=True, default="", editable=False, max_length=500),
+        ),
         migrations.RunPython(create_brin, drop_brin, elidable=False),
     ]

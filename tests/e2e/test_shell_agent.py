@@ -28,9 +28,15 @@ def test_the_shell_agent_runs_jobs_end_to_end(stack, make_agent, make_jobs, tmp_
     env = stack.env(JOBQUEUE_SERVER=stack.url, JOBQUEUE_WORKSPACE=agent.workspace_id,
                     JOBQUEUE_AGENT=agent.id, JOBQUEUE_TOKEN=token, JOBQUEUE_EXIT_WHEN_IDLE=1,
                     E2E_AGENT="sh")
-    done = subprocess.run(["sh", str(SHELL_AGENT)], env=env, cwd=tmp_path, timeout=120,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    log = tmp_path / "shell-agent.log"
+    with open(log, "wb") as out:  # a file, not a pipe: a job's orphan cannot hold it open
+        try:
+            code = subprocess.run(["sh", str(SHELL_AGENT)], env=env, cwd=tmp_path, timeout=180,
+                                  stdout=out, stderr=subprocess.STDOUT).returncode
+        except subprocess.TimeoutExpired:
+            pytest.fail("the shell agent did not finish:\n" + log.read_text() + stack.logs())
+    said = log.read_text()
+    assert code == 0, said
     report = audit(ids)
     assert report["violations"] == [] and report["terminal_not_once"] == {}
     assert report["statuses"] == {states.SUCCESSFUL: 4, states.FAILURE: 1}
@@ -42,4 +48,4 @@ def test_the_shell_agent_runs_jobs_end_to_end(stack, make_agent, make_jobs, tmp_
     assert long_job.result["context_bytes"] > 0
     failed = Job.objects.get(id=failing[0].id)
     assert failed.message == "exit status 3"
-    assert "stopped" in done.stderr and token not in done.stderr
+    assert "stopped" in said and token not in said

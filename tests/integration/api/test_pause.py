@@ -27,6 +27,7 @@ def test_pause_and_resume_over_the_api(world, client):
     body = r.json()
     assert body["id"] == str(world.agent.id) and body["paused"] is True
     assert body["paused_at"] is not None and body["health"]["jobs_in_flight"] == 1
+    assert body["paused_reason"] == "deploying the fleet"
     assert producer.get(agent_path).json()["paused"] is True
     listed = {a["id"]: a["paused"] for a in producer.get("job-agents").json()["results"]}
     assert listed == {str(world.agent.id): True, str(world.other_agent.id): False}
@@ -93,7 +94,7 @@ def test_admin_pauses_and_resumes_with_a_log_entry(client, django_user_model, wo
     client.force_login(operator)
     changelist = reverse("admin:jobqueue_jobagent_changelist")
     agents = [str(world.agent.id), str(world.other_agent.id)]
-    lifecycle.pause_job_agent(world.other_agent, "operator:someone")
+    lifecycle.pause_job_agent(world.other_agent, "operator:someone", "disk full")
 
     r = client.post(changelist, {"action": "pause_agents", "_selected_action": agents,
                                  "index": 0}, follow=True)
@@ -105,6 +106,7 @@ def test_admin_pauses_and_resumes_with_a_log_entry(client, django_user_model, wo
     assert "PAUSED since" in page.content.decode() and "operator:olga" in page.content.decode()
     listing = client.get(changelist).content.decode()
     assert "PAUSED since" in listing and "running" not in listing.split("result_list")[0]
+    assert "by operator:someone: disk full" in listing
 
     r = client.post(changelist, {"action": "resume_agents", "_selected_action": agents,
                                  "index": 0}, follow=True)

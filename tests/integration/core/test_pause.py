@@ -35,8 +35,10 @@ def test_paused_agent_claims_nothing_and_its_jobs_in_flight_go_on(caplog):
     finally:
         observe.unsubscribe(listener)
     assert changed and paused.paused_at is not None and paused.paused_by == "operator:alice"
+    assert paused.paused_reason == "deploy"
     assert seen == [("agent_paused", agent.id)]
-    assert f"job agent {agent.id} paused by operator:alice (reason: 'deploy')" in caplog.text
+    assert f"job agent {agent.id} paused by operator:alice" in caplog.text
+    assert "deploy" not in caplog.text  # the caller's text never reaches a log line
     assert lifecycle.is_paused(agent.id)
 
     # Claims: nothing, by every path; the queued job stays as it was.
@@ -65,6 +67,7 @@ def test_paused_agent_claims_nothing_and_its_jobs_in_flight_go_on(caplog):
 
     resumed, changed = lifecycle.resume_job_agent(agent, "operator:bob")
     assert changed and resumed.paused_at is None and resumed.paused_by == ""
+    assert resumed.paused_reason == ""
     assert not lifecycle.is_paused(agent.id)
     assert not lifecycle.resume_job_agent(agent, "operator:bob")[1]
     grants = lifecycle.claim_next_jobs(agent, 10)
