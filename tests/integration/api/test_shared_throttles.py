@@ -65,6 +65,13 @@ def test_a_redis_outage_degrades_to_no_throttling_logged_and_counted(world, sett
     # One failed call, then the cache rests: the outage costs the other requests nothing.
     assert value(scrape(client), "jobqueue_throttle_cache_failures_total") == before + 1
 
+    # Still down after the rest period: one more failed call, counted, not logged again.
+    throttling._down_until = 1.0  # the rest period is over
+    with caplog.at_level(logging.WARNING, logger="agents.throttling"):
+        assert agent.get(path).status_code == 200
+    assert caplog.text.count("throttle cache unavailable") == 1
+    assert value(scrape(client), "jobqueue_throttle_cache_failures_total") == before + 2
+
     # Redis answers again: after the rest period, throttling resumes.
     settings.CACHES = _redis_cache(REDIS)
     throttling._down_until = 1.0  # the rest period is over
