@@ -72,7 +72,9 @@ class JobViewSet(ApiViewSet):
             OpenApiParameter(
                 "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
                 description="1-255 characters. A replay with the same body returns the first "
-                "job (200); the same key with another body is 422.",
+                "job (200), as it was created, even when a default (the agent's max_attempts) "
+                "changed since; the same key with another body is 422. Fields count as sent: "
+                "an omitted max_attempts differs from an explicit one.",
             )
         ],
         request=s.JobCreateInput,
