@@ -43,7 +43,7 @@ class JobViewSet(ApiViewSet):
     @extend_schema(
         tags=PRODUCER_TAGS,
         operation_id="list_jobs",
-        summary="List jobs, newest first",
+        summary="List jobs, newest first (summaries: no job_agent_config, result or message)",
         parameters=[
             STATUS_PARAM,
             OpenApiParameter("job_agent_id", OpenApiTypes.UUID, required=False),
@@ -62,7 +62,7 @@ class JobViewSet(ApiViewSet):
             if agent_id is None:
                 raise ValidationError({"job_agent_id": ["Must be a valid UUID."]})
             jobs = jobs.filter(job_agent_id=agent_id)
-        return self.paginated(NewestFirst, jobs.defer(*s.JOB_LIST_DEFER), s.JobSerializer)
+        return self.paginated(NewestFirst, jobs.only(*s.JOB_LIST_ONLY), s.JobSummarySerializer)
 
     @extend_schema(
         tags=PRODUCER_TAGS,

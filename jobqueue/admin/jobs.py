@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import F, Q
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Now
@@ -58,6 +59,17 @@ class LeaseStateFilter(admin.SimpleListFilter):
         if value == "none":
             return queryset.filter(claim__isnull=True)
         return queryset
+
+
+class JobChangeList(ChangeList):
+    """The job list shows none of the columns a job may hold in bulk (result and message up
+    to their caps, the producer's job_agent_config): it never loads them."""
+
+    def get_queryset(self, request, exclude_parameters=None):
+        return super().get_queryset(request, exclude_parameters).defer(*LIST_DEFERRED)
+
+
+LIST_DEFERRED = ("result", "message", "job_agent_config")
 
 
 @admin.register(Job)
@@ -125,6 +137,9 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
 
     def can_act(self, request) -> bool:
         return super().has_change_permission(request)
+
+    def get_changelist(self, request, **kwargs):
+        return JobChangeList
 
     def get_queryset(self, request):
         # Never load dispatch_context, the claim token or the idempotency fingerprint.
