@@ -149,6 +149,13 @@ class EventSerializer(serializers.Serializer):
     actor = serializers.CharField(allow_blank=True)
     detail = serializers.DictField()
     created_at = serializers.DateTimeField()
+    count = serializers.IntegerField(
+        help_text="How many occurrences the event stands for: 1, except for "
+        "stale_write_refused, recorded once per attempt, operation and code."
+    )
+    last_at = serializers.DateTimeField(
+        allow_null=True, help_text="The latest occurrence when count > 1, else null."
+    )
 
     class Meta:
         ref_name = "JobEvent"
