@@ -61,15 +61,14 @@ class LeaseStateFilter(admin.SimpleListFilter):
         return queryset
 
 
-class JobChangeList(ChangeList):
-    """The job list shows none of the columns a job may hold in bulk (result and message up
-    to their caps, the producer's job_agent_config): it never loads them."""
+# The job list shows none of the columns a job may hold in bulk (result and message up to
+# their caps, the producer's job_agent_config): it never loads them.
+LIST_DEFERRED = ("result", "message", "job_agent_config")
 
+
+class JobChangeList(ChangeList):
     def get_queryset(self, request, exclude_parameters=None):
         return super().get_queryset(request, exclude_parameters).defer(*LIST_DEFERRED)
-
-
-LIST_DEFERRED = ("result", "message", "job_agent_config")
 
 
 @admin.register(Job)
@@ -341,7 +340,7 @@ TIMELINE_PARAM = "timeline_before"
 
 def _positive_int(value) -> int | None:
     """The id a timeline link carries, or None (the newest page) for anything else."""
-    if value is None or not value.isdigit() or len(value) > 18:
+    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 18:
         return None
     return int(value) or None
 

@@ -183,7 +183,7 @@ def test_the_admin_timeline_is_capped_and_paginated(world, admin_client):
     newer_link = re.search(r'href="\?timeline_before=(\d+)">newer', body).group(1)
     assert rows(admin_client.get(f"{url}?timeline_before={newer_link}"))[0] == middle
     # Anything else in the parameter is the newest page, never an error.
-    for junk in ("x", "-1", "0", "9" * 40, ""):
+    for junk in ("x", "-1", "0", "9" * 40, "", "\u00b2", "%C2%B2"):
         assert rows(admin_client.get(f"{url}?timeline_before={junk}"))[0] == newest
     # An unknown job is the admin's usual redirect, whatever the parameter.
     missing = reverse("admin:jobqueue_job_change", args=[uuid.uuid4()])
