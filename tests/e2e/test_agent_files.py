@@ -6,6 +6,8 @@ directories a killed agent leaves behind: real `jobqueue-agent` processes, a rea
   address-space limit, its peak memory measured), and goes on to the next job.
 - A SIGKILLed agent's job directory (with the dispatch_context in it) is removed by the next
   agent that starts, once no process of that job is left; a live agent's is never touched.
+- A result over the agent's cap (1 MiB) or the server's (JOBQUEUE_MAX_RESULT_BYTES) fails
+  its job at once, saying why; the agent goes on.
 """
 
 import os
