@@ -558,7 +558,7 @@ class ReportBatcher(threading.Thread):
                result: Any = None) -> None:
         """Raises what AgentClient.report() raises."""
         body: dict[str, Any] = {"job_id": job_id, "claim_id": claim_id, "status": status}
-        size = 200 + len(message or "")
+        size = 200 + len((message or "").encode("utf-8", "replace"))
         if message is not None:
             body["message"] = message
         if result is not None:
