@@ -203,6 +203,10 @@ JOBQUEUE = {
     "MAX_REPORT_BATCH": env.int("JOBQUEUE_MAX_REPORT_BATCH", 500),
     # Upper bound on a release's retry_after_seconds.
     "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
+    # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
+    # keeps: a report over either is refused (400 validation_error) and changes nothing.
+    "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),
+    "MAX_RESULT_BYTES": env.int("JOBQUEUE_MAX_RESULT_BYTES", 1024 * 1024),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

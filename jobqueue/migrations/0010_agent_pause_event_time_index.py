@@ -17,7 +17,7 @@ def drop_brin(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("jobqueue", "0004_fewer_indexes_on_hot_paths")]
+    dependencies = [("jobqueue", "0005_refusals_counted")]
 
     operations = [
         migrations.AddField(
