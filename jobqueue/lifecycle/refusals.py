@@ -42,19 +42,40 @@ class JobFacts:
     claim_id: uuid.UUID | None  # the live claim's, None without one
     lease_expired: bool  # the live claim's lease has run out, by the database's clock
     completed_at: object = None  # what an accepted retry answers
+    message: str | None = None  # the job's content, to tell a retry from a different report
+    result: object = None
+    external_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Content:
+    """What a terminal report carried: None is "not given" (it keeps the job's value)."""
+
+    message: str | None = None
+    result: object = None
+    external_id: str | None = None
+
+    def repeats(self, facts: JobFacts) -> bool:
+        """Applying this report again would change nothing: each field it gives is the
+        job's value. A report with different content is not a retry."""
+        return all(given is None or given == kept for given, kept in (
+            (self.message, facts.message), (self.result, facts.result),
+            (self.external_id, facts.external_id)))
 
 
 def explain_refusal(facts: JobFacts | None, operation: str, claim_id: uuid.UUID,
-                    status: str | None = None) -> str | None:
+                    status: str | None = None, content: Content | None = None) -> str | None:
     """The code for a write with `claim_id` that changed nothing, or None when it repeats
     the job's final report (a retry after a lost answer: it is answered as accepted).
 
-    `facts` is None when the caller cannot see the job; `status` is what a report asked."""
+    `facts` is None when the caller cannot see the job; `status` is what a report asked and
+    `content` what it carried (same claim and status but other content: job_finished)."""
     if facts is None:
         return NotFound.code
     if (operation == STATUS and status in states.TERMINAL and facts.status == status
             and facts.last_claim_id == claim_id):
-        return None
+        # Its own final report again: a retry, unless it carries other content.
+        return None if content is None or content.repeats(facts) else JobFinished.code
     if facts.status == states.CANCELLED:
         return JobCancelled.code
     if facts.status in states.TERMINAL:
@@ -70,7 +91,7 @@ def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
     rows = scoped_jobs(workspace_id, job_agent_id).filter(id__in=list(job_ids)).annotate(
         db_now=Now()
     ).values("id", "status", "attempt", "last_claim_id", "completed_at", "claim__claim_id",
-             "claim__claim_expires_at", "db_now")
+             "claim__claim_expires_at", "db_now", "message", "result", "external_id")
     return {
         row["id"]: JobFacts(
             status=row["status"],
@@ -80,22 +101,27 @@ def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
             lease_expired=row["claim__claim_expires_at"] is not None
             and row["claim__claim_expires_at"] <= row["db_now"],
             completed_at=row["completed_at"],
+            message=row["message"],
+            result=row["result"],
+            external_id=row["external_id"],
         )
         for row in rows
     }
 
 
-def refuse(writes: list[tuple[uuid.UUID, uuid.UUID, str | None]], operation: str, *,
-           actor: str = "", workspace_id=None, job_agent_id=None):
-    """Explain the writes [(job_id, claim_id, status asked or None)] that changed nothing.
+def refuse(writes: list[tuple], operation: str, *, actor: str = "", workspace_id=None,
+           job_agent_id=None):
+    """Explain the writes [(job_id, claim_id, status asked or None[, Content])] that changed
+    nothing.
 
     Returns ({job_id: code, or None for an accepted retry}, {job_id: facts}); records and
     counts every refusal of a job the caller can see."""
     facts = load_facts((w[0] for w in writes), workspace_id=workspace_id,
                        job_agent_id=job_agent_id)
     codes, events = {}, []
-    for job_id, claim_id, status in writes:
-        code = codes[job_id] = explain_refusal(facts.get(job_id), operation, claim_id, status)
+    for job_id, claim_id, status, *content in writes:
+        code = codes[job_id] = explain_refusal(facts.get(job_id), operation, claim_id, status,
+                                               *content)
         if code is not None and code != NotFound.code:
             events.append(event(job_id, JobEvent.STALE_WRITE_REFUSED,
                                 attempt=facts[job_id].attempt, actor=actor, claim_id=claim_id,
@@ -108,10 +134,11 @@ def refuse(writes: list[tuple[uuid.UUID, uuid.UUID, str | None]], operation: str
 
 
 def refuse_one(job_id: uuid.UUID, claim_id: uuid.UUID, operation: str, *,
-               status: str | None = None, **scope) -> JobFacts:
+               status: str | None = None, content: Content | None = None,
+               **scope) -> JobFacts:
     """The same for one write: raises its error (NotFound, or the Conflict named by the
     code); returns the job's facts when the write is an accepted retry."""
-    codes, facts = refuse([(job_id, claim_id, status)], operation, **scope)
+    codes, facts = refuse([(job_id, claim_id, status, content)], operation, **scope)
     code = codes[job_id]
     if code is None:
         return facts[job_id]
