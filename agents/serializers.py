@@ -24,6 +24,15 @@ class StrictUUIDField(serializers.UUIDField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """true or false, as JSON booleans only (DRF's field also takes "yes", 1, "on"...)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input="")
+        return data
+
+
 class StrictChoiceField(serializers.ChoiceField):
     """A choice whose error names the allowed values, never the value sent (DRF's own
     message quotes it: '"<what you sent>" is not a valid choice.')."""
@@ -69,6 +78,7 @@ class JobSerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     priority = serializers.IntegerField()
+    retry_backoff_seconds = serializers.IntegerField(source="effective_retry_backoff_seconds")
     available_at = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
@@ -234,6 +244,12 @@ class StatusInput(serializers.Serializer):
     external_id = serializers.CharField(
         required=False, allow_blank=True, max_length=255, trim_whitespace=False
     )
+    retry = StrictBooleanField(
+        required=False, default=False,
+        help_text="With status `failure`: a retryable failure. While attempts remain the job "
+        "goes back to `queued`, claimable after an exponential backoff; on the last attempt "
+        "it ends `failure`.",
+    )
 
     class Meta:
         ref_name = "StatusReport"
@@ -270,6 +286,12 @@ class JobCreateInput(serializers.Serializer):
     )
     delay_seconds = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=10**8
+    )
+    retry_backoff_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=INT32_MAX,
+        help_text="The wait before the first retry of a retryable failure, doubled per "
+        "attempt (default JOBQUEUE_RETRY_BACKOFF_SECONDS; at most "
+        "JOBQUEUE_MAX_RETRY_BACKOFF_SECONDS).",
     )
     external_id = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=255, trim_whitespace=False

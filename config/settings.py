@@ -191,6 +191,13 @@ JOBQUEUE = {
     "MAX_REPORT_BATCH": env.int("JOBQUEUE_MAX_REPORT_BATCH", 500),
     # Upper bound on a release's retry_after_seconds.
     "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
+    # Retryable failures ({"status": "failure", "retry": true}): the job waits
+    # retry_backoff_seconds (this default unless the job sets its own) doubled per attempt,
+    # at most MAX_RETRY_BACKOFF_SECONDS (also the bound of a job's retry_backoff_seconds),
+    # shortened by up to RETRY_JITTER of itself (a fraction from 0 to 1; 0: no jitter).
+    "RETRY_BACKOFF_SECONDS": env.int("JOBQUEUE_RETRY_BACKOFF_SECONDS", 10),
+    "MAX_RETRY_BACKOFF_SECONDS": env.int("JOBQUEUE_MAX_RETRY_BACKOFF_SECONDS", 3600),
+    "RETRY_JITTER": env.float("JOBQUEUE_RETRY_JITTER", 0.0),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

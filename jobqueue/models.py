@@ -109,6 +109,9 @@ class Job(models.Model):
     # What an operator requeue grants again: the attempts the job had when created.
     initial_max_attempts = models.PositiveIntegerField()
     priority = models.IntegerField(default=0)
+    # The first retry's wait after a retryable failure (doubled per attempt, capped); None:
+    # JOBQUEUE_RETRY_BACKOFF_SECONDS.
+    retry_backoff_seconds = models.PositiveIntegerField(null=True, blank=True)
     available_at = models.DateTimeField(db_default=Now())
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
@@ -169,6 +172,14 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in states.TERMINAL
+
+    @property
+    def effective_retry_backoff_seconds(self) -> int:
+        from .conf import jobqueue_settings
+
+        if self.retry_backoff_seconds is not None:
+            return self.retry_backoff_seconds
+        return jobqueue_settings()["RETRY_BACKOFF_SECONDS"]
 
 
 class JobClaimQuerySet(models.QuerySet):

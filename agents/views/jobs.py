@@ -99,6 +99,7 @@ class JobViewSet(ApiViewSet):
             priority=data["priority"],
             max_attempts=data.get("max_attempts"),
             delay_seconds=data.get("delay_seconds"),
+            retry_backoff_seconds=data.get("retry_backoff_seconds"),
             external_id=data["external_id"],
             idempotency_key=request.headers.get("Idempotency-Key"),
             hold=data["hold"],
@@ -197,6 +198,7 @@ class JobViewSet(ApiViewSet):
             message=data.get("message"),
             result=data.get("result"),
             external_id=data.get("external_id"),
+            retry=data["retry"],
             **self.job_scope(),
         )
         return Response(s.represent(s.JobSerializer, job))

@@ -93,6 +93,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "status",
         "attempts",
         "priority",
+        "retry_backoff",
         "available_at",
         "created_at",
         "started_at",
@@ -164,6 +165,10 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         return describe_age(claim.heartbeat_at, row_db_now(obj), never="none yet")
 
     # --- detail fields
+
+    @admin.display(description="retry backoff")
+    def retry_backoff(self, obj):
+        return f"{obj.effective_retry_backoff_seconds} s, doubled per attempt"
 
     @admin.display(description="job agent config")
     def job_agent_config_display(self, obj):

@@ -47,6 +47,7 @@ def create_job(
     priority: int = 0,
     max_attempts: int | None = None,
     delay_seconds: int | None = None,
+    retry_backoff_seconds: int | None = None,
     external_id: str = "",
     idempotency_key: str | None = None,
     hold: bool = False,
@@ -61,10 +62,15 @@ def create_job(
         raise NotFound("No such job agent.")
     max_attempts = inputs.max_attempts(max_attempts) or job_agent.effective_max_attempts
     delay_seconds = inputs.delay_seconds(delay_seconds)
+    retry_backoff_seconds = inputs.retry_backoff_seconds(retry_backoff_seconds)
+    # Fields added later join the fingerprint only when given, so that a replay of a request
+    # made before they existed still matches its job.
+    later = {"retry_backoff_seconds": retry_backoff_seconds}
     fingerprint = ""
     if inputs.idempotency_key(idempotency_key) is not None:
         fingerprint = _fingerprint(
             {
+                **{k: v for k, v in later.items() if v is not None},
                 "job_agent": str(job_agent.id),
                 "job_agent_config": job_agent_config or {},
                 "dispatch_context": dispatch_context or {},
@@ -88,6 +94,7 @@ def create_job(
         priority=priority,
         max_attempts=max_attempts,
         initial_max_attempts=max_attempts,
+        retry_backoff_seconds=retry_backoff_seconds,
         external_id=external_id or "",
         idempotency_key=idempotency_key,
         idempotency_fingerprint=fingerprint,

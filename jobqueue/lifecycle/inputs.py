@@ -41,6 +41,7 @@ class ReportItem:
     message: str | None = None
     result: object = None
     external_id: str | None = None
+    retry: bool = False  # a retryable failure: queued again while attempts remain
 
 
 # --- parsing (for the edge) -------------------------------------------------------------
@@ -98,6 +99,21 @@ def retry_after_seconds(value: int | None) -> int | None:
                        jobqueue_settings()["MAX_RETRY_AFTER_SECONDS"])
 
 
+def retry_backoff_seconds(value: int | None) -> int | None:
+    """A job's first retry wait (None: JOBQUEUE_RETRY_BACKOFF_SECONDS)."""
+    if value is None:
+        return None
+    return bounded_int(value, "retry_backoff_seconds", 0,
+                       jobqueue_settings()["MAX_RETRY_BACKOFF_SECONDS"])
+
+
+def report_retry(status: str, retry: bool) -> bool:
+    """`retry` qualifies a failure only."""
+    if retry and status != states.FAILURE:
+        raise InvalidInput("retry may be true only with status failure.", field="retry")
+    return retry
+
+
 def delay_seconds(value: int | None) -> int | None:
     """How long a new job waits before it is claimable (None: not at all)."""
     if value is None:
@@ -142,6 +158,7 @@ def report_batch(reports: Sequence[ReportItem]) -> Sequence[ReportItem]:
     def job_of(report: ReportItem):
         if report.status not in BATCH_REPORT_STATUSES:
             raise InvalidInput(f"status must be one of: {allowed}.", field="status")
+        report_retry(report.status, report.retry)
         return report.job_id
 
     return _batch(reports, "reports", jobqueue_settings()["MAX_REPORT_BATCH"], job_of)

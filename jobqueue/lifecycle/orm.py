@@ -12,10 +12,12 @@ import datetime as dt
 import uuid
 
 from django.db import transaction
-from django.db.models import Case, F, Q, UUIDField, Value, When
-from django.db.models.functions import Now
+from django.db.models import Case, DateTimeField, F, FloatField, Q, UUIDField, Value, When
+from django.db.models.functions import Coalesce, Least, Now, Power, Random
 
 from jobqueue import states
+from jobqueue.conf import jobqueue_settings
+from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
 from jobqueue.models import Job, JobClaim, JobEvent
 
@@ -34,6 +36,34 @@ def claim_candidates(job_agent, candidates=None):
         .annotate(db_now=Now())
         .select_for_update(skip_locked=True, no_key=True, of=("self",))
     )
+
+
+def retry_backoff():
+    """The wait before a retry, in seconds, as the database computes it from the job row:
+    retry_backoff_seconds (or the default) doubled per attempt already made, at most
+    MAX_RETRY_BACKOFF_SECONDS, shortened by up to RETRY_JITTER of itself."""
+    conf = jobqueue_settings()
+    base = Coalesce(F("retry_backoff_seconds"), Value(conf["RETRY_BACKOFF_SECONDS"]))
+    wait = Least(
+        Value(float(conf["MAX_RETRY_BACKOFF_SECONDS"]), output_field=FloatField()),
+        base * Power(Value(2.0), F("attempt") - 1), output_field=FloatField(),
+    )
+    if conf["RETRY_JITTER"]:
+        wait = wait * (Value(1.0) - Value(float(conf["RETRY_JITTER"])) * Random())
+    return wait
+
+
+def retry_fields() -> dict:
+    """A retryable failure's update: queued after the backoff while attempts remain, else
+    failure (the guards are the report's)."""
+    again = Q(attempt__lt=F("max_attempts"))
+    return {
+        "status": Case(When(again, then=Value(states.QUEUED)), default=Value(states.FAILURE)),
+        "completed_at": Case(When(again, then=Value(None)), default=Now(),
+                             output_field=DateTimeField()),
+        "available_at": Case(When(again, then=NowPlusSeconds(retry_backoff())),
+                             default=F("available_at")),
+    }
 
 
 class OrmBackend:
@@ -94,7 +124,7 @@ class OrmBackend:
         JobEvent.objects.bulk_create(events)
 
     def report(self, job_id, claim_id, status, actor, *, message, result, external_id,
-               job_agent_id, workspace_id):
+               job_agent_id, workspace_id, retry=False):
         """The job after a report that its claim allowed, or None (nothing changed)."""
         fields = {"updated_at": Now()}
         for name, value in (("message", message), ("result", result),
@@ -108,7 +138,8 @@ class OrmBackend:
                 n = qs.update(**fields)
                 kind = JobEvent.PROGRESS_REPORTED
             else:
-                n = qs.update(status=status, completed_at=Now(), **fields)
+                ending = retry_fields() if retry else {"status": status, "completed_at": Now()}
+                n = qs.update(**ending, **fields)
                 if n == 1:
                     # The job row is ours (locked); its claim row goes with it.
                     deleted, _ = JobClaim.objects.filter(job_id=job_id, claim_id=claim_id).delete()
@@ -118,8 +149,9 @@ class OrmBackend:
             if n != 1:
                 return None
             job = Job.objects.get(id=job_id)
+            extra = {"retry": True, "requeued": job.status == states.QUEUED} if retry else {}
             event(job.id, kind, attempt=job.attempt, actor=actor, claim_id=claim_id,
-                  status=status, has_result=result is not None).save()
+                  status=status, has_result=result is not None, **extra).save()
             return job
 
     def report_many(self, items, job_agent_id, workspace_id, actor):
@@ -130,7 +162,8 @@ class OrmBackend:
             for r in items:
                 job = self.report(r.job_id, r.claim_id, r.status, actor, message=r.message,
                                   result=r.result, external_id=r.external_id,
-                                  job_agent_id=job_agent_id, workspace_id=workspace_id)
+                                  job_agent_id=job_agent_id, workspace_id=workspace_id,
+                                  retry=r.retry)
                 if job is not None:
                     done[job.id] = (job.status, job.completed_at)
         return done

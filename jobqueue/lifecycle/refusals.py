@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from jobqueue import observe, states
@@ -45,6 +46,9 @@ class JobFacts:
     message: str | None = None  # the job's content, to tell a retry from a different report
     result: object = None
     external_id: str | None = None
+    # This claim's terminal report was taken (a status_reported event): read only for a
+    # retryable failure's repeat, whose job is queued again rather than terminal.
+    reported: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Content:
     message: str | None = None
     result: object = None
     external_id: str | None = None
+    retry: bool = False
 
     def repeats(self, facts: JobFacts) -> bool:
         """Applying this report again would change nothing: each field it gives is the
@@ -72,10 +77,13 @@ def explain_refusal(facts: JobFacts | None, operation: str, claim_id: uuid.UUID,
     `content` what it carried (same claim and status but other content: job_finished)."""
     if facts is None:
         return NotFound.code
-    if (operation == STATUS and status in states.TERMINAL and facts.status == status
-            and facts.last_claim_id == claim_id):
-        # Its own final report again: a retry, unless it carries other content.
-        return None if content is None or content.repeats(facts) else JobFinished.code
+    if operation == STATUS and status in states.TERMINAL and facts.last_claim_id == claim_id:
+        # Its own final report again: a retry, unless it carries other content. A retryable
+        # failure's repeat finds the job queued again (or failed: it was the last attempt).
+        requeued = (content is not None and content.retry and facts.status == states.QUEUED
+                    and facts.reported)
+        if facts.status == status or requeued:
+            return None if content is None or content.repeats(facts) else JobFinished.code
     if facts.status == states.CANCELLED:
         return JobCancelled.code
     if facts.status in states.TERMINAL:
@@ -109,6 +117,18 @@ def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
     }
 
 
+def _with_reports(facts, writes) -> dict:
+    """The facts of the retryable failures among `writes` [(job_id, claim_id)], with whether
+    that claim's report was taken: one query, on the refusal path only."""
+    q = Q()
+    for job_id, claim_id in writes:
+        q |= Q(job_id=job_id, claim_id=claim_id)
+    taken = set(JobEvent.objects.filter(q, kind=JobEvent.STATUS_REPORTED)
+                .values_list("job_id", "claim_id"))
+    return {job_id: replace(facts[job_id], reported=(job_id, claim_id) in taken)
+            for job_id, claim_id in writes}
+
+
 def refuse(writes: list[tuple], operation: str, *, actor: str = "", workspace_id=None,
            job_agent_id=None):
     """Explain the writes [(job_id, claim_id, status asked or None[, Content])] that changed
@@ -118,6 +138,10 @@ def refuse(writes: list[tuple], operation: str, *, actor: str = "", workspace_id
     counts every refusal of a job the caller can see."""
     facts = load_facts((w[0] for w in writes), workspace_id=workspace_id,
                        job_agent_id=job_agent_id)
+    retried = [(w[0], w[1]) for w in writes
+               if len(w) > 3 and w[3] is not None and w[3].retry and w[0] in facts]
+    if retried:
+        facts.update(_with_reports(facts, retried))
     codes, events = {}, []
     for job_id, claim_id, status, *content in writes:
         code = codes[job_id] = explain_refusal(facts.get(job_id), operation, claim_id, status,

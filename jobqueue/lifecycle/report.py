@@ -31,25 +31,31 @@ def report_status(
     message: str | None = None,
     result=None,
     external_id: str | None = None,
+    retry: bool = False,
     job_agent_id: uuid.UUID | None = None,
     workspace_id: uuid.UUID | None = None,
 ) -> Job:
     """Record progress (status in_progress) or end the job (a terminal status). None for
-    message, result or external_id keeps the job's value."""
+    message, result or external_id keeps the job's value.
+
+    `retry` (with status failure) is a retryable failure: while attempts remain the job goes
+    back to queued, claimable after the backoff (docs/clocks.md); on the last attempt it
+    ends failure. The answer is the job as it now is."""
     inputs.reportable_status(status)
+    inputs.report_retry(status, retry)
     actor = agent_actor(job_agent_id) if job_agent_id else ""
     job = backend().report(job_id, claim_id, status, actor, message=message, result=result,
                            external_id=external_id, job_agent_id=job_agent_id,
-                           workspace_id=workspace_id)
+                           workspace_id=workspace_id, retry=retry)
     if job is not None:
         if status == states.IN_PROGRESS:
             observe.emit("progress", job_agent_id=job.job_agent_id)
         else:
-            observe.emit("reported", job_agent_id=job.job_agent_id, status=status)
+            observe.emit("reported", job_agent_id=job.job_agent_id, status=_counted(job.status))
         return job
     # Nothing changed: refused, or a retried terminal report after a lost answer.
     refuse_one(job_id, claim_id, STATUS, status=status,
-               content=Content(message, result, external_id), actor=actor,
+               content=Content(message, result, external_id, retry), actor=actor,
                workspace_id=workspace_id, job_agent_id=job_agent_id)
     return Job.objects.get(id=job_id)
 
@@ -70,7 +76,8 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     reports = inputs.report_batch(reports)
     actor = agent_actor(job_agent_id)
     done = backend().report_many(reports, job_agent_id, workspace_id, actor)
-    rest = [(r.job_id, r.claim_id, r.status, Content(r.message, r.result, r.external_id))
+    rest = [(r.job_id, r.claim_id, r.status,
+             Content(r.message, r.result, r.external_id, r.retry))
             for r in reports if r.job_id not in done]
     codes, facts = {}, {}
     if rest:
@@ -79,10 +86,18 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     results = []
     for r in reports:
         if r.job_id in done:
-            observe.emit("reported", job_agent_id=job_agent_id, status=r.status)
+            observe.emit("reported", job_agent_id=job_agent_id,
+                         status=_counted(done[r.job_id][0]))
             results.append(ReportOutcome(r.job_id, True, *done[r.job_id]))
         elif codes[r.job_id] is None:  # a retry of the job's final report
-            results.append(ReportOutcome(r.job_id, True, r.status, facts[r.job_id].completed_at))
+            f = facts[r.job_id]
+            results.append(ReportOutcome(r.job_id, True, f.status, f.completed_at))
         else:
             results.append(ReportOutcome(r.job_id, False, code=codes[r.job_id]))
     return BatchReportResult(results=results)
+
+
+def _counted(status: str) -> str:
+    """The status a report is counted under: a retryable failure that queued the job again
+    is "retrying"."""
+    return "retrying" if status == states.QUEUED else status

@@ -350,10 +350,16 @@ class AgentClient:
         return out
 
     def report(self, job_id: str, claim_id: str, status: str, *, message: str | None = None,
-               result: Any = None, external_id: str | None = None) -> dict:
+               result: Any = None, external_id: str | None = None,
+               retry: bool = False) -> dict:
         """PUT the job's status (in_progress, successful, failure, cancelled). Returns the job.
-        An identical retried terminal report answers 200 again, so retrying is safe."""
+        An identical retried terminal report answers 200 again, so retrying is safe.
+
+        `retry=True` (with failure) is a retryable failure: the server queues the job again
+        after a backoff while attempts remain (the job answered is then `queued`)."""
         body: dict[str, Any] = {"claim_id": claim_id, "status": status}
+        if retry:
+            body["retry"] = True
         if message is not None:
             body["message"] = message
         if result is not None:
@@ -364,7 +370,7 @@ class AgentClient:
 
     def report_batch(self, reports: list[dict]) -> list[ApiError | None]:
         """End several jobs of this agent at once: each item {"job_id", "claim_id",
-        "status", "message"?, "result"?}. Returns, per item in order, None when accepted
+        "status", "message"?, "result"?, "retry"?}. Returns, per item in order, None when accepted
         (a retried identical report is accepted again) or the error the single report would
         have raised (LeaseLost, NotFound). Raises Unsupported (404/405) when the server has
         no batch report, and any request-level error as report() would."""

@@ -108,6 +108,43 @@ WITH done AS (
 SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
 """
 
+# A retryable failure: while attempts remain ({again}) the job goes back to 'queued',
+# claimable after the backoff: retry_backoff_seconds (NULL: %(backoff)s) doubled per attempt
+# made, at most %(backoff_cap)s, shortened by up to %(jitter)s of itself; else it ends with
+# {status} as any final report. The time is the statement's, never the app server's.
+_RETRY_SET = """
+        status = CASE WHEN {again} THEN 'queued' ELSE {status} END,
+        completed_at = CASE WHEN {again} THEN NULL ELSE STATEMENT_TIMESTAMP() END,
+        available_at = CASE WHEN {again} THEN STATEMENT_TIMESTAMP() + make_interval(secs =>
+            LEAST(%(backoff_cap)s::float8, COALESCE(job.retry_backoff_seconds, %(backoff)s)
+                  * power(2::float8, job.attempt - 1)) * (1 - %(jitter)s::float8 * random()))
+            ELSE job.available_at END,"""
+
+# JobFailOrRetryIfRunning: a retryable failure ({"status": "failure", "retry": true}) if
+# %(claim)s is still the job's claim: queued after the backoff, or failure on the last
+# attempt; the claim row goes as on JobSetStateIfRunning. The event says which (requeued).
+JOB_FAIL_OR_RETRY_IF_RUNNING = """
+WITH done AS (
+    UPDATE job SET""" + _RETRY_SET.format(
+        again="job.attempt < job.max_attempts", status="'failure'") + \
+    _REPORT_FIELDS + """
+        updated_at = STATEMENT_TIMESTAMP()
+    FROM job_claim c""" + _REPORT_GUARD + """
+      AND c.job_id = job.id AND c.claim_id = %(claim)s
+    RETURNING """ + JOB_COLUMNS + """
+), gone AS (
+    DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
+    RETURNING c.job_id
+), event AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s,
+           %(detail)s::jsonb || jsonb_build_object('requeued', status = 'queued'),
+           STATEMENT_TIMESTAMP()
+    FROM done
+)
+SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
+"""
+
 # JobSetProgressIfRunning: record progress (message, result, external_id) if %(claim)s is
 # still the job's claim. Never touches the lease.
 JOB_SET_PROGRESS_IF_RUNNING = """
@@ -127,11 +164,13 @@ SELECT done.* FROM done
 # these rows (an event inserted for a job it does not lock, e.g. a recorded refusal) must not
 # wait on them while holding a row this statement waits for. %(messages)s, %(results)s and
 # %(external_ids)s may be NULL (a plain acknowledgement binds three arrays): unnest pads them.
+# So may %(retries)s (no report asks a retry); a true one is a retryable failure (_RETRY_SET).
 JOB_SET_STATE_IF_RUNNING_MANY = """
 WITH req AS (
     SELECT * FROM unnest(%(jobs)s::uuid[], %(claims)s::uuid[], %(statuses)s::text[],
-                         %(messages)s::text[], %(results)s::text[], %(external_ids)s::text[])
-        AS r(job_id, claim_id, status, message, result, external_id)
+                         %(messages)s::text[], %(results)s::text[], %(external_ids)s::text[],
+                         %(retries)s::boolean[])
+        AS r(job_id, claim_id, status, message, result, external_id, retry)
 ), locked AS MATERIALIZED (
     SELECT j.id FROM job j
     JOIN req ON req.job_id = j.id
@@ -142,7 +181,8 @@ WITH req AS (
     ORDER BY j.id
     FOR NO KEY UPDATE OF j FOR UPDATE OF c
 ), done AS (
-    UPDATE job SET status = req.status, completed_at = STATEMENT_TIMESTAMP(),
+    UPDATE job SET""" + _RETRY_SET.format(
+        again="(req.retry AND job.attempt < job.max_attempts)", status="req.status") + """
         message = COALESCE(req.message, job.message),
         result = COALESCE(req.result::jsonb, job.result),
         external_id = COALESCE(req.external_id, job.external_id),
@@ -157,7 +197,9 @@ WITH req AS (
 ), events AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT done.id, %(kind)s, done.attempt, %(actor)s, done.last_claim_id,
-           jsonb_build_object('status', done.status, 'has_result', req.result IS NOT NULL),
+           jsonb_build_object('status', req.status, 'has_result', req.result IS NOT NULL)
+           || CASE WHEN req.retry THEN jsonb_build_object('retry', true,
+                   'requeued', done.status = 'queued') ELSE '{}'::jsonb END,
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
 )

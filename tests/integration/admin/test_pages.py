@@ -126,6 +126,7 @@ def test_job_detail_shows_claim_timeline_and_context_keys(op_client, jobs):
     assert "<code>api_password</code>" in html  # the key, never the value
     assert "expired 30\xa0seconds ago" in html or "expired 31\xa0seconds ago" in html
     assert "jq-timeline" in html and "claimed" in html and "created" in html
+    assert "10 s, doubled per attempt" in html  # the retry backoff (the default)
     # Read-only: no save button, no editable field.
     assert 'name="_save"' not in html
     assert 'name="status"' not in html

@@ -254,6 +254,12 @@ def test_report_sends_only_what_it_was_given():
     assert {(m, p) for m, p, _ in server.seen} == {("PUT", "/v1/workspaces/ws/jobs/j1/status")}
 
 
+def test_report_retry_sends_retry_true():
+    c, server = make((200, {"id": "j1", "status": "queued"}))
+    assert c.report("j1", "c1", "failure", retry=True)["status"] == "queued"
+    assert server.seen[0][2] == {"claim_id": "c1", "status": "failure", "retry": True}
+
+
 def test_report_batch_maps_each_item_to_what_the_single_report_would_raise():
     c, server = make((200, {"results": [
         {"job_id": "j1", "accepted": True},
