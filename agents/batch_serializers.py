@@ -29,8 +29,9 @@ from jobqueue import lifecycle
 from .serializers import StatusInput, StrictChoiceField, StrictUUIDField
 
 REFUSAL_CODES = ["lease_expired", "claim_superseded", "job_cancelled", "job_finished",
-                 "not_found"]
-REPORT_REFUSAL_CODES = ["claim_superseded", "job_cancelled", "job_finished", "not_found"]
+                 "deadline_exceeded", "not_found"]
+REPORT_REFUSAL_CODES = ["claim_superseded", "job_cancelled", "job_finished",
+                        "deadline_exceeded", "not_found"]
 _TIMESTAMP = serializers.DateTimeField()
 
 

@@ -79,6 +79,8 @@ class JobSerializer(serializers.Serializer):
     max_attempts = serializers.IntegerField()
     priority = serializers.IntegerField()
     retry_backoff_seconds = serializers.IntegerField(source="effective_retry_backoff_seconds")
+    max_runtime_seconds = serializers.IntegerField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
     available_at = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
@@ -293,6 +295,19 @@ class JobCreateInput(serializers.Serializer):
         "attempt (default JOBQUEUE_RETRY_BACKOFF_SECONDS; at most "
         "JOBQUEUE_MAX_RETRY_BACKOFF_SECONDS).",
     )
+    max_runtime_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        help_text="How long one attempt may run from its claim, heartbeats or not (default: "
+        "the job agent's, else no limit; bounded by JOBQUEUE_MIN_MAX_RUNTIME_SECONDS.."
+        "JOBQUEUE_MAX_MAX_RUNTIME_SECONDS). Past it the attempt ends: queued again while "
+        "attempts remain, else expired.",
+    )
+    expires_at = serializers.DateTimeField(
+        required=False, allow_null=True,
+        help_text="When the whole job must be finished (in the future, at most "
+        "JOBQUEUE_MAX_EXPIRES_IN_SECONDS ahead). Past it the job is never claimed and ends "
+        "expired, running or not.",
+    )
     external_id = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=255, trim_whitespace=False
     )
@@ -326,6 +341,7 @@ class JobAgentSerializer(serializers.Serializer):
     type = serializers.CharField()
     lease_seconds = serializers.IntegerField(source="effective_lease_seconds")
     max_attempts = serializers.IntegerField(source="effective_max_attempts")
+    max_runtime_seconds = serializers.IntegerField(allow_null=True)
     created_at = serializers.DateTimeField()
     health = serializers.SerializerMethodField()
 
@@ -352,6 +368,10 @@ class JobAgentCreateInput(serializers.Serializer):
     max_attempts = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
         help_text="Bounded by 1..JOBQUEUE_MAX_MAX_ATTEMPTS.",
+    )
+    max_runtime_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        help_text="The max_runtime_seconds of its jobs that set none (default: no limit).",
     )
 
     class Meta:

@@ -198,6 +198,12 @@ JOBQUEUE = {
     "RETRY_BACKOFF_SECONDS": env.int("JOBQUEUE_RETRY_BACKOFF_SECONDS", 10),
     "MAX_RETRY_BACKOFF_SECONDS": env.int("JOBQUEUE_MAX_RETRY_BACKOFF_SECONDS", 3600),
     "RETRY_JITTER": env.float("JOBQUEUE_RETRY_JITTER", 0.0),
+    # Bounds of a job's (or its agent's default) max_runtime_seconds, and how far ahead a
+    # job's expires_at may be (docs/clocks.md). No default: a job has no runtime limit and
+    # never expires unless its producer (or agent) says so.
+    "MIN_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MIN_MAX_RUNTIME_SECONDS", 1),
+    "MAX_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MAX_MAX_RUNTIME_SECONDS", 7 * 86400),
+    "MAX_EXPIRES_IN_SECONDS": env.int("JOBQUEUE_MAX_EXPIRES_IN_SECONDS", 10**8),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

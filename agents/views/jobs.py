@@ -100,6 +100,8 @@ class JobViewSet(ApiViewSet):
             max_attempts=data.get("max_attempts"),
             delay_seconds=data.get("delay_seconds"),
             retry_backoff_seconds=data.get("retry_backoff_seconds"),
+            max_runtime_seconds=data.get("max_runtime_seconds"),
+            expires_at=data.get("expires_at"),
             external_id=data["external_id"],
             idempotency_key=request.headers.get("Idempotency-Key"),
             hold=data["hold"],

@@ -94,6 +94,8 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "attempts",
         "priority",
         "retry_backoff",
+        "max_runtime_seconds",
+        "expires_at",
         "available_at",
         "created_at",
         "started_at",
@@ -203,6 +205,9 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
             ("lease", f"{claim.lease_seconds} s"),
             ("expiry", f"{claim.claim_expires_at:%Y-%m-%d %H:%M:%S} UTC "
                        f"({describe_lease(claim.claim_expires_at, now)})"),
+            ("deadline", "none" if claim.deadline_at is None
+             else f"{claim.deadline_at:%Y-%m-%d %H:%M:%S} UTC (max_runtime_seconds or "
+                  "expires_at: the lease never runs past it)"),
             ("last heartbeat", describe_age(claim.heartbeat_at, now, never="none yet")),
             ("agent", claim.job_agent_id),
         ]

@@ -38,6 +38,34 @@ def claim_candidates(job_agent, candidates=None):
     )
 
 
+def attempt_deadline(job, now: dt.datetime) -> dt.datetime | None:
+    """When a clock ends the attempt claimed at the database time `now`: the earlier of
+    now + max_runtime_seconds and expires_at (None: neither). PostgreSQL's claim statement
+    computes the same (pg/statements.py, _DEADLINE)."""
+    ends = [t for t in (
+        None if job.max_runtime_seconds is None
+        else now + dt.timedelta(seconds=job.max_runtime_seconds),
+        job.expires_at,
+    ) if t is not None]
+    return min(ends) if ends else None
+
+
+def lease_end(now: dt.datetime, lease: int, deadline: dt.datetime | None) -> dt.datetime:
+    """The lease of a claim made at `now`, never past the attempt's deadline."""
+    end = now + dt.timedelta(seconds=lease)
+    return end if deadline is None else min(end, deadline)
+
+
+def within_deadline() -> Q:
+    """No clock has ended the job's running attempt yet (by the database's clock): the
+    guard of every holder's write but heartbeats (which see the claim's capped lease)."""
+    return (
+        (Q(max_runtime_seconds__isnull=True)
+         | Q(started_at__gt=NowPlusSeconds(F("max_runtime_seconds") * -1)))
+        & (Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))
+    )
+
+
 def retry_backoff():
     """The wait before a retry, in seconds, as the database computes it from the job row:
     retry_backoff_seconds (or the default) doubled per attempt already made, at most
@@ -86,7 +114,6 @@ class OrmBackend:
 
     @staticmethod
     def _claim_locked(job_agent, locked, lease, now, actor):
-        expires = now + dt.timedelta(seconds=lease)
         claim_ids = {job.id: uuid.uuid4() for job in locked}
         # The rows are locked (PostgreSQL) or the database is write-locked (SQLite), so these
         # values are current; the guard still goes in the WHERE of the one write for the batch.
@@ -113,10 +140,11 @@ class OrmBackend:
             job.attempt += 1
             job.last_claim_id = claim_ids[job.id]
             job.started_at = job.updated_at = now
+            deadline = attempt_deadline(job, now)
             claims.append(JobClaim(
                 job_id=job.id, job_agent_id=job_agent.id, claim_id=job.last_claim_id,
                 attempt=job.attempt, lease_seconds=lease, claimed_at=now,
-                claim_expires_at=expires,
+                claim_expires_at=lease_end(now, lease, deadline), deadline_at=deadline,
             ))
             events.append(event(job.id, JobEvent.CLAIMED, attempt=job.attempt, actor=actor,
                                 claim_id=job.last_claim_id, lease_seconds=lease))
@@ -131,7 +159,7 @@ class OrmBackend:
                             ("external_id", external_id)):
             if value is not None:
                 fields[name] = value
-        guard = Q(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_id)
+        guard = Q(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_id) & within_deadline()
         with transaction.atomic():
             qs = scoped_jobs(workspace_id, job_agent_id).filter(guard)
             if status == states.IN_PROGRESS:

@@ -19,6 +19,7 @@ from django.db.models.functions import Now
 from jobqueue import observe, states
 from jobqueue.exceptions import (
     ClaimSuperseded,
+    DeadlineExceeded,
     JobCancelled,
     JobFinished,
     LeaseExpired,
@@ -30,7 +31,7 @@ from .records import event, scoped_jobs
 
 HEARTBEAT, STATUS, RELEASE = "heartbeat", "status", "release"
 ERRORS = {cls.code: cls for cls in (NotFound, JobCancelled, JobFinished, LeaseExpired,
-                                    ClaimSuperseded)}
+                                    ClaimSuperseded, DeadlineExceeded)}
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ class JobFacts:
     # This claim's terminal report was taken (a status_reported event): read only for a
     # retryable failure's repeat, whose job is queued again rather than terminal.
     reported: bool = False
+    live_deadline_passed: bool = False  # the live claim's deadline has passed
+    # A clock ended the attempt of the claim asked about: its deadline passed while it is
+    # live, or the reaper ended it for that (a timed_out event; read on the refusal path
+    # only, for a claim that is no longer live).
+    deadline_passed: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ def explain_refusal(facts: JobFacts | None, operation: str, claim_id: uuid.UUID,
     `content` what it carried (same claim and status but other content: job_finished)."""
     if facts is None:
         return NotFound.code
+    if facts.deadline_passed:
+        return DeadlineExceeded.code
     if operation == STATUS and status in states.TERMINAL and facts.last_claim_id == claim_id:
         # Its own final report again: a retry, unless it carries other content. A retryable
         # failure's repeat finds the job queued again (or failed: it was the last attempt).
@@ -99,7 +107,8 @@ def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
     rows = scoped_jobs(workspace_id, job_agent_id).filter(id__in=list(job_ids)).annotate(
         db_now=Now()
     ).values("id", "status", "attempt", "last_claim_id", "completed_at", "claim__claim_id",
-             "claim__claim_expires_at", "db_now", "message", "result", "external_id")
+             "claim__claim_expires_at", "claim__deadline_at", "db_now", "message", "result",
+             "external_id")
     return {
         row["id"]: JobFacts(
             status=row["status"],
@@ -112,6 +121,8 @@ def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
             message=row["message"],
             result=row["result"],
             external_id=row["external_id"],
+            live_deadline_passed=row["claim__deadline_at"] is not None
+            and row["claim__deadline_at"] <= row["db_now"],
         )
         for row in rows
     }
@@ -129,6 +140,29 @@ def _with_reports(facts, writes) -> dict:
             for job_id, claim_id in writes}
 
 
+def _with_deadlines(facts, writes) -> dict:
+    """Whether a clock ended the attempt of each claim of `writes` [(job_id, claim_id)]:
+    the live claim's deadline passed, or (a claim no longer live) the reaper's timed_out
+    event names it; one query, only for claims no longer live."""
+    gone = [(job_id, claim_id) for job_id, claim_id in writes
+            if facts[job_id].claim_id != claim_id]
+    timed_out = set()
+    if gone:
+        q = Q()
+        for job_id, claim_id in gone:
+            q |= Q(job_id=job_id, claim_id=claim_id)
+        timed_out = set(JobEvent.objects.filter(q, kind=JobEvent.TIMED_OUT)
+                        .values_list("job_id", "claim_id"))
+    out = {}
+    for job_id, claim_id in writes:
+        f = facts[job_id]
+        passed = ((job_id, claim_id) in timed_out if f.claim_id != claim_id
+                  else f.live_deadline_passed)
+        if passed:
+            out[job_id] = replace(f, deadline_passed=True)
+    return out
+
+
 def refuse(writes: list[tuple], operation: str, *, actor: str = "", workspace_id=None,
            job_agent_id=None):
     """Explain the writes [(job_id, claim_id, status asked or None[, Content])] that changed
@@ -142,6 +176,7 @@ def refuse(writes: list[tuple], operation: str, *, actor: str = "", workspace_id
                if len(w) > 3 and w[3] is not None and w[3].retry and w[0] in facts]
     if retried:
         facts.update(_with_reports(facts, retried))
+    facts.update(_with_deadlines(facts, [(w[0], w[1]) for w in writes if w[0] in facts]))
     codes, events = {}, []
     for job_id, claim_id, status, *content in writes:
         code = codes[job_id] = explain_refusal(facts.get(job_id), operation, claim_id, status,

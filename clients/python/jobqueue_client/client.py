@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 
 # Codes that mean "this claim is no longer yours": stop the job, publish nothing.
-LEASE_LOST_CODES = frozenset({"claim_superseded", "lease_expired", "job_cancelled", "job_finished"})
+LEASE_LOST_CODES = frozenset({"claim_superseded", "lease_expired", "job_cancelled", "job_finished",
+                              "deadline_exceeded"})
 
 
 # --- errors ------------------------------------------------------------------------------
@@ -72,7 +73,13 @@ class Unsupported(ApiError):
 
 
 class LeaseLost(ApiError):
-    """409 claim_superseded / lease_expired / job_cancelled / job_finished."""
+    """409 claim_superseded / lease_expired / job_cancelled / job_finished /
+    deadline_exceeded: the claim is no longer this agent's to act on."""
+
+
+class DeadlineExceeded(LeaseLost):
+    """409 deadline_exceeded: a clock (the job's max_runtime_seconds or expires_at) ended
+    the attempt. A LeaseLost: stop the work and publish nothing."""
 
 
 class NotClaimable(ApiError):
@@ -108,7 +115,9 @@ def error_from_response(response: httpx.Response) -> ApiError:
     elif status == 404:
         cls = NotFound
     elif status == 409:
-        if code in LEASE_LOST_CODES:
+        if code == "deadline_exceeded":
+            cls = DeadlineExceeded
+        elif code in LEASE_LOST_CODES:
             cls = LeaseLost
         elif code == "job_not_claimable":
             cls = NotClaimable
@@ -394,7 +403,8 @@ class AgentClient:
                 out.append(NotFound(404, "not_found", "No such job."))
             else:
                 code = str(item.get("code") or "claim_superseded")
-                out.append(LeaseLost(409, code, "The report was refused."))
+                cls = DeadlineExceeded if code == "deadline_exceeded" else LeaseLost
+                out.append(cls(409, code, "The report was refused."))
         return out
 
     def release(self, job_id: str, claim_id: str, *, reason: str | None = None,

@@ -22,6 +22,12 @@ JOB_COLUMNS = ", ".join(f'job."{f.column}"' for f in Job._meta.concrete_fields)
 
 # --- claims ---------------------------------------------------------------------------------
 
+# The attempt's deadline (job_claim.deadline_at), from a claimed row: the earlier of the
+# runtime limit and the job's expires_at; LEAST ignores a NULL (no such clock), and is NULL
+# with neither. The lease is capped at it (here and by heartbeats).
+_DEADLINE = ("LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => max_runtime_seconds), "
+             "expires_at)")
+
 # After the locked CTE: the guarded UPDATE (status still 'queued'), then the claim rows and
 # the events, all from the rows that UPDATE returned; answered in claim order.
 _CLAIM_LOCKED = """
@@ -33,9 +39,10 @@ _CLAIM_LOCKED = """
     RETURNING """ + JOB_COLUMNS + """
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
-                           claim_expires_at)
+                           claim_expires_at, deadline_at)
     SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
-           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s)
+           LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s), """ + _DEADLINE + """),
+           """ + _DEADLINE + """
     FROM claimed
 ), events AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
@@ -55,8 +62,9 @@ ORDER BY priority DESC, available_at, created_at
 JOB_CLAIM_AVAILABLE = """
 WITH locked AS MATERIALIZED (
     SELECT id FROM job
-    WHERE job_agent_id = %(agent)s AND status = 'queued'
-      AND available_at <= STATEMENT_TIMESTAMP()
+    WHERE job_agent_id = %(agent)s
+      AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+      AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
     ORDER BY priority DESC, available_at, created_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
@@ -65,18 +73,27 @@ WITH locked AS MATERIALIZED (
 JOB_CLAIM_AVAILABLE_BY_ID = """
 WITH locked AS MATERIALIZED (
     SELECT id FROM job
-    WHERE job_agent_id = %(agent)s AND status = 'queued'
-      AND available_at <= STATEMENT_TIMESTAMP() AND id = %(job)s
+    WHERE id = %(job)s AND job_agent_id = %(agent)s
+      AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+      AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
     FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
 
 # --- reports --------------------------------------------------------------------------------
 
 # The caller's scope: an agent's token sees its own jobs, a workspace key its workspace's
 # (NULL: no such limit). The job row is found by its primary key, so these only filter it.
+# No clock has ended the attempt (its deadline, job_claim.deadline_at, from the job's own
+# columns: started_at is the claim's time): the holder's writes after it are refused.
+_WITHIN_DEADLINE = """
+      AND ({j}.max_runtime_seconds IS NULL
+           OR {j}.started_at + make_interval(secs => {j}.max_runtime_seconds)
+              > STATEMENT_TIMESTAMP())
+      AND ({j}.expires_at IS NULL OR {j}.expires_at > STATEMENT_TIMESTAMP())"""
 _REPORT_GUARD = """
     WHERE job.id = %(job)s AND job.status = 'in_progress' AND job.last_claim_id = %(claim)s
       AND (%(agent)s::uuid IS NULL OR job.job_agent_id = %(agent)s)
-      AND (%(workspace)s::uuid IS NULL OR job.workspace_id = %(workspace)s)"""
+      AND (%(workspace)s::uuid IS NULL OR job.workspace_id = %(workspace)s)""" + \
+    _WITHIN_DEADLINE.format(j="job")
 
 # message, result and external_id: NULL keeps the job's value (the field was not given).
 _REPORT_FIELDS = """
@@ -177,7 +194,7 @@ WITH req AS (
     JOIN job_claim c ON c.job_id = j.id AND c.claim_id = req.claim_id
     WHERE j.job_agent_id = %(agent)s AND j.status = 'in_progress'
       AND (%(workspace)s::uuid IS NULL OR j.workspace_id = %(workspace)s)
-      AND j.last_claim_id = req.claim_id
+      AND j.last_claim_id = req.claim_id""" + _WITHIN_DEADLINE.format(j="j") + """
     ORDER BY j.id
     FOR NO KEY UPDATE OF j FOR UPDATE OF c
 ), done AS (
@@ -189,6 +206,7 @@ WITH req AS (
         updated_at = STATEMENT_TIMESTAMP()
     FROM locked JOIN req ON req.job_id = locked.id
     WHERE job.id = locked.id AND job.status = 'in_progress' AND job.last_claim_id = req.claim_id
+""" + _WITHIN_DEADLINE.format(j="job") + """
     RETURNING job.id, job.status, job.completed_at, job.attempt, job.last_claim_id
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -208,9 +226,11 @@ SELECT done.id, done.status, done.completed_at, (SELECT count(*) FROM gone) FROM
 
 # --- heartbeats (job_claim only, never job) ---------------------------------------------------
 
+# The lease never runs past the attempt's deadline (LEAST ignores a NULL deadline_at).
 _CLAIM_EXTEND = """
 UPDATE job_claim
-SET claim_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => lease_seconds),
+SET claim_expires_at = LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => lease_seconds),
+                             deadline_at),
     heartbeat_at = STATEMENT_TIMESTAMP()
 WHERE job_id = %(job)s AND claim_id = %(claim)s AND claim_expires_at > STATEMENT_TIMESTAMP()
   AND (%(agent)s::uuid IS NULL OR job_agent_id = %(agent)s)
@@ -236,7 +256,8 @@ _CLAIM_EXTEND_MANY = """
     FOR UPDATE OF c
 )
 UPDATE job_claim c
-SET claim_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => c.lease_seconds),
+SET claim_expires_at = LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => c.lease_seconds),
+                             c.deadline_at),
     heartbeat_at = STATEMENT_TIMESTAMP()
 FROM locked, req
 WHERE c.job_id = locked.job_id AND req.job_id = c.job_id AND req.claim_id = c.claim_id

@@ -486,3 +486,17 @@ def test_a_timed_out_child_is_reported_as_a_retryable_failure(start, caplog):
     (report,) = reports_sent(server)
     assert report["status"] == "failure" and report["retry"] is True
     assert report["message"].startswith("timed out")
+
+
+def test_a_heartbeat_answered_deadline_exceeded_kills_the_child_and_publishes_nothing(
+        start, caplog):
+    """The job's max_runtime_seconds (or expires_at) ended the attempt: as on a lost lease,
+    the child is stopped and nothing is reported."""
+    server = Api(["sleep", "30"], lease_seconds=1)
+    server.rules.append(always(HEARTBEAT, 409, {"code": "deadline_exceeded", "detail": "x"}))
+    run = start(server)
+    logged(caplog, "code=deadline_exceeded via=heartbeat")
+    logged(caplog, "event=abandoned job=job1")
+    assert "child_stopped=True" in caplog.text
+    assert run.stop() == 0
+    assert server.requests(STATUS) == [] and server.requests(REPORTS) == []

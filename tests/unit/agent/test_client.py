@@ -65,6 +65,7 @@ def response(status, body=None, headers=None, raw=None):
     (409, "lease_expired", api.LeaseLost),
     (409, "job_cancelled", api.LeaseLost),
     (409, "job_finished", api.LeaseLost),
+    (409, "deadline_exceeded", api.DeadlineExceeded),
     (409, "job_not_claimable", api.NotClaimable),
     (409, "invalid_transition", api.Conflict),
     (400, "validation_error", api.InvalidRequest),
@@ -266,13 +267,15 @@ def test_report_batch_maps_each_item_to_what_the_single_report_would_raise():
         {"job_id": "j2", "accepted": False, "code": "not_found"},
         {"job_id": "j3", "accepted": False, "code": "job_cancelled"},
         {"job_id": "j4", "accepted": False},
+        {"job_id": "j5", "accepted": False, "code": "deadline_exceeded"},
     ]}))
-    reports = [{"job_id": f"j{i}", "claim_id": "c", "status": "successful"} for i in range(1, 5)]
+    reports = [{"job_id": f"j{i}", "claim_id": "c", "status": "successful"} for i in range(1, 6)]
     out = c.report_batch(reports)
     assert out[0] is None
     assert type(out[1]) is api.NotFound and out[1].code == "not_found"
     assert type(out[2]) is api.LeaseLost and out[2].code == "job_cancelled"
     assert type(out[3]) is api.LeaseLost and out[3].code == "claim_superseded"
+    assert type(out[4]) is api.DeadlineExceeded and isinstance(out[4], api.LeaseLost)
     assert server.seen == [("POST", "/v1/workspaces/ws/job-agents/ag/reports",
                             {"reports": reports})]
 
