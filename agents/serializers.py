@@ -152,10 +152,32 @@ class EventSerializer(serializers.Serializer):
         ref_name = "JobEvent"
 
 
+class AttemptSerializer(serializers.Serializer):
+    """One attempt, derived from the job's timeline."""
+
+    number = serializers.IntegerField()
+    claimed_at = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True, help_text="null while it runs.")
+    outcome = serializers.ChoiceField(
+        choices=["successful", "failure", "cancelled", "retrying", "released", "reaped",
+                 "timed_out", "superseded"],
+        allow_null=True, help_text="How it ended (null while it runs).",
+    )
+    message = serializers.CharField(
+        allow_blank=True,
+        help_text="The report's message (its first 200 characters), the release's reason, or "
+        "why the service ended it.",
+    )
+
+    class Meta:
+        ref_name = "Attempt"
+
+
 class JobDetailSerializer(JobSerializer):
     dispatch_context_keys = serializers.SerializerMethodField()
     claim = serializers.SerializerMethodField()
     events = serializers.SerializerMethodField()
+    attempts = serializers.SerializerMethodField()
 
     class Meta:
         ref_name = "JobDetail"
@@ -172,6 +194,10 @@ class JobDetailSerializer(JobSerializer):
     @extend_schema_field(EventSerializer(many=True))
     def get_events(self, job):
         return EventSerializer(self.context.get("events", []), many=True).data
+
+    @extend_schema_field(AttemptSerializer(many=True))
+    def get_attempts(self, job):
+        return AttemptSerializer(self.context.get("attempts", []), many=True).data
 
 
 # --- claims ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from jobqueue import lifecycle
+from jobqueue import history, lifecycle
 from jobqueue.db import Now
 from jobqueue.models import Job, JobAgent, JobClaim
 
@@ -133,6 +133,7 @@ class JobViewSet(ApiViewSet):
             "db_now": job.db_now,
             "claim": JobClaim.objects.filter(job_id=job.id).first(),
             "events": events,
+            "attempts": history.attempts(job.id),
         }
         return Response(s.JobDetailSerializer(job, context=context).data)
 

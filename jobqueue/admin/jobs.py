@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from jobqueue import lifecycle, states
+from jobqueue import history, lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
 from jobqueue.models import Job, JobEvent
@@ -108,6 +108,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "dispatch_context_keys",
         "result_display",
         "claim_display",
+        "attempt_history",
         "timeline",
     ]
     readonly_fields = fields
@@ -214,6 +215,23 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         return format_html(
             '<table class="jq-claim">{}</table>',
             format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="attempts")
+    def attempt_history(self, obj):
+        rows = [
+            (a.number, f"{a.claimed_at:%Y-%m-%d %H:%M:%S} UTC",
+             "running" if a.ended_at is None else f"{a.ended_at:%Y-%m-%d %H:%M:%S} UTC",
+             a.outcome or "—", a.message or "—", a.claimed_by or "—")
+            for a in history.attempts(obj.pk)
+        ]
+        if not rows:
+            return "Never claimed."
+        head = format_html_join("", "<th>{}</th>", ((h,) for h in (
+            "#", "claimed", "ended", "outcome", "message", "claimed by")))
+        return format_html(
+            '<table class="jq-attempts"><tr>{}</tr>{}</table>', head,
+            format_html_join("", "<tr>" + "<td>{}</td>" * 6 + "</tr>", rows),
         )
 
     @admin.display(description="timeline")

@@ -19,6 +19,7 @@ from jobqueue import states
 from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
+from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job, JobClaim, JobEvent
 
 from .records import event, scoped_jobs
@@ -178,6 +179,8 @@ class OrmBackend:
                 return None
             job = Job.objects.get(id=job_id)
             extra = {"retry": True, "requeued": job.status == states.QUEUED} if retry else {}
+            if message and kind == JobEvent.STATUS_REPORTED:
+                extra["message"] = message[:MESSAGE_CHARS]
             event(job.id, kind, attempt=job.attempt, actor=actor, claim_id=claim_id,
                   status=status, has_result=result is not None, **extra).save()
             return job

@@ -9,6 +9,7 @@ import json
 
 from jobqueue import states
 from jobqueue.conf import jobqueue_settings
+from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import JobEvent
 
 from . import statements as sql
@@ -86,7 +87,9 @@ class PostgresBackend:
             "kind": JobEvent.STATUS_REPORTED if terminal else JobEvent.PROGRESS_REPORTED,
             "actor": actor,
             "detail": json.dumps({"status": status, "has_result": result is not None,
-                                  **({"retry": True} if retry else {})}),
+                                  **({"retry": True} if retry else {}),
+                                  **({"message": message[:MESSAGE_CHARS]}
+                                     if message and terminal else {})}),
         }
         statement = sql.JOB_SET_STATE_IF_RUNNING if terminal else sql.JOB_SET_PROGRESS_IF_RUNNING
         if retry:

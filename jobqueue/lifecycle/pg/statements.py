@@ -16,6 +16,7 @@ The job's columns are named (JOB_COLUMNS), never `job.*`: a prepared `RETURNING 
 column to `job`.
 """
 
+from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job
 
 JOB_COLUMNS = ", ".join(f'job."{f.column}"' for f in Job._meta.concrete_fields)
@@ -217,7 +218,9 @@ WITH req AS (
     SELECT done.id, %(kind)s, done.attempt, %(actor)s, done.last_claim_id,
            jsonb_build_object('status', req.status, 'has_result', req.result IS NOT NULL)
            || CASE WHEN req.retry THEN jsonb_build_object('retry', true,
-                   'requeued', done.status = 'queued') ELSE '{}'::jsonb END,
+                   'requeued', done.status = 'queued') ELSE '{}'::jsonb END
+           || CASE WHEN req.message <> '' THEN jsonb_build_object('message',
+                   left(req.message, """ + str(MESSAGE_CHARS) + """)) ELSE '{}'::jsonb END,
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
 )

@@ -232,3 +232,9 @@ def test_job_page_shows_the_clocks_and_the_attempts_deadline(op_client, agent):
     assert "Max runtime seconds" in html and ">90<" in html
     assert "Expires at" in html and "4 s, doubled per attempt" in html
     assert "the lease never runs past it" in html
+    # The attempts, derived from the timeline: one, still running, and who claimed it.
+    assert 'class="jq-attempts"' in html and "<td>running</td>" in html
+    assert f"agent:{agent.id}" in html
+    fresh, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent)
+    html = op_client.get(reverse("admin:jobqueue_job_change", args=[fresh.pk])).content.decode()
+    assert "Never claimed." in html

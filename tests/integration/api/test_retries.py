@@ -115,3 +115,20 @@ def test_batch_report_takes_retry(world):
         {**body["reports"][1], "retry": True}]})
     _error(bad, 400, "validation_error")
     assert JobEvent.objects.filter(kind=JobEvent.STATUS_REPORTED).count() == 2
+
+
+def test_job_detail_shows_each_attempt(world):
+    producer = world.producer()
+    JobFactory(job_agent=world.agent, max_attempts=3, initial_max_attempts=3)
+    g = lifecycle.claim_next_job(world.agent)
+    lifecycle.report_status(g.job.id, g.claim_id, "failure", message="flaky", retry=True)
+    Job.objects.filter(id=g.job.id).update(available_at=Job.objects.get(id=g.job.id).updated_at)
+    g2 = lifecycle.claim_next_job(world.agent)
+    body = producer.get(f"jobs/{g.job.id}").json()
+    first, second = body["attempts"]
+    assert set(first) == {"number", "claimed_at", "ended_at", "outcome", "message"}
+    assert (first["number"], first["outcome"], first["message"]) == (1, "retrying", "flaky")
+    assert first["ended_at"] >= first["claimed_at"]
+    assert (second["number"], second["outcome"], second["ended_at"]) == (2, None, None)
+    lifecycle.report_status(g2.job.id, g2.claim_id, "successful")
+    assert producer.get(f"jobs/{g.job.id}").json()["attempts"][1]["outcome"] == "successful"

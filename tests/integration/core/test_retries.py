@@ -53,7 +53,7 @@ def test_retry_with_attempts_left_queues_after_the_backoff(backoff):
     assert out.available_at >= t0
     assert not JobClaim.objects.filter(job=job).exists()
     assert reported(job) == [{"status": "failure", "has_result": True, "retry": True,
-                              "requeued": True}]
+                              "requeued": True, "message": "flaky"}]
     # Not claimable before the backoff, claimable after it (the database's clock).
     assert lifecycle.claim_next_job(job.job_agent) is None
     Job.objects.filter(id=job.id).update(available_at=NowPlusSeconds(-1))
@@ -187,7 +187,7 @@ def test_batch_report_takes_retry(backoff):
     assert job.status == states.QUEUED and job.message == "t"
     assert waited(job) == pytest.approx(10, abs=0.002)
     assert reported(retried.job) == [{"status": "failure", "has_result": False, "retry": True,
-                                      "requeued": True}]
+                                      "requeued": True, "message": "t"}]
     assert reported(last.job)[0]["requeued"] is False
     assert reported(plain.job) == [{"status": "successful", "has_result": False}]
     # The repeat of the whole batch: the same answers, nothing new written.
