@@ -1,4 +1,5 @@
-"""The reaper: returns jobs whose lease expired to the queue, or ends them as `expired`.
+"""The reaper: returns jobs whose lease (or max_runtime_seconds) ran out to the queue, or
+ends them as `expired`; ends jobs past their expires_at (docs/clocks.md).
 
 One sweep runs bounded batches until nothing is left or `max_batches` is reached; each
 sweep is recorded as a ReaperRun so that operators can see when the reaper last ran.

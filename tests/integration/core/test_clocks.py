@@ -266,7 +266,7 @@ def test_sweep_takes_each_clock_in_bounded_batches():
     assert reaper.sweep(batch_size=2, max_batches=1).batches == 0
 
 
-# --- races on PostgreSQL --------------------------------------------------------------------
+# --- races (real threads, each with its own connection; SQLite serializes the writers) -------
 
 
 def claimed_on(agent, **fields):
@@ -286,7 +286,6 @@ def _reap_for(seconds):
     return reap
 
 
-@pytest.mark.postgres_only
 @pytest.mark.parametrize("rival", ["report", "cancel", "heartbeat"])
 def test_runtime_end_racing_a_holder_or_an_operator_exactly_one_wins(rival):
     n = 20

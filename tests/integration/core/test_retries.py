@@ -1,6 +1,6 @@
 """Retryable failures ({"status": "failure", "retry": true}): queued again after an
 exponential backoff measured on the database's clock while attempts remain, else failure;
-single and batch, their repeats, and racing callers on PostgreSQL."""
+single and batch, their repeats, and racing callers (on both backends)."""
 
 import pytest
 
@@ -199,7 +199,6 @@ def test_batch_report_takes_retry(backoff):
     final_state_is_consistent()
 
 
-@pytest.mark.postgres_only
 def test_racing_repeats_of_a_retry_take_it_once(backoff):
     job, grant = claimed_on_attempt(1)
 
@@ -218,7 +217,6 @@ def test_racing_repeats_of_a_retry_take_it_once(backoff):
     final_state_is_consistent()
 
 
-@pytest.mark.postgres_only
 def test_retry_racing_the_reaper_one_or_the_other(backoff):
     """A retry report on an expired lease against reapers: exactly one takes the claim."""
     rounds = 10
