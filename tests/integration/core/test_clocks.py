@@ -11,7 +11,12 @@ from django.db.models import F
 
 from jobqueue import lifecycle, reaper, states
 from jobqueue.db import NowPlusSeconds, db_now
-from jobqueue.exceptions import DeadlineExceeded, InvalidInput, JobNotClaimable
+from jobqueue.exceptions import (
+    DeadlineExceeded,
+    IdempotencyKeyReused,
+    InvalidInput,
+    JobNotClaimable,
+)
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory
 from tests.utils import final_state_is_consistent, run_threads
@@ -79,6 +84,24 @@ def test_expires_at_must_be_ahead_by_the_database_clock(seconds):
     with pytest.raises(InvalidInput) as err:
         new_job(expires_at=db_now() + dt.timedelta(seconds=seconds))
     assert err.value.context["field"] == "expires_at"
+
+
+def test_an_idempotent_replay_with_clocks_returns_the_first_job():
+    agent = JobAgentFactory()
+    soon = db_now() + dt.timedelta(seconds=30)
+    body = {"max_runtime_seconds": 9, "expires_at": soon, "retry_backoff_seconds": 2}
+    first = new_job(agent, idempotency_key="k-1", **body)
+    Job.objects.filter(id=first.id).update(expires_at=NowPlusSeconds(-1))  # time went by
+    replay, created = lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
+                                           idempotency_key="k-1", **{**body})
+    assert not created and replay.id == first.id
+    with pytest.raises(IdempotencyKeyReused):
+        new_job(agent, idempotency_key="k-1", **{**body, "max_runtime_seconds": 10})
+    # A key used before the clocks existed still matches a request without them.
+    plain = new_job(agent, idempotency_key="k-2")
+    again, created = lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
+                                          idempotency_key="k-2")
+    assert not created and again.id == plain.id
 
 
 def test_agent_max_runtime_is_bounded():
