@@ -204,6 +204,10 @@ JOBQUEUE = {
     "MIN_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MIN_MAX_RUNTIME_SECONDS", 1),
     "MAX_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MAX_MAX_RUNTIME_SECONDS", 7 * 86400),
     "MAX_EXPIRES_IN_SECONDS": env.int("JOBQUEUE_MAX_EXPIRES_IN_SECONDS", 10**8),
+    # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
+    # keeps: a report over either is refused (400 validation_error) and changes nothing.
+    "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),
+    "MAX_RESULT_BYTES": env.int("JOBQUEUE_MAX_RESULT_BYTES", 1024 * 1024),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

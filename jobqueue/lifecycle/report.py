@@ -43,6 +43,7 @@ def report_status(
     ends failure. The answer is the job as it now is."""
     inputs.reportable_status(status)
     inputs.report_retry(status, retry)
+    inputs.report_content(message, result)
     actor = agent_actor(job_agent_id) if job_agent_id else ""
     job = backend().report(job_id, claim_id, status, actor, message=message, result=result,
                            external_id=external_id, job_agent_id=job_agent_id,
