@@ -8,7 +8,8 @@ One function per transition, each in the module that names it:
     report.py    report_status, report_many
     operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
     pause.py     pause_job_agent, resume_job_agent (claims hand out nothing while paused)
-    reap.py      reap_expired_claims_once, count_expired_claims (jobqueue.reaper loops it)
+    reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
+                 (jobqueue.reaper loops them)
 
 and what they share:
 
@@ -42,11 +43,12 @@ from .create import create_job, create_job_agent, dispatch_job
 from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
 from .inputs import lease_seconds as validate_lease_seconds
 from .inputs import max_attempts as validate_max_attempts
+from .inputs import max_runtime_seconds as validate_max_runtime_seconds
 from .lease import heartbeat, heartbeat_many, release_job
 from .operator import cancel_job, mark_failed, requeue_job
 from .orm import claim_candidates
 from .pause import is_paused, pause_job_agent, resume_job_agent
-from .reap import count_expired_claims, reap_expired_claims_once
+from .reap import count_expired_claims, expire_overdue_jobs_once, reap_expired_claims_once
 from .report import report_many, report_status
 from .results import (
     BatchHeartbeatResult,
@@ -79,6 +81,7 @@ __all__ = [
     "create_job",
     "create_job_agent",
     "dispatch_job",
+    "expire_overdue_jobs_once",
     "heartbeat",
     "heartbeat_interval_for",
     "heartbeat_many",
@@ -94,4 +97,5 @@ __all__ = [
     "resume_job_agent",
     "validate_lease_seconds",
     "validate_max_attempts",
+    "validate_max_runtime_seconds",
 ]

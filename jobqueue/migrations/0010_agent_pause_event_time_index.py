@@ -17,7 +17,7 @@ def drop_brin(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("jobqueue", "0005_refusals_counted")]
+    dependencies = [("jobqueue", "0006_clocks_and_retries")]
 
     operations = [
         migrations.AddField(
