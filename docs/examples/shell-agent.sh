@@ -38,6 +38,7 @@ call() {
 }
 
 heartbeat_loop() {  # job_id claim_id interval job_pid: until the job ends or the lease is lost
+  trap - TERM INT  # not the agent's "finish, then stop": this loop just ends
   while sleep "$3"; do
     body=$(jq -cn --arg c "$2" '{claim_id: $c}')
     printf '%s' "$body" > "$WORK/hb-request"
@@ -74,7 +75,7 @@ run_job() {
   wait "$job_pid"
   rc=$?
   while kill -0 "$job_pid" 2>/dev/null; do wait "$job_pid"; rc=$?; done  # a signal woke us
-  kill "$hb_pid" 2>/dev/null
+  kill -KILL "$hb_pid" 2>/dev/null  # whatever its traps: it must not outlive the job
   wait "$hb_pid" 2>/dev/null
   if [ -e "$WORK/lease-lost" ]; then
     return
