@@ -11,6 +11,7 @@ from jobqueue import observe, states
 from jobqueue.actors import REAPER
 from jobqueue.models import Job, JobClaim, JobEvent
 
+from .finished import announce_finished
 from .records import event
 from .results import ReapResult
 
@@ -63,6 +64,7 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
                   attempt=c.attempt, actor=actor, claim_id=c.claim_id)
             for c in expired_claims
         )
+        announce_finished(((job_id, states.EXPIRED) for job_id in sorted(expiring)), actor=actor)
     observe.emit("reaped", requeued=requeued, expired=expired)
     return ReapResult(requeued=requeued, expired=expired, batches=1)
 

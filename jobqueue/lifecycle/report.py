@@ -17,6 +17,7 @@ from jobqueue.models import Job
 
 from . import inputs
 from .backends import backend
+from .finished import announce_finished
 from .refusals import STATUS, refuse, refuse_one
 from .results import BatchReportResult, ReportOutcome
 
@@ -43,6 +44,7 @@ def report_status(
         if status == states.IN_PROGRESS:
             observe.emit("progress", job_agent_id=job.job_agent_id)
         else:
+            announce_finished([(job.id, status)], actor=actor)
             observe.emit("reported", job_agent_id=job.job_agent_id, status=status)
         return job
     # Nothing changed: refused, or a retried terminal report after a lost answer.
@@ -66,6 +68,7 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     reports = inputs.report_batch(reports)
     actor = agent_actor(job_agent_id)
     done = backend().report_many(reports, job_agent_id, workspace_id, actor)
+    announce_finished(((job_id, status) for job_id, (status, _at) in done.items()), actor=actor)
     rest = [(r.job_id, r.claim_id, r.status) for r in reports if r.job_id not in done]
     codes, facts = {}, {}
     if rest:
