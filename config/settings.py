@@ -191,6 +191,11 @@ JOBQUEUE = {
     "MAX_REPORT_BATCH": env.int("JOBQUEUE_MAX_REPORT_BATCH", 500),
     # Upper bound on a release's retry_after_seconds.
     "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
+    # Retention (prune_jobs, maintenance): days a finished job is kept, by its status (0: keep
+    # forever), and jobs deleted per transaction.
+    "RETENTION_DAYS": env.float("JOBQUEUE_RETENTION_DAYS", 14),  # successful, cancelled
+    "RETENTION_FAILED_DAYS": env.float("JOBQUEUE_RETENTION_FAILED_DAYS", 30),  # failure, expired
+    "PRUNE_BATCH_SIZE": env.int("JOBQUEUE_PRUNE_BATCH_SIZE", 1000),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

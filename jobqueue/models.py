@@ -161,6 +161,13 @@ class Job(models.Model):
                 condition=~Q(external_id=""),
                 name="job_external_id_idx",
             ),
+            # Serves retention (prune_jobs): finished jobs by status, oldest first. Partial: a
+            # job enters it once, when it finishes.
+            models.Index(
+                fields=["status", "completed_at"],
+                condition=Q(completed_at__isnull=False),
+                name="job_finished_idx",
+            ),
         ]
 
     def __str__(self):
@@ -288,3 +295,29 @@ class ReaperRun(models.Model):
 
     def __str__(self):
         return f"reaper run {self.id}"
+
+
+class MaintenanceRun(models.Model):
+    """One run of a maintenance service (the pruner, ...), or a stretch of idle runs of one
+    looping process (`runs` counts them), like ReaperRun for the reaper. `counts` is what the
+    service's run_once returned (e.g. {"jobs": 120, "by_status": {...}})."""
+
+    id = models.BigAutoField(primary_key=True)
+    service = models.CharField(max_length=64)
+    started_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_seconds = models.FloatField(null=True, blank=True)
+    runs = models.PositiveIntegerField(default=1)
+    counts = models.JSONField(default=dict, blank=True)
+    dry_run = models.BooleanField(default=False)
+    error = models.TextField(blank=True, default="")
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "maintenance_run"
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["service", "-started_at"], name="maintenance_run_last_idx")]
+
+    def __str__(self):
+        return f"{self.service} run {self.id}"
