@@ -196,6 +196,8 @@ JOBQUEUE = {
     "RETENTION_DAYS": env.float("JOBQUEUE_RETENTION_DAYS", 14),  # successful, cancelled
     "RETENTION_FAILED_DAYS": env.float("JOBQUEUE_RETENTION_FAILED_DAYS", 30),  # failure, expired
     "PRUNE_BATCH_SIZE": env.int("JOBQUEUE_PRUNE_BATCH_SIZE", 1000),
+    # run_maintenance --loop: seconds between two prunings.
+    "PRUNE_INTERVAL_SECONDS": env.float("JOBQUEUE_PRUNE_INTERVAL_SECONDS", 300.0),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

@@ -19,6 +19,7 @@ DEFAULTS = {
     "RETENTION_DAYS": 14,  # successful and cancelled
     "RETENTION_FAILED_DAYS": 30,  # failure and expired
     "PRUNE_BATCH_SIZE": 1000,
+    "PRUNE_INTERVAL_SECONDS": 300.0,
 }
 
 

@@ -3,7 +3,8 @@ cleaner), with their events, claims and every other row that belongs to them.
 
 Defaults (settings.JOBQUEUE, from the environment): successful and cancelled jobs are kept
 RETENTION_DAYS (14) days, failure and expired RETENTION_FAILED_DAYS (30) days, after their
-completed_at; 0 keeps that status forever. PRUNE_BATCH_SIZE (1000) jobs per transaction. The
+completed_at; 0 keeps that status forever. PRUNE_BATCH_SIZE (1000) jobs per transaction; the
+maintenance loop prunes every PRUNE_INTERVAL_SECONDS (300). The
 batch is lifecycle.prune (its guards: terminal, old enough, by the database's clock).
 """
 
@@ -42,6 +43,16 @@ class PruneResult:
         return {**self.counts(), "dry_run": self.dry_run,
                 "duration_seconds": round(self.duration_seconds, 6),
                 "retention_days": self.retention_days, "run_id": self.run_id}
+
+
+def interval_seconds() -> float:
+    return float(jobqueue_settings()["PRUNE_INTERVAL_SECONDS"])
+
+
+def service_run(*, idle_run_id: int | None = None) -> tuple[dict, int | None, bool]:
+    """run_once as the maintenance loop calls it: (counts, its run's row, idle)."""
+    result = run_once(idle_run_id=idle_run_id)
+    return result.counts(), result.run_id, result.jobs == 0
 
 
 def retention_days(older_than_days: float | None = None) -> dict[str, float]:

@@ -30,11 +30,13 @@ def record(service: str, counts: dict, duration_seconds: float, *, dry_run: bool
     return run.id
 
 
-def last_runs() -> dict[str, MaintenanceRun]:
-    """The latest row of each service that has run (for the Recovery page)."""
-    services = MaintenanceRun.objects.order_by().values_list("service", flat=True).distinct()
-    latest = {}
-    for service in sorted(services):
-        latest[service] = MaintenanceRun.objects.filter(service=service).order_by(
-            "-finished_at", "-id").first()
-    return latest
+def last_runs(service: str) -> tuple[MaintenanceRun | None, MaintenanceRun | None]:
+    """The service's latest run that worked, and its latest failure (for the Recovery page)."""
+    runs = MaintenanceRun.objects.filter(service=service).order_by("-finished_at", "-id")
+    return runs.filter(error="").first(), runs.exclude(error="").first()
+
+def record_error(service: str, error: str) -> None:
+    """A failed run: its own row, with the error (the reaper's too: the Recovery page lists
+    maintenance_run for every service)."""
+    MaintenanceRun.objects.create(service=service, finished_at=Now(), error=error[:2000],
+                                  host=socket.gethostname()[:255], pid=os.getpid())
