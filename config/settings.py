@@ -198,6 +198,19 @@ JOBQUEUE = {
     "PRUNE_BATCH_SIZE": env.int("JOBQUEUE_PRUNE_BATCH_SIZE", 1000),
     # run_maintenance --loop: seconds between two prunings.
     "PRUNE_INTERVAL_SECONDS": env.float("JOBQUEUE_PRUNE_INTERVAL_SECONDS", 300.0),
+    # Webhooks: tries per delivery, the first retry's delay (doubling, with jitter, up to the
+    # max), the timeout of one POST, how long a sender reserves a delivery it is sending, how
+    # many it takes at once, how often maintenance sends, how much of an answer it reads, and
+    # the networks targets must be in (comma-separated CIDRs; empty: any).
+    "WEBHOOK_MAX_ATTEMPTS": env.int("JOBQUEUE_WEBHOOK_MAX_ATTEMPTS", 12),
+    "WEBHOOK_BACKOFF_SECONDS": env.float("JOBQUEUE_WEBHOOK_BACKOFF_SECONDS", 5.0),
+    "WEBHOOK_MAX_BACKOFF_SECONDS": env.float("JOBQUEUE_WEBHOOK_MAX_BACKOFF_SECONDS", 3600.0),
+    "WEBHOOK_TIMEOUT_SECONDS": env.float("JOBQUEUE_WEBHOOK_TIMEOUT_SECONDS", 10.0),
+    "WEBHOOK_LEASE_SECONDS": env.int("JOBQUEUE_WEBHOOK_LEASE_SECONDS", 60),
+    "WEBHOOK_BATCH_SIZE": env.int("JOBQUEUE_WEBHOOK_BATCH_SIZE", 50),
+    "WEBHOOK_INTERVAL_SECONDS": env.float("JOBQUEUE_WEBHOOK_INTERVAL_SECONDS", 1.0),
+    "WEBHOOK_RESPONSE_BYTES": env.int("JOBQUEUE_WEBHOOK_RESPONSE_BYTES", 4096),
+    "WEBHOOK_ALLOWED_NETWORKS": env.str("JOBQUEUE_WEBHOOK_ALLOWED_NETWORKS", ""),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

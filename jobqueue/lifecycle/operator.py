@@ -94,7 +94,7 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
                   claim_id=superseded, reason=(reason or "")[:500],
                   superseded_claim=bool(superseded), **transition.detail(job)).save()
             if job.status in states.TERMINAL:
-                announce_finished([(job.id, job.status)], actor=actor)
+                announce_finished([(job.id, job.workspace_id, job.status)], actor=actor)
     if n != 1:
         return transition.unchanged(fetch_job(job_id, workspace_id=workspace_id))
     kind, data = transition.observed(job)

@@ -19,6 +19,7 @@ from jobqueue import states
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
 from jobqueue.models import Job, JobClaim, JobEvent
 
+from .finished import write_outbox
 from .records import event, scoped_jobs
 
 
@@ -120,6 +121,8 @@ class OrmBackend:
             job = Job.objects.get(id=job_id)
             event(job.id, kind, attempt=job.attempt, actor=actor, claim_id=claim_id,
                   status=status, has_result=result is not None).save()
+            if status != states.IN_PROGRESS:
+                write_outbox([(job.id, job.workspace_id, status)])
             return job
 
     def report_many(self, items, job_agent_id, workspace_id, actor):
@@ -132,5 +135,5 @@ class OrmBackend:
                                   result=r.result, external_id=r.external_id,
                                   job_agent_id=job_agent_id, workspace_id=workspace_id)
                 if job is not None:
-                    done[job.id] = (job.status, job.completed_at)
+                    done[job.id] = (job.status, job.completed_at, job.workspace_id)
         return done

@@ -38,7 +38,8 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
             .order_by("job_id")  # claim rows in job_id order, as heartbeat_many locks them
             .select_for_update(of=("self",))
             .select_related("job")
-            .only("job_id", "claim_id", "attempt", "job__attempt", "job__max_attempts")
+            .only("job_id", "claim_id", "attempt", "job__attempt", "job__max_attempts",
+                  "job__workspace_id")
         )
         if not expired_claims:
             return ReapResult(batches=1)
@@ -64,7 +65,8 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
                   attempt=c.attempt, actor=actor, claim_id=c.claim_id)
             for c in expired_claims
         )
-        announce_finished(((job_id, states.EXPIRED) for job_id in sorted(expiring)), actor=actor)
+        announce_finished(((c.job_id, c.job.workspace_id, states.EXPIRED) for c in expired_claims
+                           if c.job_id in expiring), actor=actor)
     observe.emit("reaped", requeued=requeued, expired=expired)
     return ReapResult(requeued=requeued, expired=expired, batches=1)
 

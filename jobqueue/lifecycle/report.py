@@ -44,7 +44,8 @@ def report_status(
         if status == states.IN_PROGRESS:
             observe.emit("progress", job_agent_id=job.job_agent_id)
         else:
-            announce_finished([(job.id, status)], actor=actor)
+            announce_finished([(job.id, job.workspace_id, status)], actor=actor,
+                              outbox_written=True)
             observe.emit("reported", job_agent_id=job.job_agent_id, status=status)
         return job
     # Nothing changed: refused, or a retried terminal report after a lost answer.
@@ -68,7 +69,8 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     reports = inputs.report_batch(reports)
     actor = agent_actor(job_agent_id)
     done = backend().report_many(reports, job_agent_id, workspace_id, actor)
-    announce_finished(((job_id, status) for job_id, (status, _at) in done.items()), actor=actor)
+    announce_finished(((job_id, workspace, status) for job_id, (status, _at, workspace)
+                       in done.items()), actor=actor, outbox_written=True)
     rest = [(r.job_id, r.claim_id, r.status) for r in reports if r.job_id not in done]
     codes, facts = {}, {}
     if rest:
@@ -78,7 +80,7 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     for r in reports:
         if r.job_id in done:
             observe.emit("reported", job_agent_id=job_agent_id, status=r.status)
-            results.append(ReportOutcome(r.job_id, True, *done[r.job_id]))
+            results.append(ReportOutcome(r.job_id, True, *done[r.job_id][:2]))
         elif codes[r.job_id] is None:  # a retry of the job's final report
             results.append(ReportOutcome(r.job_id, True, r.status, facts[r.job_id].completed_at))
         else:

@@ -11,7 +11,8 @@ from jobqueue.maintenance import loop
 
 class Command(BaseCommand):
     help = (
-        "Run every maintenance service (the reaper, the pruner) once, or with --loop each "
+        "Run every maintenance service (the reaper, the webhook sender, the pruner) once, or "
+        "with --loop each "
         "whenever it is due (its own interval, or --interval for all) until SIGTERM or SIGINT."
     )
 

@@ -66,12 +66,12 @@ def test_one_pass_runs_every_service_and_records_each(capsys):
     stuck, old = expired_claim(agent), old_finished(agent)
     call_command("run_maintenance", "--json")
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [line["service"] for line in lines] == ["reaper", "pruner"]
-    assert (lines[0]["requeued"], lines[1]["jobs"]) == (1, 1)
+    assert [line["service"] for line in lines] == ["reaper", "webhooks", "pruner"]
+    assert (lines[0]["requeued"], lines[2]["jobs"]) == (1, 1)
     assert Job.objects.get(id=stuck).status == states.QUEUED
     assert not Job.objects.filter(id=old).exists()
     assert ReaperRun.objects.get(id=lines[0]["run_id"]).requeued == 1
-    assert MaintenanceRun.objects.get(id=lines[1]["run_id"]).counts["jobs"] == 1
+    assert MaintenanceRun.objects.get(id=lines[2]["run_id"]).counts["jobs"] == 1
     call_command("run_maintenance")
     out = capsys.readouterr().out
     assert "reaper: requeued 0, expired 0, batches 0" in out and "pruner: jobs 0" in out
@@ -80,7 +80,7 @@ def test_one_pass_runs_every_service_and_records_each(capsys):
 def test_each_service_runs_on_its_own_interval_and_idle_runs_share_a_row(settings):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "REAPER_INTERVAL_SECONDS": 5,
                          "PRUNE_INTERVAL_SECONDS": 300}
-    schedule = loop.Maintenance()
+    schedule = loop.Maintenance(services=(reaper_service, pruner))
     assert [o.service for o in schedule.run_due(now=1000.0)] == ["reaper", "pruner"]
     assert schedule.next_due_in(now=1000.0) == 5.0
     assert [o.service for o in schedule.run_due(now=1006.0)] == ["reaper"]
@@ -173,7 +173,7 @@ def test_two_loops_at_once_reap_and_prune_everything_once_and_stop_on_sigterm():
     for code, out, err in results:
         assert code == 0, err
         assert "maintenance stopped" in err and "failed" not in err
-        assert all(json.loads(line)["service"] in {"reaper", "pruner"}
+        assert all(json.loads(line)["service"] in {"reaper", "webhooks", "pruner"}
                    for line in out.splitlines())
     reaped = Counter(JobEvent.objects.filter(kind=JobEvent.REAPED, job_id__in=stuck)
                      .values_list("job_id", flat=True))
@@ -213,4 +213,15 @@ def test_spawned_one_pass_exits_zero():
     proc = spawn("manage.py", "run_maintenance", "--json")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert [json.loads(line)["service"] for line in out.splitlines()] == ["reaper", "pruner"]
+    assert [json.loads(line)["service"] for line in out.splitlines()] == [
+        "reaper", "webhooks", "pruner"]
+
+
+def test_send_webhooks_command(capsys):
+    call_command("send_webhooks", "--json")
+    assert json.loads(capsys.readouterr().out) == {"delivered": 0, "retrying": 0, "failed": 0,
+                                                   "stale": 0}
+    call_command("send_webhooks", "--limit", "5")
+    assert capsys.readouterr().out.strip() == "delivered 0, retrying 0, failed 0, stale 0"
+    with pytest.raises(CommandError, match="--limit"):
+        call_command("send_webhooks", "--limit", "0")
