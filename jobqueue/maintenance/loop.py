@@ -96,14 +96,13 @@ def run_once(services=None) -> list[Outcome]:
     return Maintenance(services=services or SERVICES).run_due()
 
 
-def run_forever(*, stop: threading.Event, interval: float | None = None, services=None,
-                on_outcome=None) -> None:
+def run_forever(*, stop: threading.Event, on_outcome, interval: float | None = None,
+                services=None) -> None:
     """Run each service when it is due until `stop` is set (which ends a pause at once)."""
     schedule = Maintenance(services=services or SERVICES, interval=interval)
     while not stop.is_set():
         for outcome in schedule.run_due():
-            if on_outcome:
-                on_outcome(outcome)
+            on_outcome(outcome)
         stop.wait(schedule.next_due_in())
 
 

@@ -196,7 +196,7 @@ def client() -> httpx.Client:
     return httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False)
 
 
-def run_once(*, limit: int | None = None, http: httpx.Client | None = None) -> dict:
+def run_once(*, limit: int | None = None) -> dict:
     """Send every due delivery (up to `limit`); counts of what became of them."""
     limit = limit or jobqueue_settings()["WEBHOOK_BATCH_SIZE"]
     counts = {"delivered": 0, "retrying": 0, "failed": 0, "stale": 0}
@@ -204,9 +204,7 @@ def run_once(*, limit: int | None = None, http: httpx.Client | None = None) -> d
     if not taken:
         return counts
     timestamp = int(db_now().timestamp())
-    own = http is None
-    http = http or client()
-    try:
+    with client() as http:
         for delivery in taken:
             started = time.monotonic()
             code, error = deliver(http, delivery, timestamp)
@@ -214,9 +212,6 @@ def run_once(*, limit: int | None = None, http: httpx.Client | None = None) -> d
             counts[outcome] += 1
             if error:
                 log.info("webhook %s try %d: %s", delivery.id, delivery.attempts, error)
-    finally:
-        if own:
-            http.close()
     return counts
 
 
