@@ -119,6 +119,9 @@ def test_each_run_is_recorded_and_an_idle_run_extends_the_previous_idle_row():
     assert rows[busy.run_id].finished_at is not None and rows[busy.run_id].pid
     dry = pruner.run_once(dry_run=True, idle_run_id=idle.run_id)
     assert dry.run_id not in rows  # a dry run is its own row
+    MaintenanceRun.objects.filter(id=idle.run_id).delete()  # its row is gone (pruned by hand)
+    fresh = pruner.run_once(idle_run_id=idle.run_id)
+    assert fresh.run_id != idle.run_id and MaintenanceRun.objects.filter(id=fresh.run_id).exists()
 
 
 def test_prune_jobs_command_json_and_text(capsys):
