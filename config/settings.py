@@ -163,6 +163,9 @@ LOGGING = {
     "formatters": {"line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # httpx logs every request's URL at INFO; webhook URLs may carry a receiver's token, and
+    # the webhook sender logs its failed tries itself (jobqueue.webhooks), without the URL.
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
 # --- The job queue ----------------------------------------------------------------------

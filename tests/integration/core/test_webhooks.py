@@ -368,3 +368,18 @@ def test_a_sender_killed_mid_send_loses_nothing_and_the_delivery_is_sent_again(r
     assert a["body"] == b["body"] and verify(secret, b["headers"]["X-Jobqueue-Signature"],
                                              b["body"])
     assert WebhookDelivery.objects.get().attempts == 2
+
+
+def test_no_log_line_carries_the_url_or_the_secret(receiver, fast, caplog):
+    import logging
+
+    receiver.script = [500]
+    job, grant = claimed_job()
+    url = receiver.url + "?token=hunter2-in-the-url"
+    ep, secret = webhooks.create_endpoint(job.workspace_id, url)
+    lifecycle.report_status(job.id, grant.claim_id, states.SUCCESSFUL)
+    assert logging.getLogger("httpx").level == logging.WARNING  # config/settings.py LOGGING
+    with caplog.at_level(logging.DEBUG):
+        assert drain()["delivered"] == 1
+    assert "try 1: answered 500" in caplog.text  # the sender's own line
+    assert "hunter2-in-the-url" not in caplog.text and secret not in caplog.text
