@@ -214,6 +214,10 @@ JOBQUEUE = {
     "WEBHOOK_INTERVAL_SECONDS": env.float("JOBQUEUE_WEBHOOK_INTERVAL_SECONDS", 1.0),
     "WEBHOOK_RESPONSE_BYTES": env.int("JOBQUEUE_WEBHOOK_RESPONSE_BYTES", 4096),
     "WEBHOOK_ALLOWED_NETWORKS": env.str("JOBQUEUE_WEBHOOK_ALLOWED_NETWORKS", ""),
+    # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
+    # keeps: a report over either is refused (400 validation_error) and changes nothing.
+    "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),
+    "MAX_RESULT_BYTES": env.int("JOBQUEUE_MAX_RESULT_BYTES", 1024 * 1024),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

@@ -15,6 +15,8 @@ DEFAULTS = {
     "MAX_HEARTBEAT_BATCH": 500,
     "MAX_REPORT_BATCH": 500,
     "MAX_RETRY_AFTER_SECONDS": 86400,
+    "MAX_MESSAGE_BYTES": 64 * 1024,
+    "MAX_RESULT_BYTES": 1024 * 1024,
     # Retention (prune_jobs): days a finished job is kept; 0 keeps it forever.
     "RETENTION_DAYS": 14,  # successful and cancelled
     "RETENTION_FAILED_DAYS": 30,  # failure and expired
