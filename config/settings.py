@@ -191,6 +191,10 @@ JOBQUEUE = {
     "MAX_REPORT_BATCH": env.int("JOBQUEUE_MAX_REPORT_BATCH", 500),
     # Upper bound on a release's retry_after_seconds.
     "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
+    # Job outputs (docs/outputs.md): each attempt's log is capped; a holder whose claim was
+    # just cancelled, reaped or superseded may still append for the grace period.
+    "MAX_LOG_BYTES": env.int("JOBQUEUE_MAX_LOG_BYTES", 16 * 1024 * 1024),
+    "LOG_GRACE_SECONDS": env.int("JOBQUEUE_LOG_GRACE_SECONDS", 30),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

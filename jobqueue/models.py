@@ -288,3 +288,45 @@ class ReaperRun(models.Model):
 
     def __str__(self):
         return f"reaper run {self.id}"
+
+
+class JobLog(models.Model):
+    """One attempt's log: its length. The bytes are in JobLogChunk rows, one per accepted
+    append, so an append is an insert and a one-row update, never a rewrite of the log."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="logs")
+    attempt = models.PositiveIntegerField()
+    length = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "job_log"
+        ordering = ["job", "attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt"], name="job_log_attempt_unique"),
+        ]
+
+    def __str__(self):
+        return f"log of {self.job_id} (attempt {self.attempt}, {self.length} bytes)"
+
+
+class JobLogChunk(models.Model):
+    """Bytes [offset, end) of one attempt's log."""
+
+    id = models.BigAutoField(primary_key=True)
+    log = models.ForeignKey(JobLog, on_delete=models.CASCADE, related_name="chunks",
+                            db_index=False)
+    offset = models.PositiveBigIntegerField()
+    end = models.PositiveBigIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        db_table = "job_log_chunk"
+        constraints = [
+            models.UniqueConstraint(fields=["log", "offset"], name="job_log_chunk_offset_unique"),
+        ]
+
+    def __str__(self):
+        return f"bytes {self.offset}-{self.end} of log {self.log_id}"

@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
+from jobqueue.lifecycle import logs
 from jobqueue.models import Job, JobEvent
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
@@ -105,6 +106,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "dispatch_context_keys",
         "result_display",
         "claim_display",
+        "logs_display",
         "timeline",
     ]
     readonly_fields = fields
@@ -206,6 +208,23 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
             format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
         )
 
+    @admin.display(description="logs (each attempt's tail)")
+    def logs_display(self, obj):
+        tails = logs.log_tails(obj.pk, LOG_TAIL_BYTES)
+        if not tails:
+            return "No log."
+        secrets = _secret_strings(
+            Job.objects.filter(pk=obj.pk).values_list("dispatch_context", flat=True).first())
+        items = []
+        for tail in tails:
+            text = tail.data.decode("utf-8", errors="replace")
+            for secret in secrets:  # an agent that echoes its secrets: not on this page
+                text = text.replace(secret, "[redacted]")
+            cut = "…" if tail.offset else ""
+            items.append((tail.attempt, tail.length, cut + text))
+        return format_html_join(
+            "", '<p>attempt {} ({} bytes)</p><pre class="jq-log">{}</pre>', items)
+
     @admin.display(description="timeline")
     def timeline(self, obj):
         events = JobEvent.objects.filter(job_id=obj.pk).only(
@@ -287,6 +306,23 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
     def mark_jobs_failed(self, request, queryset):
         self._run_action(request, queryset, lifecycle.mark_failed, "Marked failed",
                          "Marked failed from the admin.")
+
+
+LOG_TAIL_BYTES = 4096
+
+
+def _secret_strings(value, found=None) -> list[str]:
+    """The strings (of 4 characters or more) in a dispatch_context, longest first."""
+    found = [] if found is None else found
+    if isinstance(value, str) and len(value) >= 4:
+        found.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _secret_strings(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _secret_strings(item, found)
+    return sorted(set(found), key=len, reverse=True)
 
 
 def _format_detail(detail) -> str:

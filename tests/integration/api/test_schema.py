@@ -99,7 +99,7 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "jobs/{job_id}/release", "jobs", "jobs/{job_id}", "jobs/{job_id}/cancel",
         "jobs/{job_id}/requeue", "jobs/{job_id}/dispatch", "job-agents",
         "job-agents/{agent_id}", "job-agents/{agent_id}/tokens",
-        "job-agents/{agent_id}/tokens/{token_id}",
+        "job-agents/{agent_id}/tokens/{token_id}", "jobs/{job_id}/log",
     ]:
         assert base + path in paths, path
     schemes = doc["components"]["securitySchemes"]

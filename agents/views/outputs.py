@@ -1,0 +1,134 @@
+"""Job outputs: the attempt's log (agent appends, producer reads). The bodies are not JSON:
+a log chunk is raw bytes, read from the request as they came."""
+
+from __future__ import annotations
+
+import re
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from jobqueue.lifecycle import logs
+
+from .. import output_serializers as os_
+from ..schema import COMMON, ErrorSerializer, errors
+from .base import AGENT, AGENT_TAGS, PRODUCER_TAGS, ApiViewSet, parse_uuid
+
+# GitLab's runner sends "0-99"; RFC 9110 writes "bytes 0-99/*" (or a total for the last).
+CONTENT_RANGE = re.compile(r"(?:bytes[ =])?(\d{1,15})-(\d{1,15})(?:/(?:\d{1,15}|\*))?")
+MAX_READ_BYTES = 16 * 1024 * 1024
+
+CLAIM_HEADER = OpenApiParameter(
+    "X-Claim-Id", OpenApiTypes.UUID, OpenApiParameter.HEADER, required=True,
+    description="The claim_id of the claim that writes.",
+)
+
+
+def claim_header(request):
+    claim_id = parse_uuid(request.headers.get("X-Claim-Id"))
+    if claim_id is None:
+        raise ValidationError({"X-Claim-Id": ["This header is required and must be a UUID."]})
+    return claim_id
+
+
+def content_range(request, size: int) -> int | None:
+    """The chunk's start from Content-Range (None without one: append at the end)."""
+    raw = request.headers.get("Content-Range")
+    if raw is None:
+        return None
+    match = CONTENT_RANGE.fullmatch(raw.strip())
+    if match is None:
+        raise ValidationError({"Content-Range": ["Must be `bytes <start>-<end>/*`."]})
+    start, end = int(match[1]), int(match[2])
+    if end - start + 1 != size:
+        raise ValidationError({"Content-Range": [
+            "Must name the body's bytes: <end> - <start> + 1 is the body's length."]})
+    return start
+
+
+def non_negative_int(request, name):
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 15:
+        raise ValidationError({name: ["Must be a non-negative integer."]})
+    return int(raw)
+
+
+class JobOutputViewSet(ApiViewSet):
+    # workspaces/{workspace_id}/jobs/{job_id}/log
+    def initial(self, request, *args, **kwargs):
+        # Not ApiViewSet's: a log chunk is raw bytes of any media type, never parsed.
+        super(ApiViewSet, self).initial(request, *args, **kwargs)
+
+    @extend_schema(
+        methods=["GET"],
+        tags=[*AGENT_TAGS, *PRODUCER_TAGS],
+        operation_id="read_log",
+        summary="An attempt's log from a byte offset (text/plain), live while it runs",
+        parameters=[
+            OpenApiParameter("attempt", OpenApiTypes.INT, required=False,
+                             description="Default: the latest attempt with a log."),
+            OpenApiParameter("offset", OpenApiTypes.INT, required=False,
+                             description="The first byte to return (default 0)."),
+        ],
+        responses={
+            (200, "text/plain"): OpenApiResponse(
+                OpenApiTypes.STR, description="The log's bytes from `offset`; headers "
+                "X-Log-Attempt and X-Log-Length say whose log and how long it is now."),
+            **errors(400, *COMMON),
+        },
+    )
+    @extend_schema(
+        methods=["PATCH"],
+        tags=AGENT_TAGS,
+        operation_id="append_log",
+        summary="Append to the claim's attempt's log (GitLab's trace protocol)",
+        parameters=[
+            CLAIM_HEADER,
+            OpenApiParameter(
+                "Content-Range", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                description="`bytes <start>-<end>/*` (end inclusive). Bytes before the log's "
+                "end are accepted unchanged; a start past it is 416. Without it: append.",
+            ),
+        ],
+        request={"text/plain": OpenApiTypes.BINARY,
+                 "application/octet-stream": OpenApiTypes.BINARY},
+        responses={
+            202: OpenApiResponse(os_.LogAppendSerializer,
+                                 description="Appended (or a repeat, accepted unchanged); "
+                                 "the Range header is `0-<length>`."),
+            416: OpenApiResponse(ErrorSerializer,
+                                 description="log_range_gap: resend from the Range header's "
+                                 "length"),
+            **errors(400, 409, 411, 413, *COMMON),
+        },
+    )
+    @action(detail=False, methods=["get", "patch"], url_path="log", url_name="log",
+            permission_classes=AGENT, name="Log")
+    def log(self, request, workspace_id, job_id):
+        job_id = self.path_uuid("job_id")
+        if request.method == "GET":
+            return self._read_log(job_id)
+        claim_id = claim_header(request)
+        data = request._request.body  # bounded by RequestSizeLimitMiddleware
+        state = logs.append_log(job_id, claim_id, data, start=content_range(request, len(data)),
+                                **self.job_scope())
+        return Response(os_.LogAppendSerializer(state).data, status=status.HTTP_202_ACCEPTED,
+                        headers={"Range": f"0-{state.length}"})
+
+    def _read_log(self, job_id):
+        attempt = non_negative_int(self.request, "attempt")
+        offset = non_negative_int(self.request, "offset") or 0
+        piece = logs.read_log(job_id, attempt=attempt, offset=offset, limit=MAX_READ_BYTES,
+                              **self.job_scope())
+        response = HttpResponse(piece.data, content_type="text/plain; charset=utf-8")
+        response["X-Log-Attempt"] = str(piece.attempt)
+        response["X-Log-Length"] = str(piece.length)
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
