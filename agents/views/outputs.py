@@ -1,11 +1,12 @@
-"""Job outputs: the attempt's log (agent appends, producer reads). The bodies are not JSON:
-a log chunk is raw bytes, read from the request as they came."""
+"""Job outputs: the attempt's log (agent appends, producer reads) and its artifacts (agent
+uploads, producer lists and downloads). The bodies are not JSON: a log chunk or a file is
+raw bytes, read from the request as they came; an upload streams, never held in memory."""
 
 from __future__ import annotations
 
 import re
 
-from django.http import HttpResponse
+from django.http import FileResponse, HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -13,11 +14,12 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from jobqueue.lifecycle import logs
+from jobqueue.lifecycle import artifacts, logs
 
 from .. import output_serializers as os_
+from ..exceptions import PayloadTooLarge
 from ..schema import COMMON, ErrorSerializer, errors
-from .base import AGENT, AGENT_TAGS, PRODUCER_TAGS, ApiViewSet, parse_uuid
+from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet, parse_uuid
 
 # GitLab's runner sends "0-99"; RFC 9110 writes "bytes 0-99/*" (or a total for the last).
 CONTENT_RANGE = re.compile(r"(?:bytes[ =])?(\d{1,15})-(\d{1,15})(?:/(?:\d{1,15}|\*))?")
@@ -132,3 +134,95 @@ class JobOutputViewSet(ApiViewSet):
         response["X-Log-Length"] = str(piece.length)
         response["X-Content-Type-Options"] = "nosniff"
         return response
+
+    # --- artifacts
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="list_artifacts",
+        summary="The job's published artifact set",
+        responses={200: os_.ArtifactListSerializer, **errors(*COMMON)},
+    )
+    @action(detail=False, methods=["get"], url_path="artifacts", url_name="artifacts",
+            permission_classes=PRODUCER, name="Artifacts")
+    def artifacts(self, request, workspace_id, job_id):
+        rows = artifacts.published_artifacts(self.path_uuid("job_id"),
+                                             workspace_id=self.principal.workspace_id)
+        return Response({"results": os_.ArtifactSerializer(rows, many=True).data})
+
+    @extend_schema(
+        methods=["GET"],
+        tags=PRODUCER_TAGS,
+        operation_id="download_artifact",
+        summary="Download a published artifact (attachment, ETag = its sha256)",
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="The file, streamed, with Content-Length, "
+                "ETag (its sha256), Content-Disposition: attachment and nosniff."),
+            304: OpenApiResponse(description="If-None-Match named its ETag."),
+            **errors(*COMMON),
+        },
+    )
+    @extend_schema(
+        methods=["PUT"],
+        tags=AGENT_TAGS,
+        operation_id="upload_artifact",
+        summary="Upload a file, staged for the claim's attempt (published by its successful "
+        "report)",
+        parameters=[CLAIM_HEADER],
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={201: os_.ArtifactSerializer, **errors(400, 409, 411, 413, *COMMON)},
+    )
+    @action(detail=False, methods=["get", "put"], url_path="artifacts/<anyid:name>",
+            url_name="artifact", permission_classes=AGENT, name="Artifact")
+    def artifact(self, request, workspace_id, job_id, name):
+        job_id = self.path_uuid("job_id")
+        if request.method == "GET":
+            return self._download(job_id, name)
+        claim_id = claim_header(request)
+        stream, size = upload_stream(request._request)
+        info = artifacts.upload_artifact(
+            job_id, claim_id, name, stream, content_type=request.content_type,
+            declared_size=size, **self.job_scope())
+        return Response(os_.ArtifactSerializer(info).data, status=status.HTTP_201_CREATED)
+
+    def _download(self, job_id, name):
+        if self.principal.is_agent:
+            artifacts.fetch_job(job_id, job_agent_id=self.principal.job_agent_id)  # else 404
+            self.permission_denied(self.request)
+        row, handle = artifacts.open_artifact(job_id, name,
+                                              workspace_id=self.principal.workspace_id)
+        etag = f'"{row.sha256}"'
+        if self.request.headers.get("If-None-Match") == etag:
+            handle.close()
+            return HttpResponse(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+        response = FileResponse(handle, as_attachment=True, filename=row.name,
+                                content_type="application/octet-stream")
+        response["Content-Length"] = str(row.size)
+        response["ETag"] = etag
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Cache-Control"] = "private, no-transform"
+        return response
+
+
+def upload_stream(request):
+    """The request body as a stream, and its declared length (None for a chunked body). A
+    chunked body is read from the server's input when the server marks where it ends
+    (gunicorn does); elsewhere it is a 411, as for every other body (agents/middleware.py)."""
+    meta = request.META
+    raw = meta.get("CONTENT_LENGTH")
+    if raw not in (None, ""):
+        if not raw.isdigit():
+            raise ValidationError({"Content-Length": ["Must be an integer."]})
+        return request, int(raw)
+    if "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower():
+        if not meta.get("wsgi.input_terminated"):
+            raise LengthRequired()
+        return meta["wsgi.input"], None
+    return request, 0
+
+
+class LengthRequired(PayloadTooLarge):
+    status_code = status.HTTP_411_LENGTH_REQUIRED
+    default_detail = "Send a Content-Length header with the request body."
+    default_code = "length_required"

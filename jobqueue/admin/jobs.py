@@ -21,7 +21,7 @@ from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
 from jobqueue.lifecycle import logs
-from jobqueue.models import Job, JobEvent
+from jobqueue.models import Job, JobArtifact, JobEvent
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
 from .recovery import RecoveryViews
@@ -107,6 +107,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "result_display",
         "claim_display",
         "logs_display",
+        "artifacts_display",
         "timeline",
     ]
     readonly_fields = fields
@@ -224,6 +225,22 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
             items.append((tail.attempt, tail.length, cut + text))
         return format_html_join(
             "", '<p>attempt {} ({} bytes)</p><pre class="jq-log">{}</pre>', items)
+
+    @admin.display(description="artifacts")
+    def artifacts_display(self, obj):
+        rows = [
+            (a.name, a.attempt, "published" if a.published_at else a.state, a.size,
+             a.sha256[:16] or "—")
+            for a in JobArtifact.objects.filter(job_id=obj.pk).order_by("-attempt", "name")
+        ]
+        if not rows:
+            return "No artifacts."
+        return format_html(
+            '<table class="jq-artifacts"><thead><tr><th>name</th><th>attempt</th><th>state'
+            "</th><th>bytes</th><th>sha256</th></tr></thead><tbody>{}</tbody></table>",
+            format_html_join(
+                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows),
+        )
 
     @admin.display(description="timeline")
     def timeline(self, obj):

@@ -35,4 +35,26 @@ def test_the_job_page_shows_each_attempts_log_tail(op_client, agent, monkeypatch
 def test_a_job_without_a_log_says_so(op_client, agent):
     job = JobFactory(job_agent=agent)
     page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
-    assert "No log." in page
+    assert "No log." in page and "No artifacts." in page
+
+
+def test_the_job_page_lists_its_artifacts_by_attempt_and_state(op_client, agent, settings,
+                                                               tmp_path):
+    import io
+
+    from jobqueue import states
+    from jobqueue.lifecycle import artifacts
+
+    settings.STORAGES = {**settings.STORAGES, "artifacts": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(tmp_path)}}}
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id)
+    artifacts.upload_artifact(job.id, grant.claim_id, "stale.txt", io.BytesIO(b"1"))
+    lifecycle.release_job(job.id, grant.claim_id)
+    grant = lifecycle.claim_job(agent, job.id)
+    artifacts.upload_artifact(job.id, grant.claim_id, "win.txt", io.BytesIO(b"22"))
+    lifecycle.report_status(job.id, grant.claim_id, states.SUCCESSFUL)
+    page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "<td>win.txt</td><td>2</td><td>published</td><td>2</td>" in page
+    assert "<td>stale.txt</td><td>1</td><td>staged</td><td>1</td>" in page
