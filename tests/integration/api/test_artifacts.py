@@ -275,6 +275,7 @@ def test_another_agents_or_workspaces_artifacts_are_404(world, claimed):
     assert foreign.get(f"jobs/{job.id}/artifacts/a.txt").status_code == 404
     assert world.producer().get(f"jobs/{job.id}/artifacts/missing.txt").status_code == 404
     assert world.producer().get(f"jobs/{job.id}/artifacts/..").status_code == 404
+    assert world.producer().get(f"jobs/{job.id}/artifacts/a%20b").status_code == 404
 
 
 def test_media_types_are_kept_as_plain_type_slash_subtype_only(world, claimed):
