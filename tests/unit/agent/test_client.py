@@ -318,7 +318,6 @@ def test_errors_answered_by_the_server_are_raised_typed():
 
 def test_an_empty_log_append_sends_no_range_and_answers_the_length():
     import httpx
-
     from jobqueue_client.client import AgentClient
 
     seen = []
