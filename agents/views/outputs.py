@@ -155,11 +155,19 @@ class JobOutputViewSet(ApiViewSet):
         tags=PRODUCER_TAGS,
         operation_id="download_artifact",
         summary="Download a published artifact (attachment, ETag = its sha256)",
+        parameters=[OpenApiParameter(
+            "Range", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+            description="`bytes=<start>-<end>` (or `<start>-`, `-<n>`): one range.")],
         responses={
             (200, "application/octet-stream"): OpenApiResponse(
                 OpenApiTypes.BINARY, description="The file, streamed, with Content-Length, "
                 "ETag (its sha256), Content-Disposition: attachment and nosniff."),
+            (206, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="One range (`Range: bytes=a-b`), with "
+                "Content-Range."),
             304: OpenApiResponse(description="If-None-Match named its ETag."),
+            416: OpenApiResponse(description="The range starts past the end (Content-Range "
+                                 "`bytes */<size>`)."),
             **errors(*COMMON),
         },
     )
@@ -196,13 +204,65 @@ class JobOutputViewSet(ApiViewSet):
         if self.request.headers.get("If-None-Match") == etag:
             handle.close()
             return HttpResponse(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
-        response = FileResponse(handle, as_attachment=True, filename=row.name,
-                                content_type="application/octet-stream")
-        response["Content-Length"] = str(row.size)
+        wanted = byte_range(self.request.headers.get("Range"), row.size)
+        if wanted == "unsatisfiable":
+            handle.close()
+            return HttpResponse(status=status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
+                                headers={"Content-Range": f"bytes */{row.size}"})
+        if wanted is None:
+            response = FileResponse(handle, as_attachment=True, filename=row.name,
+                                    content_type="application/octet-stream")
+            response["Content-Length"] = str(row.size)
+        else:
+            start, end = wanted
+            handle.seek(start)
+            response = FileResponse(LimitedReader(handle, end - start + 1),
+                                    as_attachment=True, filename=row.name,
+                                    content_type="application/octet-stream",
+                                    status=status.HTTP_206_PARTIAL_CONTENT)
+            response["Content-Length"] = str(end - start + 1)
+            response["Content-Range"] = f"bytes {start}-{end}/{row.size}"
+        response["Accept-Ranges"] = "bytes"
         response["ETag"] = etag
         response["X-Content-Type-Options"] = "nosniff"
         response["Cache-Control"] = "private, no-transform"
         return response
+
+
+BYTE_RANGE = re.compile(r"bytes=(\d{0,15})-(\d{0,15})")
+
+
+def byte_range(header: str | None, size: int):
+    """One range of RFC 9110 `Range: bytes=a-b` (also `a-` and the suffix `-n`): (start, end)
+    inclusive, "unsatisfiable", or None (no header, several ranges or a malformed one: the
+    whole file, as the RFC lets a server answer)."""
+    match = BYTE_RANGE.fullmatch((header or "").strip())
+    if match is None or match[1] == match[2] == "":
+        return None
+    if match[1] == "":  # the last n bytes
+        n = int(match[2])
+        return (max(0, size - n), size - 1) if n and size else "unsatisfiable"
+    start = int(match[1])
+    end = min(int(match[2]), size - 1) if match[2] else size - 1
+    if start >= size or (match[2] and int(match[2]) < start):
+        return "unsatisfiable"
+    return start, end
+
+
+class LimitedReader:
+    """The next `left` bytes of an open file, for a 206 answer."""
+
+    def __init__(self, handle, left: int):
+        self.handle, self.left = handle, left
+
+    def read(self, n=-1):
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.handle.read(n) if n else b""
+        self.left -= len(data)
+        return data
+
+    def close(self):
+        self.handle.close()
 
 
 def upload_stream(request):

@@ -105,3 +105,61 @@ def test_a_100_mib_upload_streams_through_gunicorn(server, record_property):
         record_property("download_peak_rss_growth_mib", round(grown / MiB, 1))
         print(f"100 MiB download: worker peak RSS +{grown / MiB:.1f} MiB")
         assert grown < 20 * MiB, grown
+
+
+def test_a_server_killed_mid_upload_publishes_nothing_and_clean_up_removes_it(server):
+    """A crash between staging and publication, for real: the API server is SIGKILLed while
+    an upload streams. Its `uploading` row and partial file stay behind, are never listed,
+    and go once the claim is no longer live (here: reaped)."""
+    import threading
+    import time
+
+    from django.core.management import call_command
+
+    from jobqueue.db import NowPlusSeconds
+    from jobqueue.models import JobClaim
+    from tests.e2e.harness import wait_for
+
+    world = make_world()
+    job = JobFactory(job_agent=world.agent)
+    grant = lifecycle.claim_job(world.agent, job.id)
+    url = f"{server.url}/v1/workspaces/{world.workspace.id}/jobs/{job.id}/artifacts/big.bin"
+    headers = {"Authorization": f"Bearer {world.token}", "X-Claim-Id": str(grant.claim_id),
+               "Content-Type": "application/octet-stream", "Content-Length": str(SIZE)}
+    sent = []
+
+    def slow_body():
+        for piece in body(SIZE):
+            sent.append(len(piece))
+            if sum(sent) > 2 * MiB:
+                time.sleep(0.05)  # the rest trickles in until the server dies
+            yield piece
+
+    def upload():
+        try:
+            httpx.put(url, content=slow_body(), headers=headers, timeout=60)
+        except httpx.HTTPError:
+            pass  # the server is gone
+
+    thread = threading.Thread(target=upload, daemon=True)
+    thread.start()
+    wait_for(lambda: JobArtifact.objects.filter(job=job, state="uploading").exists()
+             and sum(sent) > 3 * MiB, 30, "the upload to be under way")
+    server.kill_server()
+    thread.join(30)
+    row = JobArtifact.objects.get(job=job)
+    assert row.state == "uploading" and row.published_at is None
+    partial = server.store / row.storage_key
+    assert partial.exists() and 0 < partial.stat().st_size < SIZE
+    # The agent's claim cannot publish it: the report after a crash publishes staged files
+    # only, and the uploading one never was.
+    JobClaim.objects.filter(job=job).update(claim_expires_at=NowPlusSeconds(-1))
+    assert lifecycle.reap_expired_claims_once(10).reaped == 1
+    from django.test import override_settings
+
+    with override_settings(STORAGES={"artifacts": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(server.store)}}}):
+        call_command("clean_artifacts")
+    assert not JobArtifact.objects.exists()
+    assert not partial.exists()

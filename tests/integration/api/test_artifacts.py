@@ -347,3 +347,33 @@ def test_an_agent_key_of_the_workspace_may_upload_and_an_empty_file_is_fine(worl
     r = upload(world.producer(), job.id, claim, "empty.txt", b"")
     assert r.status_code == 201 and r.json()["size"] == 0
     assert r.json()["sha256"] == hashlib.sha256(b"").hexdigest()
+
+
+def test_downloads_take_one_byte_range(world, claimed):
+    job, claim = claimed
+    agent = world.agent_caller()
+    upload(agent, job.id, claim, "a.bin", b"0123456789")
+    upload(agent, job.id, claim, "empty", b"")
+    report(agent, job.id, claim)
+    producer = world.producer()
+
+    def get(rng, name="a.bin"):
+        return producer.get(f"jobs/{job.id}/artifacts/{name}", headers={"Range": rng})
+
+    for rng, body, content_range in [("bytes=2-4", b"234", "bytes 2-4/10"),
+                                     ("bytes=7-", b"789", "bytes 7-9/10"),
+                                     ("bytes=-3", b"789", "bytes 7-9/10"),
+                                     ("bytes=-30", b"0123456789", "bytes 0-9/10"),
+                                     ("bytes=8-100", b"89", "bytes 8-9/10")]:
+        r = get(rng)
+        assert r.status_code == 206, rng
+        assert b"".join(r.streaming_content) == body
+        assert r["Content-Range"] == content_range and r["Content-Length"] == str(len(body))
+    for rng in ("bytes=10-", "bytes=5-2", "bytes=-0"):
+        r = get(rng)
+        assert r.status_code == 416 and r["Content-Range"] == "bytes */10", rng
+    assert get("bytes=-1", "empty").status_code == 416
+    for rng in ("bytes=-", "items=1-2", "bytes=1-2,4-5", "x" * 50):  # ignored: all of it
+        r = get(rng)
+        assert r.status_code == 200 and b"".join(r.streaming_content) == b"0123456789", rng
+        assert r["Accept-Ranges"] == "bytes"
