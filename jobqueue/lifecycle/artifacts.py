@@ -80,21 +80,35 @@ def media_type(value) -> str:
 
 
 class _Counted:
-    """A read-only stream over the request body that hashes and counts what it hands out
-    and refuses to go past `cap` bytes."""
+    """A read-only, non-seekable stream over the request body that hashes and counts what
+    it hands out and refuses to go past `cap` bytes. read(n) answers n bytes unless the body
+    ends first (a storage that uploads in parts, S3's multipart, needs full parts), fetched
+    PIECE bytes at a time; read() without n answers one PIECE, never the whole body."""
+
+    closed = False
 
     def __init__(self, stream, cap: int):
         self.stream, self.cap = stream, cap
         self.size = 0
         self.hash = hashlib.sha256()
 
+    def seekable(self) -> bool:
+        return False
+
     def read(self, n=-1):
-        data = self.stream.read(PIECE if n is None or n < 0 else min(n, PIECE))
-        self.size += len(data)
-        if self.size > self.cap:
-            raise OutputTooLarge(f"An artifact holds at most {self.cap} bytes.")
-        self.hash.update(data)
-        return data
+        want = PIECE if n is None or n < 0 else n
+        parts, got = [], 0
+        while got < want:
+            data = self.stream.read(min(want - got, PIECE))
+            if not data:
+                break
+            self.size += len(data)
+            if self.size > self.cap:
+                raise OutputTooLarge(f"An artifact holds at most {self.cap} bytes.")
+            self.hash.update(data)
+            parts.append(data)
+            got += len(data)
+        return b"".join(parts)
 
 
 def _locked_job(job_id, claim_id, scope):

@@ -377,3 +377,23 @@ def test_downloads_take_one_byte_range(world, claimed):
         r = get(rng)
         assert r.status_code == 200 and b"".join(r.streaming_content) == b"0123456789", rng
         assert r["Accept-Ranges"] == "bytes"
+
+
+def test_the_counted_body_fills_each_read_from_short_reads():
+    from jobqueue.lifecycle.artifacts import PIECE, _Counted
+
+    class Trickle:
+        def __init__(self, data):
+            self.data = data
+
+        def read(self, n):
+            piece, self.data = self.data[:min(n, 1000)], self.data[min(n, 1000):]
+            return piece
+
+    body = _Counted(Trickle(b"x" * (3 * PIECE + 5)), cap=10 * PIECE)
+    assert not body.seekable()
+    assert len(body.read(2 * PIECE)) == 2 * PIECE  # a full part, from 1000-byte reads
+    assert len(body.read()) == PIECE
+    assert body.read(10 * PIECE) == b"x" * 5 and body.read(10) == b""
+    assert body.size == 3 * PIECE + 5
+    assert body.hash.hexdigest() == hashlib.sha256(b"x" * (3 * PIECE + 5)).hexdigest()
