@@ -208,6 +208,10 @@ JOBQUEUE = {
     "MAX_ARTIFACT_BYTES": env.int("JOBQUEUE_MAX_ARTIFACT_BYTES", 100 * 1024 * 1024),
     "MAX_ATTEMPT_ARTIFACT_BYTES": env.int("JOBQUEUE_MAX_ATTEMPT_ARTIFACT_BYTES", 1024 ** 3),
     "MAX_ARTIFACTS_PER_ATTEMPT": env.int("JOBQUEUE_MAX_ARTIFACTS_PER_ATTEMPT", 100),
+    # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
+    # keeps: a report over either is refused (400 validation_error) and changes nothing.
+    "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),
+    "MAX_RESULT_BYTES": env.int("JOBQUEUE_MAX_RESULT_BYTES", 1024 * 1024),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------
