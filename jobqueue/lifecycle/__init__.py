@@ -10,11 +10,19 @@ One function per transition, each in the module that names it:
     pause.py     pause_job_agent, resume_job_agent (claims hand out nothing while paused)
     reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
                  (jobqueue.reaper loops them)
+    logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
+    artifacts.py upload_artifact, publish (the ORM report's), published_artifacts,
+                 open_artifact, clean_artifacts: files staged per claim, published by its
+                 successful report
 
 and what they share:
 
     inputs.py    typed input values (ClaimRef, ReportItem) and one validator per rule
     refusals.py  explain_refusal: why a write with a claim_id changed nothing (every path)
+    finished.py  announce_finished: the webhook outbox rows (in the transition's transaction)
+                 and jobqueue.signals.job_finished on commit, once per job a transition
+                 ended (every path that ends jobs calls it)
+    prune.py     retention's batch: finished jobs and every row that refers to them
     results.py   what they answer (ClaimGrant, HeartbeatResult, outcomes of batches)
     records.py   jobs in a caller's scope, job events
     backends.py  the backend, chosen once per connection by its vendor:

@@ -22,6 +22,8 @@ from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
 from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 
+from .artifacts import publish
+from .finished import write_outbox
 from .records import event, scoped_jobs
 
 
@@ -178,6 +180,8 @@ class OrmBackend:
                     deleted, _ = JobClaim.objects.filter(job_id=job_id, claim_id=claim_id).delete()
                     if deleted != 1:  # pragma: no cover - would break invariant 2
                         raise ClaimSuperseded()
+                    if status == states.SUCCESSFUL:
+                        publish(job_id, claim_id)  # the claim's staged artifacts
                 kind = JobEvent.STATUS_REPORTED
             if n != 1:
                 return None
@@ -187,6 +191,8 @@ class OrmBackend:
                 extra["message"] = message[:MESSAGE_CHARS]
             event(job.id, kind, attempt=job.attempt, actor=actor, claim_id=claim_id,
                   status=status, has_result=result is not None, **extra).save()
+            if job.status in states.TERMINAL:
+                write_outbox([(job.id, job.workspace_id, job.status)])
             return job
 
     def report_many(self, items, job_agent_id, workspace_id, actor):
@@ -200,5 +206,5 @@ class OrmBackend:
                                   job_agent_id=job_agent_id, workspace_id=workspace_id,
                                   retry=r.retry)
                 if job is not None:
-                    done[job.id] = (job.status, job.completed_at)
+                    done[job.id] = (job.status, job.completed_at, job.workspace_id)
         return done
