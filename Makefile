@@ -63,6 +63,7 @@ PASS_OK = rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
 test: install-dev
 	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
 	@sh scripts/ensure_chromium.sh
+	@sh scripts/ensure_pgbouncer.sh
 	@rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
 	env -u DATABASE_URL $(COVERAGE_RUN) run -m pytest tests/unit $(PYTEST_ARGS); $(PASS_OK)
 	env -u DATABASE_URL $(COVERAGE_RUN) run -m pytest -m "not postgres_only" \
@@ -99,6 +100,7 @@ lint: install-dev
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
+	sh scripts/check_monitoring.sh
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3* var/static

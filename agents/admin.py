@@ -236,6 +236,7 @@ class JobAgentAdmin(admin.ModelAdmin):
         "name",
         "workspace",
         "id",
+        "claims_state",
         "last_seen",
         "in_flight",
         "expired_leases_last_day",
@@ -246,10 +247,12 @@ class JobAgentAdmin(admin.ModelAdmin):
     list_select_related = ["workspace"]
     search_fields = ["name", "=id"]
     inlines = [AgentTokenInline]
+    actions = ["pause_agents", "resume_agents"]
     readonly_fields = [
         "id",
         "type",
         "created_at",
+        "claims_state",
         "last_seen",
         "in_flight",
         "expired_leases_last_day",
@@ -265,6 +268,7 @@ class JobAgentAdmin(admin.ModelAdmin):
             "max_attempts",
             "max_runtime_seconds",
             "created_at",
+            "claims_state",
             "last_seen",
             "in_flight",
             "expired_leases_last_day",
@@ -292,6 +296,35 @@ class JobAgentAdmin(admin.ModelAdmin):
     @admin.display(description="workspace")
     def workspace_display(self, obj):
         return obj.workspace
+
+    @admin.display(description="claims", ordering="paused_at")
+    def claims_state(self, obj):
+        if obj.pk is None or obj.paused_at is None:
+            return "running"
+        since = describe_age(obj.paused_at, row_db_now(obj))
+        reason = f": {obj.paused_reason}" if obj.paused_reason else ""
+        return f"PAUSED since {since} by {obj.paused_by}{reason}"
+
+    @admin.action(description="Pause claims of the selected job agents (jobs in flight go on)",
+                  permissions=["change"])
+    def pause_agents(self, request, queryset):
+        self._pause_or_resume(request, queryset, lifecycle.pause_job_agent, "paused")
+
+    @admin.action(description="Resume claims of the selected job agents", permissions=["change"])
+    def resume_agents(self, request, queryset):
+        self._pause_or_resume(request, queryset, lifecycle.resume_job_agent, "resumed")
+
+    def _pause_or_resume(self, request, queryset, transition, done):
+        actor = operator_actor(request)
+        agents = list(queryset)
+        changed = 0
+        for agent in agents:
+            if transition(agent, actor)[1]:
+                changed += 1
+                self.log_change(request, agent, f"Claims {done} by {actor}.")
+        unchanged = len(agents) - changed
+        note = f" ({unchanged} already {done})" if unchanged else ""
+        self.message_user(request, f"{changed} job agent(s) {done}{note}.", messages.SUCCESS)
 
     @admin.display(description="last seen", ordering="last_seen_at")
     def last_seen(self, obj):

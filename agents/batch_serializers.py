@@ -72,7 +72,7 @@ class BatchHeartbeatInput(serializers.Serializer):
     )
 
     class Meta:
-        ref_name = "BatchHeartbeatRequest"
+        ref_name = "BatchHeartbeat"
 
 
 class BatchHeartbeatOutcome(Outcome):
@@ -122,7 +122,7 @@ class BatchReportInput(serializers.Serializer):
     )
 
     class Meta:
-        ref_name = "BatchReportRequest"
+        ref_name = "BatchReport"
 
 
 class BatchReportOutcome(Outcome):

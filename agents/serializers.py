@@ -265,7 +265,7 @@ class ClaimNextInput(serializers.Serializer):
     )
 
     class Meta:
-        ref_name = "ClaimNextRequest"
+        ref_name = "ClaimNext"
 
 
 # --- agent writes ------------------------------------------------------------------------
@@ -275,7 +275,7 @@ class HeartbeatInput(serializers.Serializer):
     claim_id = StrictUUIDField()
 
     class Meta:
-        ref_name = "HeartbeatRequest"
+        ref_name = "Heartbeat"
 
 
 class HeartbeatResponseSerializer(serializers.Serializer):
@@ -324,7 +324,7 @@ class ReleaseInput(serializers.Serializer):
     )
 
     class Meta:
-        ref_name = "ReleaseRequest"
+        ref_name = "Release"
 
 
 # --- producer and operator -----------------------------------------------------------------
@@ -380,7 +380,7 @@ class ReasonInput(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, max_length=500)
 
     class Meta:
-        ref_name = "ReasonRequest"
+        ref_name = "Reason"
 
 
 class HealthSerializer(serializers.Serializer):
@@ -400,10 +400,18 @@ class JobAgentSerializer(serializers.Serializer):
     max_attempts = serializers.IntegerField(source="effective_max_attempts")
     max_runtime_seconds = serializers.IntegerField(allow_null=True)
     created_at = serializers.DateTimeField()
+    paused = serializers.SerializerMethodField(
+        help_text="While paused, claims hand out nothing; jobs already claimed go on."
+    )
+    paused_at = serializers.DateTimeField(allow_null=True)
+    paused_reason = serializers.CharField(help_text="The reason given with the pause, if any.")
     health = serializers.SerializerMethodField()
 
     class Meta:
         ref_name = "JobAgent"
+
+    def get_paused(self, agent: JobAgent) -> bool:
+        return agent.paused_at is not None
 
     @extend_schema_field(HealthSerializer)
     def get_health(self, agent: JobAgent):

@@ -4,18 +4,64 @@ Rates are DRF's `DEFAULT_THROTTLE_RATES` (scopes `agent` and `workspace`), set f
 environment in config/settings.py and read on every request. A fixed one-period window with a
 single counter per credential (two cache operations a request) replaces DRF's timestamp
 list, whose cost grows with the rate. Counters live in the `default` cache: the default LocMem
-cache is per process, so N server processes allow up to N times the rate.
+cache is per process, so N server processes allow up to N times the rate; with
+`CACHE_URL=redis://...` (Django's built-in Redis cache) every replica shares one counter.
+
+A cache that fails (Redis down, a timeout) never fails a request: the request is allowed (no
+throttling), the failure is logged once per outage and counted (observe kind
+`throttle_cache_failed`, `/metrics`: jobqueue_throttle_cache_failures_total), and the cache
+is left alone for THROTTLE_CACHE_RETRY_SECONDS before the next try, so that an outage costs
+the requests nothing but that one failed call.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
 from django.core.cache import cache
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
+from jobqueue import observe
+
 DISABLED = {"", "0", "none", "off"}
+THROTTLE_CACHE_RETRY_SECONDS = 5.0
+log = logging.getLogger("agents.throttling")
+
+_state_lock = threading.Lock()
+_down_until = 0.0  # time.monotonic() until which the cache is not tried again
+
+
+def _cache_is_resting() -> bool:
+    return time.monotonic() < _down_until
+
+
+def _cache_failed(exc: Exception) -> None:
+    global _down_until
+    with _state_lock:
+        first = _down_until == 0.0
+        _down_until = time.monotonic() + THROTTLE_CACHE_RETRY_SECONDS
+    if first:
+        log.warning("throttle cache unavailable (%s): requests are not throttled until it "
+                    "answers again", type(exc).__name__)
+    observe.emit("throttle_cache_failed", error=type(exc).__name__)
+
+
+def _cache_answered() -> None:
+    global _down_until
+    if _down_until:
+        with _state_lock:
+            _down_until = 0.0
+        log.warning("throttle cache answers again: throttling resumed")
+
+
+def reset_cache_state() -> None:
+    """Forget a recorded outage (tests)."""
+    global _down_until
+    with _state_lock:
+        _down_until = 0.0
 
 
 class CredentialRateThrottle(SimpleRateThrottle):
@@ -46,6 +92,17 @@ class CredentialRateThrottle(SimpleRateThrottle):
         window = int(now // self.duration)
         key = f"throttle:{self.scope}:{ident}:{window}"
         self.wait_seconds = (window + 1) * self.duration - now
+        if _cache_is_resting():
+            return True
+        try:
+            allowed = self._count(key)
+        except Exception as exc:  # noqa: BLE001 - any cache failure: not throttled, logged
+            _cache_failed(exc)
+            return True
+        _cache_answered()
+        return allowed
+
+    def _count(self, key: str) -> bool:
         if self.cache.add(key, 1, timeout=self.duration + 1):
             return True
         try:

@@ -130,7 +130,19 @@ else:
     # The lifecycle's hot statements are prepared explicitly (jobqueue/lifecycle/pg/cursor.py).
     # psycopg ignores prepare=True when the threshold is None (Django's default); one never
     # reached keeps its automatic preparing off for every other query.
-    _db["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
+    # JOBQUEUE_PREPARED_STATEMENTS=0, behind a transaction-mode pooler that cannot keep them
+    # (PgBouncer before 1.21, Debian 12's 1.18): nothing is prepared, and no server-side
+    # cursor is opened outside a transaction (docs/deploying.md).
+    # DATABASE_CONNECT_RETRY_SECONDS: open new connections again for that long when they are
+    # refused (a PgBouncer or PostgreSQL restart) instead of failing the request at once.
+    _retry = env.float("DATABASE_CONNECT_RETRY_SECONDS", 0.0)
+    if _retry > 0:
+        _db["ENGINE"] = "config.postgresql"
+        _db["CONNECT_RETRY_SECONDS"] = _retry
+    if env.bool("JOBQUEUE_PREPARED_STATEMENTS", True):
+        _db["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
+    else:
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -252,6 +264,9 @@ JOBQUEUE = {
 
 # --- HTTP API (agents app) --------------------------------------------------------------
 # Largest request body the API accepts (bytes), with or without Content-Length: 413 beyond.
+# Prepare the hot statements once per connection (off behind PgBouncer < 1.21 in transaction
+# mode; see DATABASES above).
+JOBQUEUE["PREPARED_STATEMENTS"] = env.bool("JOBQUEUE_PREPARED_STATEMENTS", True)
 JOBQUEUE["MAX_REQUEST_BYTES"] = env.int("JOBQUEUE_MAX_REQUEST_BYTES", 1024 * 1024)
 # Django's own cap on bodies it reads (forms, the admin) is never below the API's.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(JOBQUEUE["MAX_REQUEST_BYTES"], 2621440)
@@ -263,6 +278,13 @@ JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] = env.float("JOBQUEUE_AGENT_SEEN_WRITE_SECO
 # with N server processes a client gets up to N times the rate; point CACHE_URL at a shared
 # cache (e.g. redis://...) for one fleet-wide counter.
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+    # A Redis that stops answering must cost a request a fraction of a second at most (the
+    # throttle then lets requests through: agents/throttling.py).
+    _redis_timeout = env.float("CACHE_TIMEOUT_SECONDS", 0.25)
+    CACHES["default"].setdefault("OPTIONS", {})
+    CACHES["default"]["OPTIONS"].setdefault("socket_connect_timeout", _redis_timeout)
+    CACHES["default"]["OPTIONS"].setdefault("socket_timeout", _redis_timeout)
 
 REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "agents.exceptions.exception_handler",

@@ -32,6 +32,11 @@ class JobNotClaimable(Conflict):
     default_detail = "The job is not queued and due, or another agent claimed it first."
 
 
+class AgentPaused(Conflict):
+    code = "agent_paused"
+    default_detail = "The job agent is paused: its claims hand out nothing until it is resumed."
+
+
 class ClaimSuperseded(Conflict):
     code = "claim_superseded"
     default_detail = (

@@ -42,6 +42,12 @@ class JobAgent(models.Model):
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     # Written at most every few seconds per process by the HTTP edge, never per heartbeat.
     last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Paused: claims hand out nothing (204 / empty), in-flight jobs go on. Set and cleared
+    # only by jobqueue.lifecycle.pause (the database's clock); the claim statement reads it
+    # under a share lock, so no claim starts after a pause has committed.
+    paused_at = models.DateTimeField(null=True, blank=True, editable=False)
+    paused_by = models.CharField(max_length=255, blank=True, default="", editable=False)
+    paused_reason = models.CharField(max_length=500, blank=True, default="", editable=False)
 
     class Meta:
         db_table = "job_agent"

@@ -70,7 +70,13 @@ STALE_WRITES_REFUSED = _counter(
 )
 JOBS_CREATED = _counter("jobqueue_jobs_created", "Jobs created.")
 OPERATOR_TRANSITIONS = _counter(
-    "jobqueue_operator_transitions", "Cancels and requeues (API and admin).", ["kind"]
+    "jobqueue_operator_transitions",
+    "Operator transitions (API and admin): cancels, requeues, agent pauses and resumes.",
+    ["kind"],
+)
+THROTTLE_CACHE_FAILURES = _counter(
+    "jobqueue_throttle_cache_failures",
+    "Throttle cache calls that failed (e.g. Redis down): those requests were not throttled.",
 )
 REQUEST_LATENCY = Histogram(
     "jobqueue_http_request_duration_seconds",
@@ -101,7 +107,9 @@ def on_event(kind: str, **data) -> None:
         STALE_WRITES_REFUSED.labels(str(data.get("operation", "")), str(data.get("code", ""))).inc()
     elif kind == "created":
         JOBS_CREATED.inc()
-    elif kind in ("cancelled", "requeued"):
+    elif kind == "throttle_cache_failed":
+        THROTTLE_CACHE_FAILURES.inc()
+    elif kind in ("cancelled", "requeued", "agent_paused", "agent_resumed"):
         OPERATOR_TRANSITIONS.labels(kind).inc()
     # "reaped" is counted from reaper_run at scrape time: the reaper is another process.
 
@@ -113,7 +121,7 @@ class DatabaseCollector:
         return []
 
     def collect(self):
-        from jobqueue.models import Job, JobClaim, ReaperRun
+        from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun
 
         up = GaugeMetricFamily("jobqueue_database_up", "1 when the scrape could read the database.")
         try:
@@ -127,6 +135,9 @@ class DatabaseCollector:
             for status, agent_id, n in rows:
                 jobs.add_metric([status, str(agent_id)], n)
                 seen.add(status)
+            paused = list(
+                JobAgent.objects.filter(paused_at__isnull=False).values_list("id", flat=True)
+            )
             pending = JobClaim.objects.expired().count()
             in_flight = JobClaim.objects.count()
             runs = ReaperRun.objects.filter(dry_run=False).aggregate(
@@ -151,6 +162,14 @@ class DatabaseCollector:
         yield GaugeMetricFamily(
             "jobqueue_claims_in_flight", "Live claims (rows of job_claim).", value=in_flight
         )
+        paused_gauge = GaugeMetricFamily(
+            "jobqueue_job_agent_paused",
+            "1 for each paused job agent (its claims hand out nothing); absent when running.",
+            labels=["job_agent_id"],
+        )
+        for agent_id in paused:
+            paused_gauge.add_metric([str(agent_id)], 1)
+        yield paused_gauge
         reaped = CounterMetricFamily(
             "jobqueue_reaped",
             "Expired leases reaped, by outcome: requeued, or expired on the last attempt "

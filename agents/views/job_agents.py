@@ -90,6 +90,27 @@ class JobAgentViewSet(ApiViewSet):
             raise NotFound("No such job agent.")
         return Response(s.JobAgentSerializer(agent).data)
 
+    @write_schema(PRODUCER_TAGS, "pause_job_agent",
+                  "Pause the agent's claims (204 / empty until resumed; jobs in flight go on)",
+                  s.ReasonInput, s.JobAgentSerializer)
+    @action(detail=True, methods=["post"], url_path="pause", url_name="pause", name="Pause")
+    def pause(self, request, workspace_id, agent_id):
+        return self._pause_or_resume(lifecycle.pause_job_agent)
+
+    @write_schema(PRODUCER_TAGS, "resume_job_agent", "Resume a paused agent's claims",
+                  s.ReasonInput, s.JobAgentSerializer)
+    @action(detail=True, methods=["post"], url_path="resume", url_name="resume", name="Resume")
+    def resume(self, request, workspace_id, agent_id):
+        return self._pause_or_resume(lifecycle.resume_job_agent)
+
+    def _pause_or_resume(self, transition):
+        # Idempotent: pausing a paused agent (resuming a running one) answers it unchanged.
+        data = self.validated(s.ReasonInput)
+        agent = self.agent_in_path()
+        transition(agent, self.principal.actor, data.get("reason", ""))
+        agent = health.with_health(JobAgent.objects.filter(id=agent.id)).get()
+        return Response(s.JobAgentSerializer(agent).data)
+
     # --- the agent's own endpoints
 
     @extend_schema(

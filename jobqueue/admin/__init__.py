@@ -12,4 +12,10 @@ how a span of time reads). Job agents and their credentials are administered by 
 (agents/admin.py): their health and tokens live there.
 """
 
+from django.contrib import admin
+
 from . import jobs, runs, webhooks, workspaces  # noqa: F401 - each registers its ModelAdmin
+
+# The index leads with a "Needs attention" panel linking the Recovery page
+# (templates/admin/jobqueue/index.html, jobqueue/templatetags/jobqueue_admin.py).
+admin.site.index_template = "admin/jobqueue/index.html"

@@ -20,6 +20,7 @@ from jobqueue.maintenance import loop as maintenance
 from jobqueue.maintenance.records import last_runs
 from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun
 
+from .charts import charts_context
 from .common import describe_age, describe_lease, operator_actor, request_db_now, seconds_span
 from .runs import run_duration
 
@@ -156,9 +157,10 @@ def recovery_context(request) -> dict:
     runs = list(ReaperRun.objects.order_by("-started_at")[:10])
     stale_after = conf["REAPER_STALE_AFTER_SECONDS"]
     last_run = runs[0] if runs else None
-    last_run_at = (last_run.finished_at or last_run.started_at) if last_run else None
-    reaper_stale = last_run_at is None or (now - last_run_at).total_seconds() > stale_after
+    last_run_at = _last_run_at(last_run)
+    reaper_stale = _is_stale(last_run_at, now, stale_after)
     return {
+        **charts_context(now),
         "db_now": now,
         "status_counts": [(label, value, counts[value]) for value, label in states.CHOICES],
         "expired_claims": expired_claims,
@@ -169,6 +171,11 @@ def recovery_context(request) -> dict:
         "recently_expired_count": recently_expired_qs.count(),
         "unseen_agents": unseen_agents,
         "unseen_periods": AGENT_UNSEEN_LEASE_PERIODS,
+        "paused_agents": [
+            {"agent": a, "workspace": a.workspace.name, "since": describe_age(a.paused_at, now)}
+            for a in JobAgent.objects.filter(paused_at__isnull=False)
+            .select_related("workspace").order_by("paused_at")[:RECOVERY_ROWS]
+        ],
         "reaper_runs": [
             {
                 "run": r,
@@ -182,6 +189,49 @@ def recovery_context(request) -> dict:
         "reaper_last_run_ago": describe_age(last_run_at, now),
         "reaper_stale_after": seconds_span(stale_after),
     }
+
+
+def _last_run_at(run):
+    return (run.finished_at or run.started_at) if run else None
+
+
+def _is_stale(last_run_at, now, stale_after) -> bool:
+    return last_run_at is None or (now - last_run_at).total_seconds() > stale_after
+
+
+def unseen_agent_count(now) -> int:
+    rows = JobAgent.objects.values_list("last_seen_at", "lease_seconds")
+    default = jobqueue_settings()["DEFAULT_LEASE_SECONDS"]
+    return sum(
+        1 for seen, lease in rows
+        if seen is None
+        or (now - seen).total_seconds() > AGENT_UNSEEN_LEASE_PERIODS * (lease or default)
+    )
+
+
+def attention(now) -> list[dict]:
+    """The counts that need an operator, for the panel on the admin index: each with its
+    label, its count, and whether it is an alarm (a broken invariant) or a warning."""
+    conf = jobqueue_settings()
+    last_run_at = _last_run_at(ReaperRun.objects.order_by("-started_at").first())
+    stale = _is_stale(last_run_at, now, conf["REAPER_STALE_AFTER_SECONDS"])
+    orphans = Job.objects.filter(status=states.IN_PROGRESS, claim__isnull=True).count()
+    return [
+        {"id": "orphans", "label": "in progress without a claim (broken invariant)",
+         "count": orphans, "level": "alarm"},
+        {"id": "expired-leases", "label": "expired leases not yet reaped",
+         "count": JobClaim.objects.expired().count(), "level": "warn"},
+        {"id": "recently-expired", "label": "jobs expired in the last 24 hours",
+         "count": Job.objects.filter(status=states.EXPIRED,
+                                     completed_at__gte=now - RECENT).count(),
+         "level": "warn"},
+        {"id": "unseen-agents", "label": "job agents not seen lately",
+         "count": unseen_agent_count(now), "level": "warn"},
+        {"id": "paused-agents", "label": "job agents paused",
+         "count": JobAgent.objects.filter(paused_at__isnull=False).count(), "level": "warn"},
+        {"id": "reaper-stale", "label": "reaper stale: no sweep lately (last: "
+         f"{describe_age(last_run_at, now)})", "count": int(stale), "level": "alarm"},
+    ]
 
 
 def maintenance_rows(now, last_reaper_run) -> list[dict]:

@@ -7,6 +7,7 @@ One function per transition, each in the module that names it:
     lease.py     heartbeat, heartbeat_many, release_job
     report.py    report_status, report_many
     operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
+    pause.py     pause_job_agent, resume_job_agent (claims hand out nothing while paused)
     reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
                  (jobqueue.reaper loops them)
     logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
@@ -54,6 +55,7 @@ from .inputs import max_runtime_seconds as validate_max_runtime_seconds
 from .lease import heartbeat, heartbeat_many, release_job
 from .operator import cancel_job, mark_failed, requeue_job
 from .orm import claim_candidates
+from .pause import is_paused, pause_job_agent, resume_job_agent
 from .reap import count_expired_claims, expire_overdue_jobs_once, reap_expired_claims_once
 from .report import report_many, report_status
 from .results import (
@@ -91,13 +93,16 @@ __all__ = [
     "heartbeat",
     "heartbeat_interval_for",
     "heartbeat_many",
+    "is_paused",
     "lease_for",
     "mark_failed",
+    "pause_job_agent",
     "reap_expired_claims_once",
     "release_job",
     "report_many",
     "report_status",
     "requeue_job",
+    "resume_job_agent",
     "validate_lease_seconds",
     "validate_max_attempts",
     "validate_max_runtime_seconds",

@@ -12,12 +12,13 @@ import uuid
 from jobqueue import observe
 from jobqueue.actors import agent_actor
 from jobqueue.conf import jobqueue_settings
-from jobqueue.exceptions import JobNotClaimable
+from jobqueue.exceptions import AgentPaused, JobNotClaimable
 from jobqueue.models import Job, JobAgent
 
 from . import inputs
 from .backends import backend
 from .orm import attempt_deadline, lease_end
+from .pause import is_paused
 from .records import fetch_job
 from .results import ClaimGrant
 
@@ -66,8 +67,10 @@ def claim_job(job_agent: JobAgent, job_id: uuid.UUID) -> ClaimGrant:
     claimed = _claim(job_agent, 1, job_id)
     if claimed:
         return claimed[0]
-    # Tell "not yours / not there" (404) from "not claimable now" (409).
+    # Tell "not yours / not there" (404) from "paused" and "not claimable now" (409).
     fetch_job(job_id, job_agent_id=job_agent.id)
+    if is_paused(job_agent.id):
+        raise AgentPaused()
     raise JobNotClaimable()
 
 

@@ -20,7 +20,7 @@ from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
 from jobqueue.history import MESSAGE_CHARS
-from jobqueue.models import Job, JobClaim, JobEvent
+from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 
 from .artifacts import publish
 from .finished import write_outbox
@@ -110,6 +110,10 @@ class OrmBackend:
         with transaction.atomic():
             locked = list(claim_candidates(job_agent, candidates)[:limit])
             if not locked:
+                return [], None
+            # Paused: hand out nothing. SQLite holds the write lock here (BEGIN IMMEDIATE),
+            # so a pause cannot commit between this read and the claim below.
+            if JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=False).exists():
                 return [], None
             now = locked[0].db_now
             self._claim_locked(job_agent, locked, lease, now, actor)

@@ -138,9 +138,10 @@ class Stack:
     """One test's processes. `close()` ends every one of them, and their orphans. As a
     context manager: started with its API server, closed at the end."""
 
-    def __init__(self, tmp_path: Path, *, server_env: dict | None = None):
+    def __init__(self, tmp_path: Path, *, server_env: dict | None = None,
+                 db_url: str | None = None):
         self.tmp = tmp_path
-        self.db_url = database_url()
+        self.db_url = db_url or database_url()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.marker = f"e2e-{uuid.uuid4().hex[:12]}"
@@ -196,19 +197,28 @@ class Stack:
     # -- the API server --
 
     def start_server(self, workers: int = 2, threads: int = 8) -> Proc:
-        argv = [GUNICORN, "config.wsgi:application", "--bind", f"127.0.0.1:{self.port}",
-                "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
-                "--timeout", "60", "--graceful-timeout", "2", "--log-level", "warning"]
-        self.server = self._spawn("server", argv, self.env(**self.server_env))
-        wait_for(self._server_answers, 60, "the API server to answer",
-                 on_fail=lambda: self.server.output()[-3000:])
+        self.server = self.start_replica(self.port, workers, threads, name="server")
         return self.server
 
-    def _server_answers(self) -> bool:
-        if self.server is not None and not self.server.alive():
-            raise AssertionError("server exited:\n" + self.server.output()[-3000:])
+    def start_replica(self, port: int, workers: int = 2, threads: int = 8, *,
+                      name: str = "replica", access_log: Path | None = None) -> Proc:
+        """Another API server (gunicorn) on `port`, with the same environment; with
+        `access_log`, gunicorn writes every request's status there."""
+        argv = [GUNICORN, "config.wsgi:application", "--bind", f"127.0.0.1:{port}",
+                "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+                "--timeout", "60", "--graceful-timeout", "2", "--log-level", "warning"]
+        if access_log is not None:
+            argv += ["--access-logfile", str(access_log)]
+        proc = self._spawn(name, argv, self.env(**self.server_env))
+        wait_for(lambda: self._server_answers(proc, f"http://127.0.0.1:{port}"), 60,
+                 "the API server to answer", on_fail=lambda: proc.output()[-3000:])
+        return proc
+
+    def _server_answers(self, proc: Proc, url: str) -> bool:
+        if not proc.alive():
+            raise AssertionError("server exited:\n" + proc.output()[-3000:])
         try:
-            r = httpx.get(f"{self.url}/v1/workspaces/x/jobs", timeout=2)
+            r = httpx.get(f"{url}/v1/workspaces/x/jobs", timeout=2)
         except httpx.HTTPError:
             return False
         return r.status_code in (401, 403, 404)
@@ -223,7 +233,8 @@ class Stack:
     def start_agent(self, job_agent, token: str, name: str, *, concurrency: int = 1,
                     drain_timeout: float = 10, kill_grace: float = 1, idle_max: float = 0.5,
                     extra_env: dict | None = None, tmpdir: Path | None = None,
-                    address_space_bytes: int | None = None, wait_ready: bool = True) -> Proc:
+                    address_space_bytes: int | None = None, wait_ready: bool = True,
+                    server_url: str | None = None) -> Proc:
         """A `jobqueue-agent` process. Its TMPDIR (where its job directories go) is its own,
         tmp-<name>, unless `tmpdir` is given; `address_space_bytes` caps its memory
         (RLIMIT_AS: beyond it, allocations fail with MemoryError). With wait_ready (the
@@ -232,7 +243,7 @@ class Stack:
         tmpdir = tmpdir or self.tmp / f"tmp-{name}"
         tmpdir.mkdir(exist_ok=True)
         env = self.env(
-            JOBQUEUE_SERVER=self.url,
+            JOBQUEUE_SERVER=server_url or self.url,
             JOBQUEUE_WORKSPACE=job_agent.workspace_id,
             JOBQUEUE_AGENT=job_agent.id,
             JOBQUEUE_TOKEN=token,
@@ -318,7 +329,7 @@ class Stack:
         rest = [p for p in alive if p not in agents]
         for proc in rest:
             proc.signal(signal.SIGCONT)
-            if proc is self.server:  # gunicorn's quick shutdown: workers exit via sys.exit
+            if proc.name in ("server", "replica"):  # gunicorn quick shutdown: workers sys.exit
                 proc.signal(signal.SIGQUIT)
             elif proc.ready():
                 proc.signal(signal.SIGTERM)

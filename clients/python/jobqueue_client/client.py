@@ -84,7 +84,7 @@ class DeadlineExceeded(LeaseLost):
 
 
 class NotClaimable(ApiError):
-    """409 job_not_claimable."""
+    """409 job_not_claimable, or agent_paused (an operator paused the agent's claims)."""
 
 
 class Conflict(ApiError):
@@ -125,7 +125,7 @@ def error_from_response(response: httpx.Response) -> ApiError:
             cls = DeadlineExceeded
         elif code in LEASE_LOST_CODES:
             cls = LeaseLost
-        elif code == "job_not_claimable":
+        elif code in ("job_not_claimable", "agent_paused"):
             cls = NotClaimable
         else:
             cls = Conflict

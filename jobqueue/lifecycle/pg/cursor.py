@@ -35,9 +35,17 @@ def _preparing_cursor(conn):
 
 
 def new_cursor(raw_conn):
+    from django.db.backends.postgresql.base import ServerBindingCursor
     from psycopg.types.datetime import TimestamptzLoader
 
-    cur = _preparing_cursor(raw_conn)
+    from jobqueue.conf import jobqueue_settings
+
+    # JOBQUEUE_PREPARED_STATEMENTS=0 (a transaction-mode pooler): the same statements,
+    # bound on the server in unnamed statements, which PgBouncer 1.18 passes through.
+    if jobqueue_settings()["PREPARED_STATEMENTS"]:
+        cur = _preparing_cursor(raw_conn)
+    else:
+        cur = ServerBindingCursor(raw_conn)
     # psycopg's own timestamptz loader (its C version) instead of Django's pure-Python
     # subclass: it yields the session's time zone, which Django keeps equal to
     # db.timezone; pg/rows.py then sets db.timezone's tzinfo as Django's would.

@@ -29,14 +29,27 @@ JOB_COLUMNS = ", ".join(f'job."{f.column}"' for f in Job._meta.concrete_fields)
 _DEADLINE = ("LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => max_runtime_seconds), "
              "expires_at)")
 
-# After the locked CTE: the guarded UPDATE (status still 'queued'), then the claim rows and
-# the events, all from the rows that UPDATE returned; answered in claim order.
+# After the locked CTE: the gate (the agent is not paused), the guarded UPDATE (status still
+# 'queued'), then the claim rows and the events, all from the rows that UPDATE returned;
+# answered in claim order.
+#
+# The gate reads the agent's paused_at under FOR SHARE, and only when there is a job to hand
+# out (an empty poll locks nothing). A pause is an UPDATE of that row: it waits for the
+# claims that hold the share lock, and a claim that meets the pause's lock waits for it and
+# then re-reads the row (READ COMMITTED re-checks a locked row's WHERE), so no claim hands
+# out a job once a pause has committed. The foreign-key check of the claim row takes a KEY
+# SHARE lock on the same row anyway.
 _CLAIM_LOCKED = """
+), gate AS MATERIALIZED (
+    SELECT job_agent.id FROM job_agent
+    WHERE job_agent.id = %(agent)s AND job_agent.paused_at IS NULL
+      AND EXISTS (SELECT 1 FROM locked)
+    FOR SHARE
 ), claimed AS (
     UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
         last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
         updated_at = STATEMENT_TIMESTAMP()
-    FROM locked WHERE job.id = locked.id AND job.status = 'queued'
+    FROM locked, gate WHERE job.id = locked.id AND job.status = 'queued'
     RETURNING """ + JOB_COLUMNS + """
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,

@@ -1,5 +1,6 @@
-"""A real browser (Debian's headless Chromium) logs into the admin on a live server, opens the
-Recovery page, requeues a job that ended expired with the admin action, and checks the result.
+"""A real browser (Debian's headless Chromium) logs into the admin on a live server, finds the
+Recovery page from the admin index's "Needs attention" panel, sees its charts, requeues a job
+that ended expired with the admin action, and checks the result.
 
 It saves screenshots of each step: under var/screenshots/ by default, so that a test run leaves
 the working tree clean, and into docs/screenshots/ (the ones README.md shows, committed) with
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jobqueue import reaper, states
+from jobqueue import lifecycle, reaper, states
+from jobqueue.db import NowPlusSeconds
 from jobqueue.models import Job, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
 from tests.utils import ROOT
@@ -73,6 +75,15 @@ def scene(django_user_model):
     claimed_job(job_agent=deployer, dispatch_context={"password": SECRET})
     stuck, _ = claimed_job(job_agent=deployer, dispatch_context={"password": SECRET})
     expire_lease(stuck, seconds_ago=40)
+    # Something for the charts: jobs created over the last hours, finished in the last minutes.
+    for i, status in enumerate([states.SUCCESSFUL] * 9 + [states.FAILURE] * 3):
+        job, _ = lifecycle.create_job(workspace=deployer.workspace, job_agent=deployer)
+        grant = lifecycle.claim_job(deployer, job.id)
+        lifecycle.report_status(job.id, grant.claim_id, status)
+        JobEvent.objects.filter(job_id=job.id).update(created_at=NowPlusSeconds(-60 * (i % 6)))
+        JobEvent.objects.filter(job_id=job.id, kind=JobEvent.CREATED).update(
+            created_at=NowPlusSeconds(-3600 * (2 + i))
+        )
     return {"dead": dead, "stuck": stuck}
 
 
@@ -98,13 +109,26 @@ def test_operator_requeues_an_expired_job_from_the_recovery_page(live_server, br
     from selenium.webdriver.support.ui import Select
 
     dead = scene["dead"]
-    browser.get(live_server.url + "/admin/login/?next=/admin/jobqueue/job/recovery/")
+    browser.get(live_server.url + "/admin/login/?next=/admin/")
     wait_for(browser, "#id_username").send_keys("olga")
     browser.find_element(By.ID, "id_password").send_keys("pw-olga-browser")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
 
+    # The admin index leads with what needs attention, and links the Recovery page.
+    panel = wait_for(browser, "#needs-attention")
+    expired_row = browser.find_element(By.ID, "attention-expired-leases").text
+    assert expired_row.endswith("1"), expired_row
+    assert browser.find_element(By.ID, "attention-recently-expired").text.endswith("1")
+    shot(browser, "admin-index.png")
+    panel.find_element(By.CSS_SELECTOR, "h2 a").click()
+
     # The Recovery page: the stuck lease and the job that ended expired are both there.
     wait_for(browser, "#recently-expired")
+    # The charts are drawn on the server: inline SVG, one bar per minute with jobs.
+    bars = browser.find_elements(By.CSS_SELECTOR, "#finished-chart svg rect")
+    assert sum(int(b.get_attribute("data-count")) for b in bars) == 13  # + the expired one
+    assert browser.find_element(By.CSS_SELECTOR, "#finished-chart svg").size["height"] == 200
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#depth-chart svg circle")) == 24
     assert browser.find_element(By.TAG_NAME, "h1").text == "Recovery"
     expired_section = browser.find_element(By.ID, "recently-expired").text
     assert str(dead.id) in expired_section

@@ -44,6 +44,8 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w"):
         ("list_agents", "GET", "job-agents", None),
         ("create_agent", "POST", "job-agents", {"name": "intruder"}),
         ("get_agent", "GET", f"job-agents/{agent_id}", None),
+        ("pause_agent", "POST", f"job-agents/{agent_id}/pause", None),
+        ("resume_agent", "POST", f"job-agents/{agent_id}/resume", None),
         ("issue_token", "POST", f"job-agents/{agent_id}/tokens", {"name": "x"}),
         ("revoke_token", "DELETE", f"job-agents/{agent_id}/tokens/{token_id}", None),
         ("list_webhooks", "GET", "webhooks", None),
@@ -74,7 +76,7 @@ def _snapshot():
     return (
         sorted(Job.objects.values_list("id", "status", "attempt", "updated_at")),
         JobEvent.objects.count(),
-        JobAgent.objects.count(),
+        sorted(JobAgent.objects.values_list("id", "paused_at")),
         sorted(AgentToken.objects.values_list("id", "revoked_at")),
         sorted(WebhookEndpoint.objects.values_list("id", flat=True)),
         sorted(JobLog.objects.values_list("job_id", "attempt", "length")),

@@ -98,7 +98,7 @@ def test_claim_statements_say_what_the_orm_says_is_claimable_and_in_which_order(
     assert expected["order"] == ["priority DESC", "available_at", "created_at"]
 
     def locking(statement):
-        body = statement.split("WITH locked AS MATERIALIZED (", 1)[1].split("), claimed", 1)[0]
+        body = statement.split("WITH locked AS MATERIALIZED (", 1)[1].split("), gate", 1)[0]
         if "ORDER BY" not in body:  # the named claim: one row, no order to keep
             body = body.replace(" FOR ", " ORDER BY priority DESC, available_at, created_at FOR ")
         return "SELECT id FROM job " + body.split("FROM job", 1)[1], ()

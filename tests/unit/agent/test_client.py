@@ -67,6 +67,7 @@ def response(status, body=None, headers=None, raw=None):
     (409, "job_finished", api.LeaseLost),
     (409, "deadline_exceeded", api.DeadlineExceeded),
     (409, "job_not_claimable", api.NotClaimable),
+    (409, "agent_paused", api.NotClaimable),
     (409, "invalid_transition", api.Conflict),
     (400, "validation_error", api.InvalidRequest),
     (413, "payload_too_large", api.InvalidRequest),

@@ -23,6 +23,7 @@ def handled(exc):
     (domain.NotFound(), 404, "not_found"),
     (domain.InvalidInput("bad"), 400, "validation_error"),
     (domain.JobNotClaimable(), 409, "job_not_claimable"),
+    (domain.AgentPaused(), 409, "agent_paused"),
     (domain.ClaimSuperseded(), 409, "claim_superseded"),
     (domain.LeaseExpired(), 409, "lease_expired"),
     (domain.JobCancelled(), 409, "job_cancelled"),
