@@ -7,7 +7,7 @@ from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from jobqueue import observe, states
+from jobqueue import observe, states, wakeups
 from jobqueue.actors import REAPER
 from jobqueue.models import Job, JobClaim, JobEvent
 
@@ -37,7 +37,8 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
             .order_by("job_id")  # claim rows in job_id order, as heartbeat_many locks them
             .select_for_update(of=("self",))
             .select_related("job")
-            .only("job_id", "claim_id", "attempt", "job__attempt", "job__max_attempts")
+            .only("job_id", "claim_id", "attempt", "job__attempt", "job__max_attempts",
+                  "job__job_agent_id")
         )
         if not expired_claims:
             return ReapResult(batches=1)
@@ -61,6 +62,11 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
         JobEvent.objects.bulk_create(
             event(c.job_id, JobEvent.EXPIRED if c.job_id in expiring else JobEvent.REAPED,
                   attempt=c.attempt, actor=actor, claim_id=c.claim_id)
+            for c in expired_claims
+        )
+        wakeups.announce_many(  # requeued: a waiting agent; expired: a waiting producer
+            wakeups.job_key(c.job_id) if c.job_id in expiring
+            else wakeups.agent_key(c.job.job_agent_id)
             for c in expired_claims
         )
     observe.emit("reaped", requeued=requeued, expired=expired)

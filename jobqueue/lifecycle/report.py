@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from jobqueue import observe, states
+from jobqueue import observe, states, wakeups
 from jobqueue.actors import agent_actor
 from jobqueue.models import Job
 
@@ -43,6 +43,7 @@ def report_status(
         if status == states.IN_PROGRESS:
             observe.emit("progress", job_agent_id=job.job_agent_id)
         else:
+            _announce_ended([job.id])
             observe.emit("reported", job_agent_id=job.job_agent_id, status=status)
         return job
     # Nothing changed: refused, or a retried terminal report after a lost answer.
@@ -71,6 +72,7 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     if rest:
         codes, facts = refuse(rest, STATUS, actor=actor, workspace_id=workspace_id,
                               job_agent_id=job_agent_id)
+    _announce_ended(list(done))
     results = []
     for r in reports:
         if r.job_id in done:
@@ -81,3 +83,10 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
         else:
             results.append(ReportOutcome(r.job_id, False, code=codes[r.job_id]))
     return BatchReportResult(results=results)
+
+
+def _announce_ended(job_ids) -> None:
+    """Wake the producers waiting for these jobs; PostgreSQL's report statements already
+    did (pg/statements.py), in the statement itself."""
+    if backend().vendor != "postgresql":
+        wakeups.announce_many(wakeups.job_key(job_id) for job_id in job_ids)

@@ -196,8 +196,9 @@ class Stack:
     # -- the API server --
 
     def start_server(self, workers: int = 2, threads: int = 8) -> Proc:
-        argv = [GUNICORN, "config.wsgi:application", "--bind", f"127.0.0.1:{self.port}",
-                "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+        argv = [GUNICORN, "-c", str(ROOT / "config" / "gunicorn.conf.py"),
+                "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers),
+                "--threads", str(threads),
                 "--timeout", "60", "--graceful-timeout", "2", "--log-level", "warning"]
         self.server = self._spawn("server", argv, self.env(**self.server_env))
         wait_for(self._server_answers, 60, "the API server to answer",

@@ -16,6 +16,7 @@ The job's columns are named (JOB_COLUMNS), never `job.*`: a prepared `RETURNING 
 column to `job`.
 """
 
+from jobqueue import wakeups
 from jobqueue.models import Job
 
 JOB_COLUMNS = ", ".join(f'job."{f.column}"' for f in Job._meta.concrete_fields)
@@ -93,6 +94,12 @@ _REPORT_EVENT = """
 # JobSetStateIfRunning: end the job with a terminal status if %(claim)s is still its claim.
 # The UPDATE locks the job row and requires the claim row (same claim_id) in its WHERE; the
 # claim row is then deleted from the UPDATE's rows (locked second). claims_deleted is 1.
+# A terminal report tells the producers waiting for its jobs (jobqueue.wakeups) in the same
+# statement: NOTIFY is delivered on commit. The CTE runs because the final SELECT counts it.
+_NOTIFY_ENDED = """
+    SELECT pg_notify('""" + wakeups.CHANNEL + """', 'j:' || done.id::text) FROM done
+)"""
+
 JOB_SET_STATE_IF_RUNNING = """
 WITH done AS (
     UPDATE job SET status = %(status)s, completed_at = STATEMENT_TIMESTAMP(),""" + \
@@ -104,8 +111,9 @@ WITH done AS (
 ), gone AS (
     DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
     RETURNING c.job_id
-), event AS (""" + _REPORT_EVENT + """
-SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
+), event AS (""" + _REPORT_EVENT + """, notified AS (""" + _NOTIFY_ENDED + """
+SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted
+FROM done CROSS JOIN (SELECT count(*) FROM notified) AS n
 """
 
 # JobSetProgressIfRunning: record progress (message, result, external_id) if %(claim)s is
@@ -160,8 +168,9 @@ WITH req AS (
            jsonb_build_object('status', done.status, 'has_result', req.result IS NOT NULL),
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
-)
-SELECT done.id, done.status, done.completed_at, (SELECT count(*) FROM gone) FROM done
+), notified AS (""" + _NOTIFY_ENDED + """
+SELECT done.id, done.status, done.completed_at, (SELECT count(*) FROM gone)
+FROM done CROSS JOIN (SELECT count(*) FROM notified) AS n
 """
 
 # --- heartbeats (job_claim only, never job) ---------------------------------------------------
