@@ -204,6 +204,10 @@ JOBQUEUE = {
     # PostgreSQL: the listener's own connection (LISTEN needs a session: behind PgBouncer
     # in transaction mode, name a direct connection). Default: DATABASE_URL's database.
     "LISTEN_DATABASE_URL": env.str("JOBQUEUE_LISTEN_DATABASE_URL", default=""),
+    # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
+    # keeps: a report over either is refused (400 validation_error) and changes nothing.
+    "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),
+    "MAX_RESULT_BYTES": env.int("JOBQUEUE_MAX_RESULT_BYTES", 1024 * 1024),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

@@ -35,6 +35,7 @@ def report_status(
     """Record progress (status in_progress) or end the job (a terminal status). None for
     message, result or external_id keeps the job's value."""
     inputs.reportable_status(status)
+    inputs.report_content(message, result)
     actor = agent_actor(job_agent_id) if job_agent_id else ""
     job = backend().report(job_id, claim_id, status, actor, message=message, result=result,
                            external_id=external_id, job_agent_id=job_agent_id,
