@@ -401,10 +401,12 @@ def wait_until(key: str, wait_seconds: float, check: Callable[[], object], *,
     waiter = hub().register(key, capped=capped) if wait_seconds > 0 else None
     if waiter is None:
         return check()
+    waited = False
     try:
         result = check()  # after register: an announcement from now on is not missed
         if result:
             return result
+        waited = True
         _release_connection()
         deadline = time.monotonic() + wait_seconds
         while True:
@@ -423,16 +425,10 @@ def wait_until(key: str, wait_seconds: float, check: Callable[[], object], *,
         return check()
     finally:
         hub().unregister(waiter)
-        _expire_connection()
-
-
-def _expire_connection() -> None:
-    """The connection a wait's last check opened ends with the request (Django closes it at
-    request_finished), not CONN_MAX_AGE later: a server holding many waits would otherwise
-    keep a connection per thread that ever waited."""
-    db = connections[DEFAULT_DB_ALIAS]
-    if not db.in_atomic_block and db.connection is not None:
-        db.close_at = time.monotonic()
+        if waited:
+            # Close now, not when the request ends: a burst of wake-ups would otherwise hold
+            # a connection per answered wait until its answer is written.
+            _release_connection()
 
 
 def _release_connection() -> None:
