@@ -6,11 +6,13 @@ claim views render. Every other job shape leaves it out (the detail shows its ke
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from jobqueue import states
-from jobqueue.models import JobAgent
+from jobqueue.models import JobAgent, WebhookDelivery, WebhookEndpoint
 
 INT32_MAX = 2**31 - 1
 
@@ -31,6 +33,15 @@ class StrictIntegerField(serializers.IntegerField):
         if not isinstance(data, int) or isinstance(data, bool):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """true or false, as JSON booleans only (DRF's field also takes "yes", 1, "on"...)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input="")
+        return data
 
 
 class StrictChoiceField(serializers.ChoiceField):
@@ -77,6 +88,9 @@ class JobSummarySerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     priority = serializers.IntegerField()
+    retry_backoff_seconds = serializers.IntegerField(source="effective_retry_backoff_seconds")
+    max_runtime_seconds = serializers.IntegerField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
     available_at = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
@@ -170,10 +184,32 @@ class EventSerializer(serializers.Serializer):
         ref_name = "JobEvent"
 
 
+class AttemptSerializer(serializers.Serializer):
+    """One attempt, derived from the job's timeline."""
+
+    number = serializers.IntegerField()
+    claimed_at = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True, help_text="null while it runs.")
+    outcome = serializers.ChoiceField(
+        choices=["successful", "failure", "cancelled", "retrying", "released", "reaped",
+                 "timed_out", "superseded"],
+        allow_null=True, help_text="How it ended (null while it runs).",
+    )
+    message = serializers.CharField(
+        allow_blank=True,
+        help_text="The report's message (its first 200 characters), the release's reason, or "
+        "why the service ended it.",
+    )
+
+    class Meta:
+        ref_name = "Attempt"
+
+
 class JobDetailSerializer(JobSerializer):
     dispatch_context_keys = serializers.SerializerMethodField()
     claim = serializers.SerializerMethodField()
     events = serializers.SerializerMethodField()
+    attempts = serializers.SerializerMethodField()
 
     class Meta:
         ref_name = "JobDetail"
@@ -190,6 +226,10 @@ class JobDetailSerializer(JobSerializer):
     @extend_schema_field(EventSerializer(many=True))
     def get_events(self, job):
         return EventSerializer(self.context.get("events", []), many=True).data
+
+    @extend_schema_field(AttemptSerializer(many=True))
+    def get_attempts(self, job):
+        return AttemptSerializer(self.context.get("attempts", []), many=True).data
 
 
 # --- claims ------------------------------------------------------------------------------
@@ -281,6 +321,12 @@ class StatusInput(serializers.Serializer):
     external_id = serializers.CharField(
         required=False, allow_blank=True, max_length=255, trim_whitespace=False
     )
+    retry = StrictBooleanField(
+        required=False, default=False,
+        help_text="With status `failure`: a retryable failure. While attempts remain the job "
+        "goes back to `queued`, claimable after an exponential backoff; on the last attempt "
+        "it ends `failure`.",
+    )
 
     class Meta:
         ref_name = "StatusReport"
@@ -318,6 +364,25 @@ class JobCreateInput(serializers.Serializer):
     delay_seconds = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=10**8
     )
+    retry_backoff_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=INT32_MAX,
+        help_text="The wait before the first retry of a retryable failure, doubled per "
+        "attempt (default JOBQUEUE_RETRY_BACKOFF_SECONDS; at most "
+        "JOBQUEUE_MAX_RETRY_BACKOFF_SECONDS).",
+    )
+    max_runtime_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        help_text="How long one attempt may run from its claim, heartbeats or not (default: "
+        "the job agent's, else no limit; bounded by JOBQUEUE_MIN_MAX_RUNTIME_SECONDS.."
+        "JOBQUEUE_MAX_MAX_RUNTIME_SECONDS). Past it the attempt ends: queued again while "
+        "attempts remain, else expired.",
+    )
+    expires_at = serializers.DateTimeField(
+        required=False, allow_null=True,
+        help_text="When the whole job must be finished (in the future, at most "
+        "JOBQUEUE_MAX_EXPIRES_IN_SECONDS ahead). Past it the job is never claimed and ends "
+        "expired, running or not.",
+    )
     external_id = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=255, trim_whitespace=False
     )
@@ -351,6 +416,7 @@ class JobAgentSerializer(serializers.Serializer):
     type = serializers.CharField()
     lease_seconds = serializers.IntegerField(source="effective_lease_seconds")
     max_attempts = serializers.IntegerField(source="effective_max_attempts")
+    max_runtime_seconds = serializers.IntegerField(allow_null=True)
     created_at = serializers.DateTimeField()
     health = serializers.SerializerMethodField()
 
@@ -377,6 +443,10 @@ class JobAgentCreateInput(serializers.Serializer):
     max_attempts = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
         help_text="Bounded by 1..JOBQUEUE_MAX_MAX_ATTEMPTS.",
+    )
+    max_runtime_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        help_text="The max_runtime_seconds of its jobs that set none (default: no limit).",
     )
 
     class Meta:
@@ -426,3 +496,75 @@ JobAgentPage = page_of(JobAgentSerializer, "JobAgentPage")
 JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", "attempt",
                  "max_attempts", "priority", "available_at", "created_at", "started_at",
                  "completed_at", "updated_at", "idempotency_key"]
+
+
+# --- webhooks ------------------------------------------------------------------------------
+
+
+class WebhookUrlField(serializers.CharField):
+    """An http(s) URL with a host; the error never repeats it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=2000, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        try:
+            parts = urlsplit(value)
+            port_ok = parts.port is None or parts.port > 0
+        except ValueError:
+            port_ok = False
+            parts = None
+        if (parts is None or not port_ok or parts.scheme not in ("http", "https")
+                or not parts.hostname or parts.username is not None or any(
+                    c.isspace() or ord(c) < 32 for c in value)):
+            raise serializers.ValidationError("Must be an http or https URL with a host.")
+        return value
+
+
+class WebhookCreateInput(serializers.Serializer):
+    url = WebhookUrlField()
+    events = serializers.ListField(
+        child=StrictChoiceField(choices=list(WebhookEndpoint.EVENTS)), required=False,
+        max_length=len(WebhookEndpoint.EVENTS),
+        help_text="The events to send; omitted or empty: all of them.")
+
+    class Meta:
+        ref_name = "WebhookCreate"
+
+
+class WebhookSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    url = serializers.CharField()
+    events = serializers.ListField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "Webhook"
+
+
+class WebhookCreatedSerializer(WebhookSerializer):
+    secret = serializers.CharField(help_text="The signing secret: shown once, never again.")
+
+    class Meta:
+        ref_name = "WebhookCreated"
+
+
+class WebhookDeliverySerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    event = serializers.CharField()
+    job_id = serializers.UUIDField(allow_null=True)
+    status = serializers.ChoiceField(choices=WebhookDelivery.STATUSES)
+    attempts = serializers.IntegerField()
+    next_attempt_at = serializers.DateTimeField()
+    created_at = serializers.DateTimeField()
+    last_attempt_at = serializers.DateTimeField(allow_null=True)
+    last_status_code = serializers.IntegerField(allow_null=True)
+    last_error = serializers.CharField(allow_blank=True)
+
+    class Meta:
+        ref_name = "WebhookDelivery"
+
+
+WebhookPage = page_of(WebhookSerializer, "WebhookPage")
+WebhookDeliveryPage = page_of(WebhookDeliverySerializer, "WebhookDeliveryPage")

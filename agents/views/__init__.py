@@ -8,5 +8,6 @@ the others need the key.
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
 from .tokens import TokenViewSet
+from .webhooks import WebhookViewSet
 
-__all__ = ["JobAgentViewSet", "JobViewSet", "TokenViewSet"]
+__all__ = ["JobAgentViewSet", "JobViewSet", "TokenViewSet", "WebhookViewSet"]

@@ -9,12 +9,17 @@ One function per transition, each in the module that names it:
     lease.py     heartbeat, heartbeat_many, release_job
     report.py    report_status, report_many
     operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
-    reap.py      reap_expired_claims_once, count_expired_claims (jobqueue.reaper loops it)
+    reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
+                 (jobqueue.reaper loops them)
 
 and what they share:
 
     inputs.py    typed input values (ClaimRef, ReportItem) and one validator per rule
     refusals.py  explain_refusal: why a write with a claim_id changed nothing (every path)
+    finished.py  announce_finished: the webhook outbox rows (in the transition's transaction)
+                 and jobqueue.signals.job_finished on commit, once per job a transition
+                 ended (every path that ends jobs calls it)
+    prune.py     retention's batch: finished jobs and every row that refers to them
     results.py   what they answer (ClaimGrant, HeartbeatResult, outcomes of batches)
     records.py   jobs in a caller's scope, job events
     backends.py  the backend, chosen once per connection by its vendor:
@@ -51,11 +56,12 @@ from .create import create_job, create_job_agent, dispatch_job
 from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
 from .inputs import lease_seconds as validate_lease_seconds
 from .inputs import max_attempts as validate_max_attempts
+from .inputs import max_runtime_seconds as validate_max_runtime_seconds
 from .inputs import wait_seconds as validate_wait_seconds
 from .lease import heartbeat, heartbeat_many, release_job
 from .operator import cancel_job, mark_failed, requeue_job
 from .orm import claim_candidates
-from .reap import count_expired_claims, reap_expired_claims_once
+from .reap import count_expired_claims, expire_overdue_jobs_once, reap_expired_claims_once
 from .report import report_many, report_status
 from .results import (
     BatchHeartbeatResult,
@@ -89,6 +95,7 @@ __all__ = [
     "create_job",
     "create_job_agent",
     "dispatch_job",
+    "expire_overdue_jobs_once",
     "heartbeat",
     "heartbeat_interval_for",
     "heartbeat_many",
@@ -103,4 +110,5 @@ __all__ = [
     "validate_max_attempts",
     "validate_wait_seconds",
     "wait_for_job_end",
+    "validate_max_runtime_seconds",
 ]

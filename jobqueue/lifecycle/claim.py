@@ -18,6 +18,7 @@ from jobqueue.models import Job, JobAgent
 
 from . import inputs
 from .backends import backend
+from .orm import attempt_deadline, lease_end
 from .records import fetch_job, scoped_jobs
 from .results import ClaimGrant
 
@@ -43,8 +44,8 @@ def _claim(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None) -> 
 
 
 def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
-    """What a claim returns for jobs just claimed at the database time `now`."""
-    expires = now + dt.timedelta(seconds=lease)
+    """What a claim returns for jobs just claimed at the database time `now` (the lease
+    capped at the attempt's deadline, as stored)."""
     interval = heartbeat_interval_for(lease)
     return [
         ClaimGrant(
@@ -53,7 +54,7 @@ def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
             attempt=job.attempt,
             lease_seconds=lease,
             claimed_at=now,
-            claim_expires_at=expires,
+            claim_expires_at=lease_end(now, lease, attempt_deadline(job, now)),
             heartbeat_interval_seconds=interval,
             server_time=now,
         )

@@ -22,6 +22,7 @@ from jobqueue.models import Job, JobClaim, JobEvent
 
 from . import inputs
 from .backends import backend
+from .orm import within_deadline
 from .records import event, scoped_jobs
 from .refusals import HEARTBEAT, RELEASE, refuse, refuse_one
 from .results import BatchHeartbeatResult, HeartbeatOutcome, HeartbeatResult
@@ -87,7 +88,8 @@ def release_job(
     with transaction.atomic():
         n = (
             scoped_jobs(workspace_id, job_agent_id)
-            .filter(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_id)
+            .filter(within_deadline(), id=job_id, status=states.IN_PROGRESS,
+                    last_claim_id=claim_id)
             .update(status=states.QUEUED, available_at=NowPlusSeconds(retry_after_seconds),
                     updated_at=Now())
         )

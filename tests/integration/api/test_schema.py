@@ -102,7 +102,8 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "jobs/{job_id}/release", "jobs", "jobs/{job_id}", "jobs/{job_id}/cancel",
         "jobs/{job_id}/requeue", "jobs/{job_id}/dispatch", "job-agents",
         "job-agents/{agent_id}", "job-agents/{agent_id}/tokens",
-        "job-agents/{agent_id}/tokens/{token_id}",
+        "job-agents/{agent_id}/tokens/{token_id}", "webhooks", "webhooks/{webhook_id}",
+        "webhooks/{webhook_id}/deliveries",
     ]:
         assert base + path in paths, path
     schemes = doc["components"]["securitySchemes"]
