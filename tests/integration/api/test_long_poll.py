@@ -244,7 +244,7 @@ def test_heartbeats_are_not_slowed_by_200_held_waits(server):
             for _ in range(200):  # a producer's pace, not one burst (the database is shared)
                 jobs.append(lifecycle.create_job(workspace=world.workspace,
                                                  job_agent=world.agent)[0])
-                time.sleep(0.005)
+                time.sleep(0.02)
             answers = [_answer(s) for s in socks]
         finally:
             for s in socks:
