@@ -7,7 +7,8 @@ the others need the key.
 
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
+from .outputs import JobOutputViewSet
 from .tokens import TokenViewSet
 from .webhooks import WebhookViewSet
 
-__all__ = ["JobAgentViewSet", "JobViewSet", "TokenViewSet", "WebhookViewSet"]
+__all__ = ["JobAgentViewSet", "JobOutputViewSet", "JobViewSet", "TokenViewSet", "WebhookViewSet"]

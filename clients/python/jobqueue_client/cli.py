@@ -41,6 +41,7 @@ ENV = {
     "idle_max": "JOBQUEUE_IDLE_MAX",
     "wait_seconds": "JOBQUEUE_WAIT_SECONDS",
     "log_level": "JOBQUEUE_LOG_LEVEL",
+    "log_interval": "JOBQUEUE_LOG_INTERVAL",
 }
 
 
@@ -71,6 +72,13 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
     return value
 
 
@@ -113,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "is claimable (default 50, the server's default maximum; a server "
                              "with a lower one is asked for less; 0: poll with --idle-max "
                              "backoff) [JOBQUEUE_WAIT_SECONDS]")
+    parser.add_argument("--log-interval", type=_positive_float,
+                        default=env.get(ENV["log_interval"], "3"),
+                        help="seconds between two sends of the job's output to its log on "
+                             "the server (default 3; and at the end) [JOBQUEUE_LOG_INTERVAL]")
     parser.add_argument("--log-level", default=env.get(ENV["log_level"], "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="default INFO [JOBQUEUE_LOG_LEVEL]")
@@ -166,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         idle_min=min(0.2, args.idle_max) or 0.05,
         idle_max=max(args.idle_max, 0.05),
         wait_seconds=args.wait_seconds,
+        log_interval=args.log_interval,
     ))
     for _ in early:
         agent.request_stop()

@@ -323,3 +323,21 @@ def test_errors_answered_by_the_server_are_raised_typed():
     assert exc.value.code == "lease_expired"
     with pytest.raises(api.AuthError):
         c.list_jobs()
+
+
+def test_an_empty_log_append_sends_no_range_and_answers_the_length():
+    import httpx
+    from jobqueue_client.client import AgentClient
+
+    seen = []
+
+    def server(request):
+        seen.append(request)
+        return httpx.Response(202, json={"attempt": 1, "length": 7})
+
+    client = AgentClient("http://jq.test", "ws", "ag", "jqa_0123456789ab_s",
+                         transport=httpx.MockTransport(server))
+    assert client.append_log("j", "c", b"", 7) == 7
+    assert "Content-Range" not in seen[0].headers
+    assert seen[0].headers["X-Claim-Id"] == "c"
+    client.close()
