@@ -44,8 +44,8 @@ run: migrate
 	$(BIN)/python manage.py run_maintenance --loop & MAINTENANCE=$$!; \
 	trap 'kill -TERM $$MAINTENANCE 2>/dev/null; wait $$MAINTENANCE 2>/dev/null' EXIT INT TERM; \
 	PROMETHEUS_MULTIPROC_DIR="$(abspath $(PROMETHEUS_DIR))" \
-	$(BIN)/gunicorn config.wsgi:application --bind $(HOST):$(PORT) --workers $(WORKERS) \
-	  --access-logfile - --graceful-timeout 10
+	$(BIN)/gunicorn -c config/gunicorn.conf.py --bind $(HOST):$(PORT) --workers $(WORKERS) \
+	  --access-logfile -
 
 # Installs the test tools, then runs the suite in three passes: the unit layer (tests/unit,
 # no database at all), then integration + acceptance (tests/integration, tests/e2e) on SQLite

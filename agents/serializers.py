@@ -26,6 +26,15 @@ class StrictUUIDField(serializers.UUIDField):
         return super().to_internal_value(data)
 
 
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer (DRF's field would also take "5", 5.0 or true)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, int) or isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class StrictBooleanField(serializers.BooleanField):
     """true or false, as JSON booleans only (DRF's field also takes "yes", 1, "on"...)."""
 
@@ -262,6 +271,15 @@ class ClaimNextInput(serializers.Serializer):
         max_value=10_000,
         help_text="Batch claim: up to this many jobs (bounded by JOBQUEUE_MAX_CLAIM_BATCH); "
         "the answer is then {\"claims\": [...]} and never 204.",
+    )
+    wait_seconds = StrictIntegerField(
+        required=False,
+        min_value=0,
+        max_value=86_400,
+        help_text="Long-poll: with nothing claimable, hold the request up to this many seconds "
+        "(0 to JOBQUEUE_MAX_CLAIM_WAIT_SECONDS, default 50; beyond it is a 400) until a job "
+        "becomes claimable for this agent, then claim it; after the wait, 204 (or "
+        "{\"claims\": []}). A server holding its maximum of waits answers at once.",
     )
 
     class Meta:

@@ -15,6 +15,10 @@ Scenarios (each verifies its own outcome before it reports):
   growth     claim-next latency with 10,000 vs 1,000,000 finished jobs; poll latency with
              10,000 queued jobs
   reaper     time to reap many expired claims at a few batch sizes
+  pickup     long-poll: latency from POST jobs to the waiting agent holding the claim with
+             1/100/1000 idle waiting agents, next to a polling agent (idle backoff up to
+             5 s), and the database's transactions per second while they wait on an empty
+             queue
 
 Every drain (core, peers) is timed on the database's clock from all workers ready to the
 last completion recorded (benchmarks.common.run_drain), verified, and followed by a pgbench
@@ -78,6 +82,10 @@ DEFAULTS = {
     "BENCH_POLL_QUEUED": 10_000,
     "BENCH_REAPER_CLAIMS": 100_000,
     "BENCH_REAPER_BATCHES": "100,500,2000",
+    "BENCH_PICKUP_AGENTS": "1,100,1000",
+    "BENCH_PICKUP_JOBS": 50,
+    "BENCH_PICKUP_POLL_JOBS": 8,
+    "BENCH_PICKUP_WORKERS": 5,
 }
 DB = db_name("core")
 APP_PY = str(ROOT / ".venv" / "bin" / "python")
@@ -586,7 +594,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_gunicorn(workers):
+def start_gunicorn(workers, threads=None):
     port = free_port()
     env = {**os.environ, "DATABASE_URL": db_url(DB),
            "DJANGO_SETTINGS_MODULE": "benchmarks.bench_settings", "PYTHONPATH": str(ROOT),
@@ -594,8 +602,11 @@ def start_gunicorn(workers):
     (ROOT / "var").mkdir(exist_ok=True)
     errlog = open(ROOT / "var" / "bench-gunicorn.log", "w")  # noqa: SIM115 - lives with proc
     proc = subprocess.Popen(
-        [str(ROOT / ".venv" / "bin" / "gunicorn"), "config.wsgi:application", "--bind",
-         f"127.0.0.1:{port}", "--workers", str(workers), "--log-level", "warning"],
+        [str(ROOT / ".venv" / "bin" / "gunicorn"), "-c",
+         str(ROOT / "config" / "gunicorn.conf.py"), "--bind", f"127.0.0.1:{port}",
+         "--workers", str(workers), "--log-level", "warning",
+         *(["--threads", str(threads)] if threads else []),
+         *os.environ.get("BENCH_GUNICORN_ARGS", "").split()],  # e.g. "--worker-class sync"
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errlog, text=True,
     )
     import logging
@@ -697,8 +708,9 @@ def verify_http(agent, n):
 
 def http_table(res):
     lines = [
-        f"gunicorn with {res['gunicorn_workers']} sync workers on PostgreSQL; each agent process "
-        f"loops claim-next → one heartbeat → terminal report over keep-alive HTTP; "
+        f"gunicorn with {res['gunicorn_workers']} gthread workers (config/gunicorn.conf.py) on "
+        "PostgreSQL; each agent process loops claim-next → one heartbeat → terminal report "
+        "over keep-alive HTTP; "
         f"{res['jobs']:,} jobs per run, median of {res['reps']} runs. The trivial endpoint "
         "authenticates the same agent token and runs one query (the framework's limit). "
         "Cost ratio = p50 of the endpoint / p50 of the trivial endpoint.",
@@ -965,6 +977,133 @@ def _int_keys(value):
 
 
 
+# --- pickup: long-poll ----------------------------------------------------------------------
+
+
+def _xact_commits():
+    return sql("SELECT xact_commit + xact_rollback FROM pg_stat_database "
+               "WHERE datname = current_database()", fetch=True)[0][0]
+
+
+class _Agents:
+    """`n` agent threads on one job agent, each looping claim-next (held `wait` seconds, or
+    polling with the reference agent's idle backoff when wait is 0); when each claim arrived,
+    by job id."""
+
+    def __init__(self, base, agent_id, token, n, wait):
+        import threading
+
+        import httpx
+
+        self.claimed, self.cond = {}, threading.Condition()
+        self.stop = threading.Event()
+        self.base, self.agent_id, self.wait = base, agent_id, wait
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(n)]
+        self.httpx = httpx
+        for t in self.threads:
+            t.start()
+            time.sleep(0.002)  # their first claims spread out
+
+    def _loop(self):
+        import random
+
+        url = f"{self.base}job-agents/{self.agent_id}/jobs/claim"
+        body = {"wait_seconds": self.wait} if self.wait else {}
+        idle = 0.2
+        with self.httpx.Client(headers=self.headers, timeout=self.wait + 30) as http:
+            while not self.stop.is_set():
+                try:
+                    r = http.post(url, json=body)
+                except self.httpx.HTTPError:
+                    time.sleep(0.5)
+                    continue
+                if r.status_code == 200:
+                    with self.cond:
+                        self.claimed[r.json()["job"]["id"]] = time.perf_counter()
+                        self.cond.notify_all()
+                    idle = 0.2
+                elif not self.wait:  # polling: equal-jitter backoff, 0.2 s up to 5 s
+                    time.sleep(idle / 2 + random.uniform(0, idle / 2))
+                    idle = min(5.0, idle * 2)
+
+    def wait_for(self, job_id, timeout):
+        with self.cond:
+            self.cond.wait_for(lambda: job_id in self.claimed, timeout)
+            return self.claimed.get(job_id)
+
+
+def pickup_level(n_agents, n_jobs, wait, workers, pause=(0.02, 0.02)):
+    import random
+
+    import httpx
+
+    from agents import credentials
+
+    reset_tables()
+    agent = make_agent()
+    token = credentials.issue_agent_token(agent)
+    key = credentials.issue_workspace_api_key(agent.workspace)
+    proc, port = start_gunicorn(workers)
+    base = f"http://127.0.0.1:{port}/v1/workspaces/{agent.workspace_id}/"
+    agents = _Agents(base, agent.id, token, n_agents, wait)
+    try:
+        time.sleep(2 + n_agents / 200)  # all of them held (or backed off)
+        before, t0 = _xact_commits(), time.perf_counter()
+        time.sleep(5)
+        idle_tps = (_xact_commits() - before) / (time.perf_counter() - t0)
+        lat = []
+        with httpx.Client(base_url=base, headers={"X-API-Key": key}, timeout=30) as producer:
+            for _ in range(n_jobs):
+                sent = time.perf_counter()
+                r = producer.post("jobs", json={"job_agent_id": str(agent.id)})
+                r.raise_for_status()
+                got = agents.wait_for(r.json()["id"], 15)
+                if got is None:
+                    raise RuntimeError("a job was not picked up within 15 s")
+                lat.append(got - sent)
+                time.sleep(random.uniform(*pause))
+    finally:
+        agents.stop.set()
+        proc.terminate()  # ends the held waits
+        proc.wait(timeout=30)
+    return {"agents": n_agents, "jobs": n_jobs, "wait_seconds": wait,
+            "p50_ms": 1000 * percentile(lat, 50), "p99_ms": 1000 * percentile(lat, 99),
+            "max_ms": 1000 * max(lat), "idle_db_tps": idle_tps}
+
+
+def scenario_pickup():
+    levels, n = conf("BENCH_PICKUP_AGENTS"), conf("BENCH_PICKUP_JOBS")
+    workers = conf("BENCH_PICKUP_WORKERS")
+    rows = []
+    for c in levels:
+        rows.append(retry(lambda c=c: pickup_level(c, n, 50, workers), f"pickup agents={c}"))
+        log(f"pickup agents={c}: p50 {rows[-1]['p50_ms']:.1f} ms, p99 {rows[-1]['p99_ms']:.1f} "
+            f"ms, idle db {rows[-1]['idle_db_tps']:.1f} tx/s")
+    poll = pickup_level(1, conf("BENCH_PICKUP_POLL_JOBS"), 0, workers, pause=(1.0, 4.0))
+    log(f"pickup polling agent: p50 {poll['p50_ms']:.0f} ms, p99 {poll['p99_ms']:.0f} ms")
+    return {"workers": workers, "levels": rows, "polling": poll}
+
+
+def pickup_table(res):
+    lines = [
+        f"gunicorn -c config/gunicorn.conf.py ({res['workers']} gthread workers) on PostgreSQL. "
+        "Pickup: from sending `POST jobs` to the agent holding the claim (client clock); "
+        "idle db tx/s: the database's commits per second while the agents wait on an empty "
+        "queue (pg_stat_database, over 5 s).",
+        "",
+        "| agents | claim mode | jobs | pickup p50 | pickup p99 | max | idle db tx/s |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in [*res["levels"], res["polling"]]:
+        mode = f"wait_seconds={row['wait_seconds']}" if row["wait_seconds"] else \
+            "polling, idle backoff to 5 s"
+        lines.append(f"| {row['agents']} | {mode} | {row['jobs']} | {row['p50_ms']:.1f} ms | "
+                     f"{row['p99_ms']:.1f} ms | {row['max_ms']:.1f} ms | "
+                     f"{row['idle_db_tps']:.1f} |")
+    return lines
+
+
 def markdown(results):
     started = results["started_at"]
     lines = [
@@ -979,6 +1118,7 @@ def markdown(results):
         ("heartbeat", "Heartbeat storm", heartbeat_table),
         ("growth", "Growth", growth_table),
         ("reaper", "Reaper", reaper_table),
+        ("pickup", "Pickup (long-poll)", pickup_table),
     ]
     for key, title, fn in sections:
         if key in results["scenarios"]:
@@ -1019,7 +1159,7 @@ def git_commit():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenarios", nargs="*",
-                        default=["core", "http", "heartbeat", "growth", "reaper"])
+                        default=["core", "http", "heartbeat", "growth", "reaper", "pickup"])
     parser.add_argument("--no-peers", action="store_true", help="core: skip the peers")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -1038,7 +1178,8 @@ def main(argv=None):
     }
     runners = {"core": lambda: scenario_core(peers=not args.no_peers), "http": scenario_http,
                "peers": scenario_peers, "heartbeat": scenario_heartbeat,
-               "growth": scenario_growth, "reaper": scenario_reaper}
+               "growth": scenario_growth, "reaper": scenario_reaper,
+               "pickup": scenario_pickup}
     provenance = {"commit": git_commit()}
     if wants_peers:
         provenance["versions"] = json.loads(

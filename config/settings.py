@@ -215,6 +215,19 @@ JOBQUEUE = {
     "MAX_REPORT_BATCH": env.int("JOBQUEUE_MAX_REPORT_BATCH", 500),
     # Upper bound on a release's retry_after_seconds.
     "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
+    # Long-poll (docs/api.md, "Waiting"): the largest wait_seconds a claim or a producer's
+    # GET jobs/{id} may ask for, and how many waits one server process holds at once (past
+    # it a claim answers as if wait_seconds were 0; config/gunicorn.conf.py sizes its
+    # threads from it).
+    "MAX_CLAIM_WAIT_SECONDS": env.int("JOBQUEUE_MAX_CLAIM_WAIT_SECONDS", 50),
+    "MAX_WAITING_CLAIMS": env.int("JOBQUEUE_MAX_WAITING_CLAIMS", 200),
+    # While anyone waits, each process re-checks this often with one query (a lost NOTIFY
+    # never strands a waiter), and (SQLite) reads the wake file this often.
+    "WAIT_RECHECK_SECONDS": env.float("JOBQUEUE_WAIT_RECHECK_SECONDS", 2.0),
+    "WAKE_FILE_POLL_SECONDS": env.float("JOBQUEUE_WAKE_FILE_POLL_SECONDS", 0.02),
+    # PostgreSQL: the listener's own connection (LISTEN needs a session: behind PgBouncer
+    # in transaction mode, name a direct connection). Default: DATABASE_URL's database.
+    "LISTEN_DATABASE_URL": env.str("JOBQUEUE_LISTEN_DATABASE_URL", default=""),
     # Retryable failures ({"status": "failure", "retry": true}): the job waits
     # retry_backoff_seconds (this default unless the job sets its own) doubled per attempt,
     # at most MAX_RETRY_BACKOFF_SECONDS (also the bound of a job's retry_backoff_seconds),

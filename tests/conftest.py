@@ -33,6 +33,16 @@ def _static_files_without_collectstatic(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="module")
+def wakeups_stopped_after(django_db_setup, django_db_blocker):
+    """For modules whose tests wait: the process's wake-up thread (and its LISTEN
+    connection) ends with the module, before pytest-django drops the test database."""
+    yield
+    from jobqueue import wakeups
+
+    wakeups.reset()
+
+
 @pytest.fixture
 def is_postgres():
     return connection.vendor == "postgresql"

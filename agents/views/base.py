@@ -7,7 +7,9 @@ drf-spectacular publishes it as the operation's description, and both stay as th
 
 from __future__ import annotations
 
+import socket
 import uuid
+from collections.abc import Callable
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -118,6 +120,42 @@ def _has_body(request) -> bool:
         return int(request.META.get("CONTENT_LENGTH") or 0) > 0
     except ValueError:
         return False
+
+
+WAIT_PARAM = OpenApiParameter(
+    "wait_seconds", OpenApiTypes.INT, required=False,
+    description="Hold the request until the job is terminal (successful, failure, cancelled, "
+    "expired), at most this many seconds (0 to JOBQUEUE_MAX_CLAIM_WAIT_SECONDS, default 50; "
+    "beyond it is a 400); then answer the job as it is.",
+)
+
+
+def wait_param(request) -> int | None:
+    """`?wait_seconds=N` as an int (its bounds are the lifecycle's), None when absent."""
+    raw = request.query_params.get("wait_seconds")
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+        raise ValidationError({"wait_seconds": ["Must be a whole number of seconds."]})
+    return int(raw)
+
+
+def client_gone(request) -> Callable[[], bool] | None:
+    """Whether the client of a held request has hung up, where the server tells: gunicorn
+    hands its socket to the application (a peek that reads end-of-file: the peer closed)."""
+    sock = request.META.get("gunicorn.socket")
+    if sock is None:
+        return None
+
+    def gone() -> bool:
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    return gone
 
 
 def status_filter(request, default=None):

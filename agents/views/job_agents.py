@@ -31,6 +31,7 @@ from .base import (
     STATUS_PARAM,
     ApiViewSet,
     claim_body,
+    client_gone,
     status_filter,
     write_schema,
 )
@@ -174,13 +175,19 @@ class JobAgentViewSet(ApiViewSet):
         body = request.data
         data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimNextInput)
         agent = self.agent_in_path()
-        if "limit" in data:
+        if data.get("wait_seconds"):
+            grants = lifecycle.claim_next_waiting(agent, data.get("limit"), data["wait_seconds"],
+                                                  gone=client_gone(request))
+        elif "limit" in data:
             grants = lifecycle.claim_next_jobs(agent, data["limit"])
+        else:
+            grant = lifecycle.claim_next_job(agent)
+            grants = [grant] if grant else []
+        if "limit" in data:
             return Response({"claims": [claim_body(g) for g in grants]})
-        grant = lifecycle.claim_next_job(agent)
-        if grant is None:
+        if not grants:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response(claim_body(grant))
+        return Response(claim_body(grants[0]))
 
     @write_schema(AGENT_TAGS, "heartbeat_many",
                   "Renew many claims of this agent at once; per claim: renewed, or why not",

@@ -24,9 +24,12 @@ from .base import (
     PAGE_PARAMS,
     PRODUCER_TAGS,
     STATUS_PARAM,
+    WAIT_PARAM,
     ApiViewSet,
+    client_gone,
     parse_uuid,
     status_filter,
+    wait_param,
     write_schema,
 )
 
@@ -118,9 +121,17 @@ class JobViewSet(ApiViewSet):
         tags=PRODUCER_TAGS,
         operation_id="get_job",
         summary="A job with its claim state and timeline (dispatch_context redacted)",
-        responses={200: s.JobDetailSerializer, **errors(*COMMON)},
+        description="With `wait_seconds`, the answer waits for the job's end (at most that "
+        "long): a producer's long-poll.",
+        parameters=[WAIT_PARAM],
+        responses={200: s.JobDetailSerializer, **errors(400, *COMMON)},
     )
     def retrieve(self, request, workspace_id, job_id):
+        wait = wait_param(request)
+        if wait:
+            lifecycle.wait_for_job_end(self.path_uuid("job_id"), wait,
+                                       workspace_id=self.principal.workspace_id,
+                                       gone=client_gone(request))
         job = (
             Job.objects.filter(
                 id=self.path_uuid("job_id"), workspace_id=self.principal.workspace_id

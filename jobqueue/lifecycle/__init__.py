@@ -3,7 +3,9 @@
 One function per transition, each in the module that names it:
 
     create.py    create_job_agent, create_job, dispatch_job
-    claim.py     claim_job (a named job), claim_next_jobs / claim_next_job (SKIP LOCKED)
+    claim.py     claim_job (a named job), claim_next_jobs / claim_next_job (SKIP LOCKED),
+                 claim_next_waiting (long-poll), wait_for_job_end (a producer's wait);
+                 the waits themselves are jobqueue.wakeups
     lease.py     heartbeat, heartbeat_many, release_job
     report.py    report_status, report_many
     operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
@@ -46,12 +48,21 @@ serialized; the same conditional updates and row counts keep the rules there.
 
 from jobqueue.actors import agent_actor
 
-from .claim import claim_job, claim_next_job, claim_next_jobs, heartbeat_interval_for, lease_for
+from .claim import (
+    claim_job,
+    claim_next_job,
+    claim_next_jobs,
+    claim_next_waiting,
+    heartbeat_interval_for,
+    lease_for,
+    wait_for_job_end,
+)
 from .create import create_job, create_job_agent, dispatch_job
 from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
 from .inputs import lease_seconds as validate_lease_seconds
 from .inputs import max_attempts as validate_max_attempts
 from .inputs import max_runtime_seconds as validate_max_runtime_seconds
+from .inputs import wait_seconds as validate_wait_seconds
 from .lease import heartbeat, heartbeat_many, release_job
 from .operator import cancel_job, mark_failed, requeue_job
 from .orm import claim_candidates
@@ -85,6 +96,7 @@ __all__ = [
     "claim_job",
     "claim_next_job",
     "claim_next_jobs",
+    "claim_next_waiting",
     "count_expired_claims",
     "create_job",
     "create_job_agent",
@@ -105,5 +117,7 @@ __all__ = [
     "resume_job_agent",
     "validate_lease_seconds",
     "validate_max_attempts",
+    "validate_wait_seconds",
+    "wait_for_job_end",
     "validate_max_runtime_seconds",
 ]

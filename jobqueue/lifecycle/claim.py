@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Callable
 
-from jobqueue import observe
+from jobqueue import observe, states, wakeups
 from jobqueue.actors import agent_actor
 from jobqueue.conf import jobqueue_settings
 from jobqueue.exceptions import AgentPaused, JobNotClaimable
@@ -19,7 +20,7 @@ from . import inputs
 from .backends import backend
 from .orm import attempt_deadline, lease_end
 from .pause import is_paused
-from .records import fetch_job
+from .records import fetch_job, scoped_jobs
 from .results import ClaimGrant
 
 
@@ -82,3 +83,27 @@ def claim_next_jobs(job_agent: JobAgent, limit: int = 1) -> list[ClaimGrant]:
 def claim_next_job(job_agent: JobAgent) -> ClaimGrant | None:
     claimed = _claim(job_agent, 1)
     return claimed[0] if claimed else None
+
+
+def claim_next_waiting(job_agent: JobAgent, limit: int | None, wait_seconds: int | None, *,
+                       gone: Callable[[], bool] | None = None) -> list[ClaimGrant]:
+    """Claim the next job (limit None) or up to `limit`, waiting up to `wait_seconds` for
+    one to become claimable for this agent (jobqueue.wakeups): the claims, or [] once the
+    wait is over, or when `gone()` says the caller left (then nothing is claimed).
+    Past this process's cap on held waits it answers at once."""
+    wait = inputs.wait_seconds(wait_seconds)
+    count = 1 if limit is None else inputs.claim_limit(limit)
+    claimed = wakeups.wait_until(wakeups.agent_key(job_agent.id), wait,
+                                 lambda: _claim(job_agent, count), gone=gone)
+    return claimed or []
+
+
+def wait_for_job_end(job_id: uuid.UUID, wait_seconds: int | None, *,
+                     workspace_id: uuid.UUID | None = None,
+                     gone: Callable[[], bool] | None = None) -> None:
+    """Hold a producer's read of a job until the job is terminal or `wait_seconds` have
+    passed (jobqueue.wakeups). Raises NotFound for a job out of scope, before waiting."""
+    wait = inputs.wait_seconds(wait_seconds)
+    fetch_job(job_id, workspace_id=workspace_id)
+    ended = scoped_jobs(workspace_id).filter(id=job_id, status__in=states.TERMINAL)
+    wakeups.wait_until(wakeups.job_key(job_id), wait, ended.exists, gone=gone)

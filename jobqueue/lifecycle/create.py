@@ -8,7 +8,7 @@ import json
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
-from jobqueue import observe, states
+from jobqueue import observe, states, wakeups
 from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import IdempotencyKeyReused, InvalidInput, InvalidTransition, NotFound
 from jobqueue.models import Job, JobAgent, JobEvent
@@ -136,6 +136,8 @@ def create_job(
         with transaction.atomic():
             job.save(force_insert=True)
             event(job.id, JobEvent.CREATED, actor=actor, status=job.status).save()
+            if not hold:
+                wakeups.announce(wakeups.agent_key(job_agent.id), delay=delay_seconds or 0)
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -173,6 +175,7 @@ def dispatch_job(job_id, *, workspace_id=None, actor: str = "") -> Job:
         if n == 1:
             job = Job.objects.get(id=job_id)
             event(job.id, JobEvent.DISPATCHED, attempt=job.attempt, actor=actor).save()
+            wakeups.announce(wakeups.agent_key(job.job_agent_id))
             return job
     job = fetch_job(job_id, workspace_id=workspace_id)
     raise InvalidTransition(f"Only a pending job can be dispatched; this one is {job.status}.")

@@ -101,6 +101,13 @@ def retry_after_seconds(value: int | None) -> int | None:
                        jobqueue_settings()["MAX_RETRY_AFTER_SECONDS"])
 
 
+def wait_seconds(value: int | None) -> int:
+    """How long a claim or a producer's read may be held (0 or None: not at all)."""
+    if value is None:
+        return 0
+    return bounded_int(value, "wait_seconds", 0, jobqueue_settings()["MAX_CLAIM_WAIT_SECONDS"])
+
+
 def retry_backoff_seconds(value: int | None) -> int | None:
     """A job's first retry wait (None: JOBQUEUE_RETRY_BACKOFF_SECONDS)."""
     if value is None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from django.db import transaction
 from django.db.models.functions import Now
 
-from jobqueue import observe, states
+from jobqueue import observe, states, wakeups
 from jobqueue.actors import agent_actor
 from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import ClaimSuperseded
@@ -100,6 +100,7 @@ def release_job(
             job = Job.objects.get(id=job_id)
             event(job.id, JobEvent.RELEASED, attempt=job.attempt, actor=actor, claim_id=claim_id,
                   reason=(reason or "")[:500], retry_after_seconds=retry_after_seconds).save()
+            wakeups.announce(wakeups.agent_key(job.job_agent_id), delay=retry_after_seconds)
     if n != 1:
         refuse_one(job_id, claim_id, RELEASE, actor=actor, workspace_id=workspace_id,
                    job_agent_id=job_agent_id)

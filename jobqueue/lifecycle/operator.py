@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from jobqueue import observe, states
+from jobqueue import observe, states, wakeups
 from jobqueue.exceptions import InvalidTransition, JobFinished
 from jobqueue.models import Job, JobClaim, JobEvent
 
@@ -32,6 +32,7 @@ class Transition:
     detail: Callable[[Job], dict]  # the event's detail beyond reason and superseded_claim
     observed: Callable[[Job], tuple[str, dict]]  # what it emits
     unchanged: Callable[[Job], Job]  # nothing changed: the answer, or raise
+    wakes: Callable[[Job], str]  # the waits it may end (jobqueue.wakeups)
 
 
 def _finished(job: Job) -> Job:
@@ -50,6 +51,7 @@ CANCEL = Transition(
     observed=lambda job: ("cancelled", {}),
     # Cancelling a cancelled job returns it unchanged.
     unchanged=lambda job: job if job.status == states.CANCELLED else _finished(job),
+    wakes=lambda job: wakeups.job_key(job.id),
 )
 REQUEUE = Transition(
     allowed=~Q(status=states.PENDING),
@@ -63,6 +65,7 @@ REQUEUE = Transition(
     detail=lambda job: {"max_attempts": job.max_attempts},
     observed=lambda job: ("requeued", {}),
     unchanged=_not_pending,
+    wakes=lambda job: wakeups.agent_key(job.job_agent_id),
 )
 MARK_FAILED = Transition(
     allowed=Q(status__in=states.ACTIVE),
@@ -76,6 +79,7 @@ MARK_FAILED = Transition(
     observed=lambda job: ("reported", {"job_agent_id": job.job_agent_id,
                                        "status": states.FAILURE}),
     unchanged=_finished,
+    wakes=lambda job: wakeups.job_key(job.id),
 )
 
 
@@ -93,6 +97,7 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
             event(job.id, transition.kind, attempt=job.attempt, actor=actor,
                   claim_id=superseded, reason=(reason or "")[:500],
                   superseded_claim=bool(superseded), **transition.detail(job)).save()
+            wakeups.announce(transition.wakes(job))
             if job.status in states.TERMINAL:
                 announce_finished([(job.id, job.workspace_id, job.status)], actor=actor)
     if n != 1:

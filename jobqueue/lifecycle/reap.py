@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from jobqueue import observe, states
+from jobqueue import observe, states, wakeups
 from jobqueue.actors import REAPER
 from jobqueue.models import Job, JobClaim, JobEvent
 
@@ -47,7 +47,8 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
             .select_related("job")
             .annotate(db_now=Now())
             .only("job_id", "claim_id", "attempt", "deadline_at", "job__attempt",
-                  "job__max_attempts", "job__expires_at", "job__workspace_id")
+                  "job__max_attempts", "job__expires_at", "job__workspace_id",
+                  "job__job_agent_id")
         )
         if not expired_claims:
             return ReapResult(batches=1)
@@ -79,6 +80,11 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
         JobEvent.objects.bulk_create(events)
         announce_finished(((c.job_id, c.job.workspace_id, states.EXPIRED) for c in expired_claims
                            if c.job_id in expiring), actor=actor)
+        wakeups.announce_many(  # requeued: a waiting agent; expired: a waiting producer
+            wakeups.job_key(c.job_id) if c.job_id in expiring
+            else wakeups.agent_key(c.job.job_agent_id)
+            for c in expired_claims
+        )
     observe.emit("reaped", requeued=requeued, expired=expired)
     return ReapResult(requeued=requeued, expired=expired, batches=1)
 

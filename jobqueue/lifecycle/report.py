@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from jobqueue import observe, states
+from jobqueue import observe, states, wakeups
 from jobqueue.actors import agent_actor
 from jobqueue.models import Job
 
@@ -54,8 +54,11 @@ def report_status(
             observe.emit("progress", job_agent_id=job.job_agent_id)
         else:
             if job.status in states.TERMINAL:
+                _announce_ended([job.id])
                 announce_finished([(job.id, job.workspace_id, job.status)], actor=actor,
                                   outbox_written=True)
+            else:  # a retryable failure queued it again: claimable once its backoff ends
+                _announce_retried([job])
             observe.emit("reported", job_agent_id=job.job_agent_id, status=_counted(job.status))
         return job
     # Nothing changed: refused, or a retried terminal report after a lost answer.
@@ -91,6 +94,12 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     if rest:
         codes, facts = refuse(rest, STATUS, actor=actor, workspace_id=workspace_id,
                               job_agent_id=job_agent_id)
+    _announce_ended([job_id for job_id, (status, _at, _ws) in done.items()
+                     if status in states.TERMINAL])
+    retried = [job_id for job_id, (status, _at, _ws) in done.items() if status == states.QUEUED]
+    if retried:
+        _announce_retried(Job.objects.filter(id__in=retried)
+                          .only("job_agent_id", "available_at", "updated_at"))
     results = []
     for r in reports:
         if r.job_id in done:
@@ -103,6 +112,21 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
         else:
             results.append(ReportOutcome(r.job_id, False, code=codes[r.job_id]))
     return BatchReportResult(results=results)
+
+
+def _announce_ended(job_ids) -> None:
+    """Wake the producers waiting for these jobs; PostgreSQL's report statements already
+    did (pg/statements.py), in the statement itself."""
+    if backend().vendor != "postgresql":
+        wakeups.announce_many(wakeups.job_key(job_id) for job_id in job_ids)
+
+
+def _announce_retried(jobs) -> None:
+    """Wake the agents' waiters when these requeued jobs become claimable: their backoff is
+    available_at - updated_at, both set by the report's statement on the database's clock."""
+    for job in jobs:
+        delay = max(0.0, (job.available_at - job.updated_at).total_seconds())
+        wakeups.announce(wakeups.agent_key(job.job_agent_id), delay=delay)
 
 
 def _counted(status: str) -> str:

@@ -204,8 +204,9 @@ class Stack:
                       name: str = "replica", access_log: Path | None = None) -> Proc:
         """Another API server (gunicorn) on `port`, with the same environment; with
         `access_log`, gunicorn writes every request's status there."""
-        argv = [GUNICORN, "config.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+        argv = [GUNICORN, "-c", str(ROOT / "config" / "gunicorn.conf.py"),
+                "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+                "--threads", str(threads),
                 "--timeout", "60", "--graceful-timeout", "2", "--log-level", "warning"]
         if access_log is not None:
             argv += ["--access-logfile", str(access_log)]

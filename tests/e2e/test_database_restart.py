@@ -90,3 +90,31 @@ def test_postgres_restart_under_load_loses_nothing(private_postgres, stack, make
     # Server, reaper and agents reconnected on their own: all still running, all stop cleanly.
     assert stack.server.alive()
     assert [a.stop() for a in agents] == [0, 0, 0]
+
+
+@pytest.fixture
+def waiting_stack(private_postgres, tmp_path):
+    """The stack on the private cluster, with the server's safety re-check pushed out to a
+    minute: a wake-up within seconds can only come from the listener."""
+    with Stack(tmp_path, server_env={"JOBQUEUE_WAIT_RECHECK_SECONDS": 60}) as s:
+        yield s
+
+
+def test_the_listener_survives_a_postgres_restart_and_waiters_still_wake(
+        private_postgres, waiting_stack, make_agent, make_jobs, say):
+    stack = waiting_stack
+    stack.start_server(workers=1, threads=16)
+    agent, token = make_agent(lease_seconds=10)
+    a = stack.start_agent(agent, token, "A", idle_max=5)  # long-polls (wait 50 s)
+    time.sleep(2)  # its claim is held
+    restart_postgres(private_postgres)
+    time.sleep(8)  # the listener's reconnect backoff is at most 5 s
+    created = time.monotonic()
+    [job] = make_jobs(agent, 1, stack.command("true"))
+    wait_for(lambda: stack.starts(), 10, "the job to start", interval=0.02, on_fail=stack.logs)
+    took = time.monotonic() - created
+    say(f"pickup after a PostgreSQL restart: {took * 1000:.0f} ms")
+    assert took < 1.5  # the held wait (or the next one) was woken by NOTIFY
+    wait_for(lambda: Job.objects.get(id=job.id).status == states.SUCCESSFUL, 30, "success",
+             on_fail=stack.logs)
+    assert a.stop() == 0

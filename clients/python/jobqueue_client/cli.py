@@ -2,15 +2,19 @@
 
     jobqueue-agent --server URL --workspace ID --agent ID --token TOKEN
                    [--concurrency N] [--drain-timeout S] [--kill-grace S] [--idle-max S]
-                   [--log-level L]
+                   [--wait-seconds S] [--log-level L]
 
 Every option can also come from the environment (JOBQUEUE_SERVER, JOBQUEUE_WORKSPACE,
 JOBQUEUE_AGENT, JOBQUEUE_TOKEN, JOBQUEUE_CONCURRENCY, JOBQUEUE_DRAIN_TIMEOUT,
-JOBQUEUE_KILL_GRACE, JOBQUEUE_IDLE_MAX, JOBQUEUE_LOG_LEVEL); prefer JOBQUEUE_TOKEN over
---token, which other users of the machine can see in the process list.
+JOBQUEUE_KILL_GRACE, JOBQUEUE_IDLE_MAX, JOBQUEUE_WAIT_SECONDS, JOBQUEUE_LOG_LEVEL); prefer
+JOBQUEUE_TOKEN over --token, which other users of the machine can see in the process list.
 
-SIGTERM or SIGINT: stop claiming, let running jobs finish within the drain timeout, release
-what is left, exit 0. A second signal ends the drain at once.
+Idle, the agent long-polls: each claim asks the server to hold it up to --wait-seconds (50)
+until a job comes, and asks again at once when a wait ends empty. Against a server without
+long-poll (an empty answer that comes early) it backs off up to --idle-max between claims.
+
+SIGTERM or SIGINT: abort a held claim, stop claiming, let running jobs finish within the
+drain timeout, release what is left, exit 0. A second signal ends the drain at once.
 Exit status: 0 after a clean stop, 1 when the server refuses the agent's credentials or ids,
 2 for bad options.
 """
@@ -35,6 +39,7 @@ ENV = {
     "drain_timeout": "JOBQUEUE_DRAIN_TIMEOUT",
     "kill_grace": "JOBQUEUE_KILL_GRACE",
     "idle_max": "JOBQUEUE_IDLE_MAX",
+    "wait_seconds": "JOBQUEUE_WAIT_SECONDS",
     "log_level": "JOBQUEUE_LOG_LEVEL",
     "log_interval": "JOBQUEUE_LOG_INTERVAL",
 }
@@ -47,6 +52,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
     return value
 
 
@@ -100,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longest pause between claim attempts while no job is due; the "
                              "pause grows with jitter from 0.2 s up to this (default 5) "
                              "[JOBQUEUE_IDLE_MAX]")
+    parser.add_argument("--wait-seconds", type=_non_negative_int,
+                        default=env.get(ENV["wait_seconds"], "50"),
+                        help="long-poll: how long the server may hold each claim while nothing "
+                             "is claimable (default 50, the server's default maximum; a server "
+                             "with a lower one is asked for less; 0: poll with --idle-max "
+                             "backoff) [JOBQUEUE_WAIT_SECONDS]")
     parser.add_argument("--log-interval", type=_positive_float,
                         default=env.get(ENV["log_interval"], "3"),
                         help="seconds between two sends of the job's output to its log on "
@@ -156,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         kill_grace=args.kill_grace,
         idle_min=min(0.2, args.idle_max) or 0.05,
         idle_max=max(args.idle_max, 0.05),
+        wait_seconds=args.wait_seconds,
         log_interval=args.log_interval,
     ))
     for _ in early:

@@ -10,6 +10,7 @@ One client may be shared by several threads (httpx.Client pools its connections)
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,12 +250,37 @@ class AgentClient:
             timeout=timeout,
             transport=transport,
         )
+        # Held claims (wait_seconds) go on a connection of their own, which abort_wait()
+        # closes from another thread: a stopping agent does not sit out a 50 s wait.
+        self._client_args = {"base_url": self._http.base_url, "headers": self._http.headers,
+                             "transport": transport}
+        self._wait_http: httpx.Client | None = None
+        self._wait_lock = threading.Lock()
+        self._aborted = False
 
     def __repr__(self) -> str:  # never print the token
         return f"AgentClient(server={self.server!r}, agent={self.agent_id!r})"
 
     def close(self) -> None:
+        self.abort_wait()
         self._http.close()
+
+    def abort_wait(self) -> None:
+        """End a held claim now (from any thread): it raises TransportError, and no claim
+        waits again on this client."""
+        with self._wait_lock:
+            self._aborted = True
+            held, self._wait_http = self._wait_http, None
+        if held is not None:
+            held.close()
+
+    def _waiting_client(self) -> httpx.Client:
+        with self._wait_lock:
+            if self._aborted:
+                raise TransportError("The wait was aborted.")
+            if self._wait_http is None:
+                self._wait_http = httpx.Client(timeout=self.timeout, **self._client_args)
+            return self._wait_http
 
     def __enter__(self):
         return self
@@ -265,7 +291,8 @@ class AgentClient:
     # -- plumbing --
 
     def _request(self, method: str, path: str, *, json: Any = None, params=None,
-                 timeout: float | None = None, content=None, headers=None) -> httpx.Response:
+                 timeout: float | None = None, content=None, headers=None,
+                 wait: float = 0) -> httpx.Response:
         kwargs: dict[str, Any] = {"params": params}
         if json is not None:
             kwargs["json"] = json
@@ -275,8 +302,17 @@ class AgentClient:
             kwargs["headers"] = headers
         if timeout is not None:
             kwargs["timeout"] = timeout
+        http = self._http
+        if wait:
+            http = self._waiting_client()
+            kwargs["timeout"] = self.timeout + wait
         try:
-            response = self._http.request(method, path, **kwargs)
+            response = http.request(method, path, **kwargs)
+        except RuntimeError as exc:
+            if not wait:
+                raise
+            # httpx: the client was closed under the request (abort_wait)
+            raise TransportError(f"The wait was aborted: {exc}") from None
         except httpx.TransportError as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from None
         if response.status_code >= 400:
@@ -311,19 +347,26 @@ class AgentClient:
         response = self._request("POST", self._agent_path(f"jobs/{job_id}/claim"))
         return Claim.from_payload(self._json(response))
 
-    def claim_next(self) -> Claim | None:
-        """Claim the next due job (single path); None when nothing is claimable (204)."""
-        response = self._request("POST", self._agent_path("jobs/claim"), json={})
+    def claim_next(self, *, wait_seconds: int = 0) -> Claim | None:
+        """Claim the next due job (single path); None when nothing is claimable (204).
+        With wait_seconds, the server holds the request until a job comes (long-poll)."""
+        body = {"wait_seconds": int(wait_seconds)} if wait_seconds else {}
+        response = self._request("POST", self._agent_path("jobs/claim"), json=body,
+                                 wait=wait_seconds)
         if response.status_code == 204 or not response.content:
             return None
         return Claim.from_payload(self._json(response))
 
-    def claim_batch(self, limit: int) -> list[Claim]:
-        """Claim up to `limit` due jobs in one request. Raises Unsupported (404/405) when the
-        server has no batch claim, so the caller can fall back to claim_next()."""
+    def claim_batch(self, limit: int, *, wait_seconds: int = 0) -> list[Claim]:
+        """Claim up to `limit` due jobs in one request (held up to wait_seconds when none
+        is claimable). Raises Unsupported (404/405) when the server has no batch claim, so
+        the caller can fall back to claim_next()."""
+        body = {"limit": int(limit)}
+        if wait_seconds:
+            body["wait_seconds"] = int(wait_seconds)
         try:
-            response = self._request("POST", self._agent_path("jobs/claim"),
-                                     json={"limit": int(limit)})
+            response = self._request("POST", self._agent_path("jobs/claim"), json=body,
+                                     wait=wait_seconds)
         except (NotFound, InvalidRequest) as exc:
             if exc.status in (404, 405):  # a server without batch claim
                 raise Unsupported(exc.status, exc.code, exc.detail) from None

@@ -783,6 +783,9 @@ class AgentOptions:
     kill_grace: float = 5.0
     idle_min: float = 0.2  # first wait when no job is claimable
     idle_max: float = 5.0  # longest wait when no job is claimable
+    # Long-poll: ask the server to hold each claim up to this long (0: poll with the idle
+    # backoff). A server that answers "nothing" well before it is polled with backoff.
+    wait_seconds: int = 0
     release_timeout: float = 10.0  # how long to keep trying to release on shutdown
     log_interval: float = LOG_INTERVAL_SECONDS  # how often the child's output is sent
     artifact_max_bytes: int = ARTIFACT_MAX_BYTES
@@ -814,6 +817,7 @@ class Agent:
         self._abort_drain = threading.Event()
         self._next_sweep = 0.0
         self.exit_code = 0
+        self.wait_seconds = max(0, int(self.options.wait_seconds))
 
     # -- control --
 
@@ -848,15 +852,30 @@ class Agent:
                 if free <= 0:
                     self._cond.wait(timeout=1.0)
                     continue
+            asked = time.monotonic()
             try:
                 claims = self._claim(free)
-            except (AuthError, NotFound, InvalidRequest) as exc:
+            except InvalidRequest as exc:
+                if self.wait_seconds and "wait_seconds" in exc.fields:
+                    # A server with a lower maximum, or without long-poll: wait less.
+                    self.wait_seconds //= 2
+                    log_event("claim_wait_refused", level=logging.WARNING,
+                              next_wait=self.wait_seconds)
+                    continue
+                log_event("claim_refused", level=logging.ERROR, code=exc.code,
+                          status=exc.status, detail=exc.detail[:200])
+                self.exit_code = 1
+                self._stop.set()
+                break
+            except (AuthError, NotFound) as exc:
                 log_event("claim_refused", level=logging.ERROR, code=exc.code,
                           status=exc.status, detail=exc.detail[:200])
                 self.exit_code = 1
                 self._stop.set()
                 break
             except ApiError as exc:
+                if self._stop.is_set():
+                    break  # the wait was aborted to stop
                 delay = exc.retry_after if exc.retry_after is not None else errors.next()
                 log_event("claim_retry", level=logging.WARNING, code=exc.code,
                           status=exc.status or None, retry_in=delay)
@@ -864,7 +883,10 @@ class Agent:
                 continue
             errors.reset()
             if not claims:
-                self._stop.wait(idle.next())
+                # After a held wait that ran its course, ask again at once; an empty answer
+                # that came early (a server without long-poll, or at its cap) backs off.
+                if not self.wait_seconds or time.monotonic() - asked < self.wait_seconds / 2:
+                    self._stop.wait(idle.next())
                 continue
             idle.reset()
             for claim in claims:
@@ -889,11 +911,45 @@ class Agent:
             log_event("stale_dirs_removed", count=removed, where=base_dir())
 
     def _claim(self, free: int) -> list[tuple[Claim, float]]:
+        """Claim up to `free` jobs. A held claim (wait_seconds) runs in a thread of its own
+        so that a stop ends it at once: the loop stops waiting for it, abort_wait() closes
+        its connection, and whatever it still claims is given straight back."""
+        if not self.wait_seconds:
+            return self._claim_now(free)
+        lock, box, done = threading.Lock(), {}, threading.Event()
+
+        def call():
+            try:
+                result = self._claim_now(free)
+            except Exception as exc:  # noqa: BLE001 - handed to the loop, or dropped
+                result, box["error"] = [], exc
+            with lock:
+                abandoned = box.get("abandoned", False)
+                box["claims"] = result
+                done.set()
+            if abandoned:
+                for item in result:
+                    self._start(item)  # stopping: each is released at once
+
+        threading.Thread(target=call, name="claim-wait", daemon=True).start()
+        while not done.wait(0.1):
+            if self._stop.is_set():
+                with lock:
+                    if not done.is_set():
+                        box["abandoned"] = True
+                        self.client.abort_wait()
+                        return []
+        if "error" in box:
+            raise box["error"]
+        return box["claims"]
+
+    def _claim_now(self, free: int) -> list[tuple[Claim, float]]:
         while self.batch:
             limit = min(free, self._batch_cap)
             sent_at = time.monotonic()
             try:
-                return [(c, sent_at) for c in self.client.claim_batch(limit)]
+                return [(c, sent_at) for c in self.client.claim_batch(
+                    limit, wait_seconds=self.wait_seconds)]
             except Unsupported:
                 self.batch = False
                 log_event("batch_claim_unsupported", level=logging.WARNING, fallback="single")
@@ -908,7 +964,7 @@ class Agent:
                 log_event("batch_claim_limit_refused", level=logging.WARNING, limit=limit,
                           next_limit=self._batch_cap if self.batch else None)
         sent_at = time.monotonic()
-        claim = self.client.claim_next()
+        claim = self.client.claim_next(wait_seconds=self.wait_seconds)
         return [(claim, sent_at)] if claim else []
 
     def _start(self, item: tuple[Claim, float]) -> None:

@@ -16,6 +16,7 @@ The job's columns are named (JOB_COLUMNS), never `job.*`: a prepared `RETURNING 
 column to `job`.
 """
 
+from jobqueue import wakeups
 from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job
 
@@ -142,6 +143,12 @@ _PUBLISH = """
 # JobSetStateIfRunning: end the job with a terminal status if %(claim)s is still its claim.
 # The UPDATE locks the job row and requires the claim row (same claim_id) in its WHERE; the
 # claim row is then deleted from the UPDATE's rows (locked second). claims_deleted is 1.
+# A terminal report tells the producers waiting for its jobs (jobqueue.wakeups) in the same
+# statement: NOTIFY is delivered on commit. The CTE runs because the final SELECT counts it.
+_NOTIFY_ENDED = """
+    SELECT pg_notify('""" + wakeups.CHANNEL + """', 'j:' || done.id::text) FROM done
+)"""
+
 JOB_SET_STATE_IF_RUNNING = """
 WITH done AS (
     UPDATE job SET status = %(status)s, completed_at = STATEMENT_TIMESTAMP(),""" + \
@@ -154,8 +161,10 @@ WITH done AS (
     DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
     RETURNING c.job_id
 ), published AS (""" + _PUBLISH.replace("%(CLAIM)s", "%(claim)s") + """
-), event AS (""" + _REPORT_EVENT + """, hook AS (""" + _OUTBOX + """
-SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
+), event AS (""" + _REPORT_EVENT + """, hook AS (""" + _OUTBOX + """, notified AS (""" + \
+    _NOTIFY_ENDED + """
+SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted
+FROM done CROSS JOIN (SELECT count(*) FROM notified) AS n
 """
 
 # A retryable failure: while attempts remain ({again}) the job goes back to 'queued',
@@ -191,8 +200,9 @@ WITH done AS (
            %(detail)s::jsonb || jsonb_build_object('requeued', status = 'queued'),
            STATEMENT_TIMESTAMP()
     FROM done
-), hook AS (""" + _OUTBOX + """
-SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
+), hook AS (""" + _OUTBOX + """, notified AS (""" + _NOTIFY_ENDED + """
+SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted
+FROM done CROSS JOIN (SELECT count(*) FROM notified) AS n
 """
 
 # JobSetProgressIfRunning: record progress (message, result, external_id) if %(claim)s is
@@ -257,9 +267,9 @@ WITH req AS (
                    left(req.message, """ + str(MESSAGE_CHARS) + """)) ELSE '{}'::jsonb END,
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
-), hook AS (""" + _OUTBOX + """
+), hook AS (""" + _OUTBOX + """, notified AS (""" + _NOTIFY_ENDED + """
 SELECT done.id, done.status, done.completed_at, done.workspace_id, (SELECT count(*) FROM gone)
-FROM done
+FROM done CROSS JOIN (SELECT count(*) FROM notified) AS n
 """
 
 # --- heartbeats (job_claim only, never job) ---------------------------------------------------

@@ -19,7 +19,8 @@ from tests.factories import JobFactory
 
 from .conftest import make_world
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("wakeups_stopped_after")]
 
 CHECKS = [
     not_a_server_error,
@@ -34,7 +35,9 @@ EXAMPLES = int(os.environ.get("API_SCHEMA_EXAMPLES", "12"))
 
 
 @pytest.fixture
-def api_target(live_server, transactional_db):
+def api_target(live_server, transactional_db, settings):
+    # Held requests (wait_seconds) end within a second here: a longer one is a 400.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_CLAIM_WAIT_SECONDS": 1}
     world = make_world(base_url=live_server.url)
     job = JobFactory(job_agent=world.agent, dispatch_context={"secret": "hidden"})
     return {

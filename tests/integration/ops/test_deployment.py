@@ -48,7 +48,8 @@ def deployed(tmp_path, static_root, django_user_model):
     log_path = tmp_path / "gunicorn.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind", "127.0.0.1:0",
+        [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "config" / "gunicorn.conf.py"),
+         "--bind", "127.0.0.1:0",
          "--workers", str(WORKERS), "--graceful-timeout", "5"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )

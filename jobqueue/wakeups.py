@@ -1,0 +1,439 @@
+"""Wake-ups for held waits: a claim waiting for a job, a producer waiting for a job's end.
+
+Sending: a transition that makes a job claimable (created, dispatched, released, reaped,
+requeued) calls `announce(agent_key(job_agent_id), delay=...)`; one that ends a job calls
+`announce(job_key(job_id))`. On PostgreSQL that is `pg_notify` on the transition's own
+connection: inside its transaction NOTIFY is delivered on commit, and never on a rollback.
+On SQLite it appends one line to the database's wake file (`<database>.wake`) after commit.
+
+Receiving: one Hub per process, with one thread (never one per waiter):
+
+- PostgreSQL: LISTEN on a dedicated psycopg connection outside Django's pool
+  (JOBQUEUE_LISTEN_DATABASE_URL, default the database Django uses), reconnecting with
+  backoff; every (re)connect wakes every waiter (a NOTIFY may have been sent while nobody
+  listened).
+- SQLite: the thread reads the wake file's new lines every JOBQUEUE_WAKE_FILE_POLL_SECONDS.
+
+The same thread keeps a timer per delayed wake-up (a job whose available_at is `delay`
+seconds after the transition: the delay is the database's, measured from the NOTIFY) and,
+while anyone waits, re-checks every JOBQUEUE_WAIT_RECHECK_SECONDS with one query for the
+whole process (which waited-for agents have a claimable job, which waited-for jobs ended), so
+a lost notification never strands a waiter; and every waiter re-checks once at its deadline.
+A woken waiter re-checks with one claim statement. Idle waiters cost the database nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
+
+from jobqueue.conf import jobqueue_settings
+
+log = logging.getLogger("jobqueue.wakeups")
+
+CHANNEL = "jobqueue_wake"
+LISTENER_NAME = "jobqueue-wakeups"  # the listener's application_name in pg_stat_activity
+WAKE_FILE_ROTATE_BYTES = 256 * 1024
+TIMER_MARGIN = 0.01  # a delayed wake-up fires this much after its delay
+
+
+def agent_key(job_agent_id) -> str:
+    return f"a:{job_agent_id}"
+
+
+def job_key(job_id) -> str:
+    return f"j:{job_id}"
+
+
+# --- sending ------------------------------------------------------------------------------
+
+
+def announce(key: str, delay: float = 0) -> None:
+    announce_many([key], delay)
+
+
+def announce_many(keys: Iterable[str], delay: float = 0) -> None:
+    """Tell every process (this one included), once the current transaction commits, that
+    `keys` changed; `delay` > 0: they change that many seconds from now."""
+    payloads = [f"{key} {delay:g}" if delay else key for key in keys]
+    if not payloads:
+        return
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "postgresql":
+        with db.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
+                           [CHANNEL, payloads])
+    else:
+        path = wake_file(db)
+        transaction.on_commit(lambda: _append(path, payloads))
+
+
+def wake_file(db=None) -> str:
+    db = db or connections[DEFAULT_DB_ALIAS]
+    return f"{db.settings_dict['NAME']}.wake"
+
+
+def _append(path: str, payloads: list[str]) -> None:
+    data = "".join(p + "\n" for p in payloads).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:  # pragma: no cover - an unwritable directory: waiters re-check anyway
+        log.warning("cannot write the wake file %s", path)
+        return
+    try:
+        if os.fstat(fd).st_size > WAKE_FILE_ROTATE_BYTES:
+            os.ftruncate(fd, 0)  # readers see it shrink and wake everyone
+        os.write(fd, data)  # O_APPEND: one small write lands whole
+    finally:
+        os.close(fd)
+
+
+# --- waiting ------------------------------------------------------------------------------
+
+
+class Waiter:
+    __slots__ = ("key", "capped", "event")
+
+    def __init__(self, key: str, capped: bool):
+        self.key, self.capped, self.event = key, capped, threading.Event()
+
+
+class Hub:
+    """This process's waiters, by key, and the one thread that wakes them."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[Waiter]] = {}
+        self._capped = 0
+        self._timers: list[tuple[float, str]] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.closed = False
+        self.connected = threading.Event()  # the listener is listening
+        self.connects = 0  # how often it (re)connected
+        self.thread_cap: int | None = None  # what the server's threads allow (gunicorn conf)
+
+    # waiters
+
+    def register(self, key: str, *, capped: bool = True) -> Waiter | None:
+        """A new waiter for `key`, or None when this process holds as many as it may (or is
+        shutting down)."""
+        with self._lock:
+            if self.closed:
+                return None
+            if capped:
+                cap = jobqueue_settings()["MAX_WAITING_CLAIMS"]
+                if self.thread_cap is not None:
+                    cap = min(cap, self.thread_cap)
+                if self._capped >= cap:
+                    return None
+                self._capped += 1
+            waiter = Waiter(key, capped)
+            self._waiters.setdefault(key, set()).add(waiter)
+            self._ensure_thread()
+        return waiter
+
+    def unregister(self, waiter: Waiter) -> None:
+        with self._lock:
+            group = self._waiters.get(waiter.key)
+            if group is None or waiter not in group:
+                return
+            group.discard(waiter)
+            if not group:
+                del self._waiters[waiter.key]
+            if waiter.capped:
+                self._capped -= 1
+        if waiter.event.is_set():  # a wake-up it did not use goes to the next in line
+            self.wake(waiter.key)
+
+    def waiting(self) -> int:
+        with self._lock:
+            return sum(len(group) for group in self._waiters.values())
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._waiters)
+
+    def wake(self, key: str) -> None:
+        """An agent's key: one job became claimable, so one waiter (not yet woken) re-checks;
+        a job's key: every waiter for it."""
+        with self._lock:
+            group = list(self._waiters.get(key, ()))
+        if key.startswith("a:"):
+            group = [w for w in group if not w.event.is_set()][:1]
+        for waiter in group:
+            waiter.event.set()
+
+    def wake_key(self, key: str) -> None:
+        """Every waiter for `key` (a re-check found work for them)."""
+        with self._lock:
+            group = list(self._waiters.get(key, ()))
+        for waiter in group:
+            waiter.event.set()
+
+    def wake_all(self) -> None:
+        with self._lock:
+            group = [w for ws in self._waiters.values() for w in ws]
+        for waiter in group:
+            waiter.event.set()
+
+    def deliver(self, payload: str) -> None:
+        key, _, delay = payload.partition(" ")
+        seconds = _seconds(delay)
+        if seconds > 0:
+            with self._lock:
+                heapq.heappush(self._timers, (time.monotonic() + seconds + TIMER_MARGIN, key))
+        else:
+            self.wake(key)
+
+    def close(self) -> None:
+        """Stop waiting: every held wait answers now, and no new one is held."""
+        with self._lock:
+            self.closed = True
+        self._stopping.set()
+        self.wake_all()
+
+    # the thread
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="jobqueue-wakeups",
+                                            daemon=True)
+            self._thread.start()
+
+    def _fire_timers(self) -> float | None:
+        """Wake the keys whose timers are due; seconds until the next one (or None)."""
+        now = time.monotonic()
+        due = []
+        with self._lock:
+            while self._timers and self._timers[0][0] <= now:
+                due.append(heapq.heappop(self._timers)[1])
+            following = self._timers[0][0] - now if self._timers else None
+        for key in due:
+            self.wake(key)
+        return following
+
+    def _run(self) -> None:
+        db = connections[DEFAULT_DB_ALIAS]
+        source = PgListener(self) if db.vendor == "postgresql" else FileListener(self)
+        try:
+            source.run()
+        finally:
+            self.connected.clear()
+            connections.close_all()  # the re-check's connection
+
+    def join(self, timeout: float = 5) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def tick(self, last_recheck: float) -> tuple[float, float]:
+        """Timers and the re-check, between two reads of the source: (when the re-check
+        last ran, how long the source may block)."""
+        following = self._fire_timers()
+        now = time.monotonic()
+        interval = jobqueue_settings()["WAIT_RECHECK_SECONDS"]
+        if now >= last_recheck + interval:
+            self.recheck()
+            last_recheck = now
+        block = last_recheck + interval - now
+        if following is not None:
+            block = min(block, following)
+        return last_recheck, max(0.0, min(block, 1.0))
+
+    def recheck(self) -> None:
+        """One query for the whole process: wake the waiters whose wait is over."""
+        keys = self.keys()
+        if not keys:
+            return
+        from jobqueue import states
+        from jobqueue.models import Job
+
+        agents = [k[2:] for k in keys if k.startswith("a:")]
+        jobs = [k[2:] for k in keys if k.startswith("j:")]
+        try:
+            ready = set()
+            if agents:
+                ready.update(agent_key(a) for a in Job.objects.claimable().filter(
+                    job_agent_id__in=agents).values_list("job_agent_id", flat=True).distinct())
+            if jobs:
+                ready.update(job_key(j) for j in Job.objects.filter(
+                    id__in=jobs, status__in=states.TERMINAL).values_list("id", flat=True))
+        except Exception:  # the database is away: the waiters' deadlines still hold
+            log.warning("wake-up re-check failed", exc_info=True)
+            return
+        finally:
+            close_old_connections()
+        for key in ready:
+            self.wake_key(key)
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text) if text else 0.0
+    except ValueError:
+        return 0.0
+
+
+class PgListener:
+    """LISTEN on a dedicated connection, reconnecting with backoff."""
+
+    def __init__(self, hub: Hub):
+        self.hub = hub
+
+    def url(self) -> str:
+        configured = jobqueue_settings().get("LISTEN_DATABASE_URL") or ""
+        if configured:
+            return configured
+        d = connections[DEFAULT_DB_ALIAS].settings_dict
+        parts = {"dbname": d["NAME"], "user": d.get("USER") or "", "password":
+                 d.get("PASSWORD") or "", "host": d.get("HOST") or "", "port":
+                 str(d.get("PORT") or "")}
+        return " ".join(f"{k}='{v}'" for k, v in parts.items() if v)
+
+    def run(self) -> None:
+        import psycopg
+
+        hub, backoff = self.hub, 0.1
+        while not hub._stopping.is_set():
+            try:
+                with psycopg.connect(self.url(), autocommit=True, connect_timeout=5,
+                                     application_name=LISTENER_NAME) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    hub.connects += 1
+                    hub.connected.set()
+                    backoff = 0.1
+                    hub.wake_all()  # anything announced while nobody listened
+                    last_recheck = 0.0
+                    while not hub._stopping.is_set():
+                        last_recheck, block = hub.tick(last_recheck)
+                        for note in conn.notifies(timeout=block):
+                            hub.deliver(note.payload)
+            except psycopg.Error:
+                log.warning("wake-up listener lost its connection; reconnecting in %.1fs",
+                            backoff)
+            hub.connected.clear()
+            hub.tick(0.0)  # timers and a re-check (which may fail) while away
+            hub._stopping.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+
+class FileListener:
+    """Read the wake file's new lines (SQLite: the node's processes share it)."""
+
+    def __init__(self, hub: Hub):
+        self.hub = hub
+        self.path = wake_file()
+
+    def size(self) -> int:
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:
+            return 0
+
+    def run(self) -> None:
+        hub = self.hub
+        offset = self.size()
+        hub.connected.set()
+        hub.wake_all()
+        last_recheck = 0.0
+        while not hub._stopping.is_set():
+            last_recheck, block = hub.tick(last_recheck)
+            hub._stopping.wait(min(block, jobqueue_settings()["WAKE_FILE_POLL_SECONDS"]))
+            size = self.size()
+            if size < offset:  # rotated: whatever was in between is lost; wake everyone
+                offset = 0
+                hub.wake_all()
+            if size > offset:
+                with open(self.path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(size - offset)
+                end = data.rfind(b"\n") + 1  # a line still being written waits for the next
+                offset += end
+                for line in data[:end].decode(errors="replace").splitlines():
+                    hub.deliver(line)
+
+
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def hub() -> Hub:
+    global _hub
+    with _hub_lock:
+        if _hub is None:
+            _hub = Hub()
+        return _hub
+
+
+def shutdown() -> None:
+    """The server is stopping: held waits answer now (SIGTERM, config/gunicorn.conf.py)."""
+    hub().close()
+
+
+def reset() -> None:
+    """Close this process's hub, wait for its thread to end (its connections closed), and
+    start afresh on the next wait (tests: before their database is dropped)."""
+    global _hub
+    with _hub_lock:
+        old, _hub = _hub, None
+    if old is not None:
+        old.close()
+        old.join()
+
+
+# --- a held wait ----------------------------------------------------------------------------
+
+
+def wait_until(key: str, wait_seconds: float, check: Callable[[], object], *,
+               capped: bool = True, gone: Callable[[], bool] | None = None):
+    """`check()` now and, while it answers something falsy, again each time `key` is
+    announced, until `wait_seconds` have passed (then once more). Returns check()'s last
+    answer. Without a free wait in this process (the cap), checks once. `gone()` true (the
+    client left) ends the wait at once with None. The wait's length is this server's own
+    interval clock; nothing is computed from it against the database's times.
+    """
+    waiter = hub().register(key, capped=capped) if wait_seconds > 0 else None
+    if waiter is None:
+        return check()
+    waited = False
+    try:
+        result = check()  # after register: an announcement from now on is not missed
+        if result:
+            return result
+        waited = True
+        _release_connection()
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or hub().closed:
+                break
+            woken = waiter.event.wait(min(remaining, 1.0))
+            if gone is not None and gone():
+                return None
+            if woken:
+                waiter.event.clear()
+                result = check()
+                if result:
+                    return result
+                _release_connection()
+        return check()
+    finally:
+        hub().unregister(waiter)
+        if waited:
+            # Close now, not when the request ends: a burst of wake-ups would otherwise hold
+            # a connection per answered wait until its answer is written.
+            _release_connection()
+
+
+def _release_connection() -> None:
+    """A held wait keeps no database connection (outside a transaction): hundreds of waits
+    would otherwise hold hundreds of idle server connections."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if not db.in_atomic_block:
+        db.close()

@@ -1,0 +1,42 @@
+"""The reference agent long-polls by default (jobqueue-agent --wait-seconds 50) against the
+production server: a job created while it waits starts within a bound (no --idle-max sleep),
+and SIGTERM during a held claim stops it at once, claiming nothing."""
+
+import signal
+import time
+
+import pytest
+
+from jobqueue import states
+from jobqueue.models import Job
+
+from .harness import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("wakeups_stopped_after")]
+
+
+def test_a_waiting_agent_starts_a_new_job_at_once(stack, make_agent, make_jobs, say):
+    stack.start_server(workers=1, threads=16)
+    agent, token = make_agent(lease_seconds=10)
+    a = stack.start_agent(agent, token, "A", idle_max=5)  # polling would sleep up to 5 s
+    time.sleep(2)  # idle: its claim is held
+    created = time.monotonic()
+    [job] = make_jobs(agent, 1, stack.command("true"))
+    wait_for(lambda: stack.starts(), 10, "the job to start", interval=0.01, on_fail=stack.logs)
+    started = time.monotonic() - created
+    say(f"agent pickup (create -> job started) {started * 1000:.0f} ms")
+    assert started < 1.0
+    wait_for(lambda: Job.objects.get(id=job.id).status == states.SUCCESSFUL, 30, "success")
+    assert a.stop() == 0
+
+
+def test_sigterm_during_a_held_claim_stops_the_agent_at_once(stack, make_agent):
+    stack.start_server(workers=1, threads=16)
+    agent, token = make_agent(lease_seconds=10)
+    a = stack.start_agent(agent, token, "A")
+    time.sleep(1.5)  # the claim is held (wait_seconds 50)
+    stopped = time.monotonic()
+    a.signal(signal.SIGTERM)
+    assert a.popen.wait(timeout=10) == 0
+    assert time.monotonic() - stopped < 3
+    assert "event=stopped exit_code=0" in a.output()

@@ -1,0 +1,269 @@
+"""Long-poll over HTTP: `wait_seconds` on claim-next (single and batch) and on a producer's
+GET jobs/{id}. Bounds in-process; the held requests through the production server
+(gunicorn -c config/gunicorn.conf.py, real processes): wake-ups, a client that hangs up,
+heartbeats beside 200 held waits, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+
+from jobqueue import lifecycle, states
+from jobqueue.models import Job, JobClaim, JobEvent
+from tests.e2e.harness import Stack
+from tests.factories import JobFactory
+
+from .conftest import make_world
+
+pytestmark = pytest.mark.usefixtures("wakeups_stopped_after")
+
+BAD_WAITS = [-1, 51, "5", True, 1.5, None, [], 10**12]
+
+
+def _state():
+    return (
+        sorted(Job.objects.values_list("id", "status", "attempt", "updated_at")),
+        sorted(JobClaim.objects.values_list("job_id", "claim_expires_at")),
+        JobEvent.objects.count(),
+    )
+
+
+def _is_400(r, secret=None):
+    assert r.status_code == 400, (r.status_code, r.content)
+    body = r.json()
+    assert body["code"] == "validation_error" and body["detail"]
+    assert "wait_seconds" in body.get("fields", {}) or "wait_seconds" in body["detail"]
+    if secret is not None:
+        assert secret not in r.content.decode()
+    return body
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", BAD_WAITS)
+@pytest.mark.parametrize("limit", [None, 5])
+def test_claim_next_refuses_a_bad_wait_and_changes_nothing(world, value, limit):
+    JobFactory(job_agent=world.agent)
+    before = _state()
+    body = {"wait_seconds": value} if limit is None else {"wait_seconds": value, "limit": limit}
+    _is_400(world.agent_caller().post(f"job-agents/{world.agent.id}/jobs/claim", json=body))
+    assert _state() == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["-1", "51", "abc", "1.5", "", "1e3", "٣", "9" * 40])
+def test_a_producer_wait_refuses_a_bad_value(world, value):
+    job = JobFactory(job_agent=world.agent)
+    before = _state()
+    r = world.producer().get(f"jobs/{job.id}?wait_seconds={value}")
+    _is_400(r, secret=value if len(value) > 3 else None)
+    assert _state() == before
+
+
+@pytest.mark.django_db
+def test_wait_zero_is_a_plain_claim_and_a_plain_read(world):
+    agent = world.agent_caller()
+    assert agent.post(f"job-agents/{world.agent.id}/jobs/claim",
+                      json={"wait_seconds": 0}).status_code == 204
+    assert agent.post(f"job-agents/{world.agent.id}/jobs/claim",
+                      json={"wait_seconds": 0, "limit": 3}).json() == {"claims": []}
+    job = JobFactory(job_agent=world.agent)
+    r = world.producer().get(f"jobs/{job.id}?wait_seconds=0")
+    assert r.status_code == 200 and r.json()["status"] == states.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_waits_answer_at_their_deadline(world):
+    agent = world.agent_caller()
+    started = time.monotonic()
+    r = agent.post(f"job-agents/{world.agent.id}/jobs/claim", json={"wait_seconds": 1})
+    assert r.status_code == 204 and 1.0 <= time.monotonic() - started < 2.0
+    started = time.monotonic()
+    r = agent.post(f"job-agents/{world.agent.id}/jobs/claim",
+                   json={"wait_seconds": 1, "limit": 2})
+    assert r.json() == {"claims": []} and 1.0 <= time.monotonic() - started < 2.0
+    job = JobFactory(job_agent=world.agent)
+    started = time.monotonic()
+    r = world.producer().get(f"jobs/{job.id}?wait_seconds=1")
+    assert r.status_code == 200 and r.json()["status"] == states.QUEUED
+    assert 1.0 <= time.monotonic() - started < 2.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_producer_wait_on_another_workspaces_job_is_a_404_at_once(world):
+    foreign = JobFactory(job_agent=world.other_workspace_agent)
+    started = time.monotonic()
+    r = world.producer().get(f"jobs/{foreign.id}?wait_seconds=30")
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
+    assert time.monotonic() - started < 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_token_cannot_wait_on_another_agents_queue(world):
+    started = time.monotonic()
+    r = world.agent_caller().post(f"job-agents/{world.other_agent.id}/jobs/claim",
+                                  json={"wait_seconds": 30})
+    assert r.status_code == 404 and time.monotonic() - started < 1
+
+
+# --- through the production server ------------------------------------------------------
+
+
+@pytest.fixture
+def server(transactional_db, tmp_path):
+    stack = Stack(tmp_path, server_env={"JOBQUEUE_WAIT_RECHECK_SECONDS": 60})
+    try:
+        stack.start_server(workers=2, threads=240)
+        yield stack
+    finally:
+        stack.close()
+
+
+def _claim_url(server, world):
+    return f"{server.url}/v1/workspaces/{world.workspace.id}/job-agents/{world.agent.id}/jobs/claim"
+
+
+def _held(server, world, wait: float):
+    """A raw claim-next with wait_seconds on its own socket (not read yet)."""
+    body = json.dumps({"wait_seconds": wait}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        f"POST /v1/workspaces/{world.workspace.id}/job-agents/{world.agent.id}/jobs/claim "
+        f"HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {world.token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return sock
+
+
+def _answer(sock, timeout=30) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_a_held_claim_gets_a_job_posted_by_a_producer(server):
+    world = make_world()
+    headers = {"Authorization": f"Bearer {world.token}"}
+    result = {}
+
+    def wait():
+        with httpx.Client(timeout=30) as http:
+            r = http.post(_claim_url(server, world), json={"wait_seconds": 20}, headers=headers)
+            result["r"], result["at"] = r, time.monotonic()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.5)  # held
+    with httpx.Client(base_url=server.url, timeout=30,
+                      headers={"X-API-Key": world.key}) as producer:
+        posted = time.monotonic()
+        created = producer.post(f"/v1/workspaces/{world.workspace.id}/jobs",
+                                json={"job_agent_id": str(world.agent.id)})
+        assert created.status_code == 201, created.text
+        waiter.join(30)
+        r = result["r"]
+        assert r.status_code == 200 and r.json()["job"]["id"] == created.json()["id"]
+        assert result["at"] - posted < 1.0
+
+        # the producer waits for the end, which the agent reports
+        job_id, claim_id = r.json()["job"]["id"], r.json()["claim"]["claim_id"]
+        ended = {}
+
+        def producer_wait():
+            with httpx.Client(timeout=30, headers={"X-API-Key": world.key}) as http:
+                got = http.get(f"{server.url}/v1/workspaces/{world.workspace.id}/jobs/{job_id}",
+                               params={"wait_seconds": 20})
+                ended["r"], ended["at"] = got, time.monotonic()
+
+        t = threading.Thread(target=producer_wait)
+        t.start()
+        time.sleep(0.5)
+        with httpx.Client(timeout=30, headers=headers) as agent:
+            reported = time.monotonic()
+            r = agent.put(f"{server.url}/v1/workspaces/{world.workspace.id}/jobs/{job_id}/status",
+                          json={"claim_id": claim_id, "status": "successful"})
+            assert r.status_code == 200, r.text
+        t.join(30)
+        assert ended["r"].status_code == 200 and ended["r"].json()["status"] == "successful"
+        assert ended["at"] - reported < 1.0
+
+
+def test_a_client_that_hangs_up_during_a_wait_claims_nothing(server):
+    world = make_world()
+    sock = _held(server, world, 20)
+    time.sleep(0.5)
+    sock.close()  # hangs up
+    time.sleep(0.2)
+    job, _ = lifecycle.create_job(workspace=world.workspace, job_agent=world.agent)
+    time.sleep(1.5)  # the held request notices at its wake-up
+    assert Job.objects.get(id=job.id).status == states.QUEUED
+    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {world.token}"}) as http:
+        r = http.post(_claim_url(server, world), json={"wait_seconds": 5})
+    assert r.status_code == 200 and r.json()["job"]["id"] == str(job.id)
+
+
+def _heartbeat_p99(http, url, claim_id, n=200, server=None) -> float:
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        r = http.post(url, json={"claim_id": claim_id})
+        times.append(time.perf_counter() - started)
+        assert r.status_code == 200, (r.text, server and server.server.output()[-3000:])
+    return statistics.quantiles(times, n=100)[98]
+
+
+def test_heartbeats_are_not_slowed_by_200_held_waits(server):
+    world = make_world()
+    other = lifecycle.claim_job(world.other_agent,
+                                JobFactory(job_agent=world.other_agent).id)
+    url = f"{server.url}/v1/workspaces/{world.workspace.id}/jobs/{other.job.id}/heartbeat"
+    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {world.other_token}"}) as http:
+        _heartbeat_p99(http, url, str(other.claim_id), n=50)  # warm
+        idle = _heartbeat_p99(http, url, str(other.claim_id))
+        socks = []
+        try:
+            for _ in range(200):
+                socks.append(_held(server, world, 30))
+                time.sleep(0.005)  # their first claims spread out
+            time.sleep(2)  # all held (each worker holds up to 240 - 32)
+            busy = _heartbeat_p99(http, url, str(other.claim_id), server=server)
+            # the held waits are still held, and answer when jobs come
+            jobs = []
+            for _ in range(200):  # a producer's pace, not one burst (the database is shared)
+                jobs.append(lifecycle.create_job(workspace=world.workspace,
+                                                 job_agent=world.agent)[0])
+                time.sleep(0.02)
+            answers = [_answer(s) for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+        # The machine is shared: idle is the worse of the figures before and after the waits.
+        idle = max(idle, _heartbeat_p99(http, url, str(other.claim_id), server=server))
+    print(f"heartbeat p99 idle {idle * 1000:.1f} ms, with 200 held waits {busy * 1000:.1f} ms")
+    assert busy <= 2 * idle + 0.005, (idle, busy)
+    assert all(a.startswith(b"HTTP/1.1 200") for a in answers), {a[:40] for a in answers}
+    assert JobClaim.objects.filter(job_id__in=[j.id for j in jobs]).count() == 200
+
+
+def test_sigterm_ends_held_waits_at_once(server):
+    world = make_world()
+    sock = _held(server, world, 30)
+    time.sleep(0.5)
+    stopped = time.monotonic()
+    server.server.signal(15)
+    answer = _answer(sock)
+    assert answer.startswith(b"HTTP/1.1 204"), answer[:100]
+    assert time.monotonic() - stopped < 3
+    sock.close()

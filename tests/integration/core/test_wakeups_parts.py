@@ -1,0 +1,144 @@
+"""The parts of jobqueue.wakeups on their own: payloads, timers, one wake per notification,
+the hand-over of an unused wake-up, the re-check that fails, the listener's URL, the wake
+file's rotation, and the edge's hang-up check."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+
+from agents.views.base import client_gone
+from jobqueue import wakeups
+from jobqueue.models import Job
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_announcing_nothing_sends_nothing(django_assert_num_queries):
+    with django_assert_num_queries(0):
+        wakeups.announce_many([])
+
+
+def test_a_notification_for_an_agent_wakes_one_waiter_and_for_a_job_every_one():
+    hub = wakeups.Hub()
+    hub._ensure_thread = lambda: None  # no listener: deliver() by hand
+    a, b = (hub.register("a:x") for _ in range(2))
+    j1, j2 = (hub.register("j:y", capped=False) for _ in range(2))
+    hub.deliver("a:x")
+    assert [a.event.is_set(), b.event.is_set()].count(True) == 1
+    hub.deliver("a:x")  # the second goes to the other one
+    assert a.event.is_set() and b.event.is_set()
+    hub.deliver("j:y")
+    assert j1.event.is_set() and j2.event.is_set()
+    # an unused wake-up is handed on when its waiter leaves
+    c = hub.register("a:x")
+    a.event.set()
+    b.event.clear()
+    hub.unregister(a)
+    assert b.event.is_set() or c.event.is_set()
+    hub.unregister(a)  # twice: nothing
+    assert hub.waiting() == 4
+
+
+def test_a_delayed_notification_fires_after_its_delay_and_a_bad_one_at_once():
+    hub = wakeups.Hub()
+    hub._ensure_thread = lambda: None
+    w = hub.register("a:x")
+    hub.deliver("a:x 0.2")
+    assert hub._fire_timers() is not None and not w.event.is_set()
+    time.sleep(0.25)
+    assert hub._fire_timers() is None and w.event.is_set()
+    w.event.clear()
+    hub.deliver("a:x not-a-number")  # treated as no delay
+    assert w.event.is_set()
+
+
+def test_a_failing_recheck_leaves_the_waiters_to_their_deadlines(monkeypatch, caplog):
+    hub = wakeups.Hub()
+    hub._ensure_thread = lambda: None
+    w = hub.register("a:00000000-0000-0000-0000-000000000000")
+
+    def broken(*a, **k):
+        raise RuntimeError("database away")
+
+    monkeypatch.setattr(Job.objects, "claimable", broken)
+    hub.recheck()
+    assert not w.event.is_set() and "re-check failed" in caplog.text
+    hub.unregister(w)
+    hub.recheck()  # nobody waits: no query at all
+
+
+def test_the_recheck_wakes_the_waiters_of_an_ended_job():
+    job = JobFactory(status="successful", completed_at=JobFactory().created_at)
+    hub = wakeups.Hub()
+    hub._ensure_thread = lambda: None
+    w = hub.register(wakeups.job_key(job.id), capped=False)
+    hub.recheck()
+    assert w.event.is_set()
+
+
+def test_the_listener_uses_its_own_database_url_when_given(settings):
+    listener = wakeups.PgListener(wakeups.Hub())
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "LISTEN_DATABASE_URL": "postgres://direct/db"}
+    assert listener.url() == "postgres://direct/db"
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "LISTEN_DATABASE_URL": ""}
+    assert "dbname=" in listener.url()
+
+
+def test_the_wake_file_rotates_and_readers_wake_everyone(tmp_path, monkeypatch):
+    path = str(tmp_path / "db.wake")
+    monkeypatch.setattr(wakeups, "WAKE_FILE_ROTATE_BYTES", 10)
+    wakeups._append(path, ["a:1", "a:2", "a:3"])
+    assert os.path.getsize(path) == 12
+    wakeups._append(path, ["a:4"])  # past the limit: starts again
+    assert open(path).read() == "a:4\n"
+
+
+def test_a_file_listener_reads_new_lines_and_wakes_all_after_a_rotation(tmp_path, monkeypatch):
+    hub = wakeups.Hub()
+    listener = wakeups.FileListener(hub)
+    listener.path = str(tmp_path / "db.wake")
+    assert listener.size() == 0
+    hub._ensure_thread = lambda: None
+    one, two = (wakeups.agent_key(uuid.uuid4()) for _ in range(2))
+    w, other = hub.register(one), hub.register(two)
+
+    t = threading.Thread(target=listener.run, daemon=True)
+    t.start()
+    try:
+        time.sleep(0.1)
+        w.event.clear()
+        other.event.clear()  # run() woke everyone at its start
+        wakeups._append(listener.path, [one])
+        assert w.event.wait(2) and not other.event.is_set()
+        w.event.clear()
+        os.truncate(listener.path, 0)  # rotated under the reader
+        assert w.event.wait(2) and other.event.wait(2)
+    finally:
+        hub.close()
+        t.join(5)
+
+
+class _Request:
+    def __init__(self, meta):
+        self.META = meta
+
+
+def test_the_edge_tells_a_client_that_hung_up():
+    assert client_gone(_Request({})) is None  # not gunicorn: no way to tell
+    mine, theirs = socket.socketpair()
+    gone = client_gone(_Request({"gunicorn.socket": mine}))
+    assert gone() is False  # connected, nothing sent
+    theirs.sendall(b"G")
+    assert gone() is False  # a pipelined request is not a hang-up
+    theirs.close()
+    mine.recv(1)
+    assert gone() is True
+    mine.close()
+    assert gone() is True  # a closed socket (OSError)
