@@ -24,6 +24,15 @@ class StrictUUIDField(serializers.UUIDField):
         return super().to_internal_value(data)
 
 
+class StrictCharField(serializers.CharField):
+    """Text given as a string (DRF's field would also take a number)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class StrictChoiceField(serializers.ChoiceField):
     """A choice whose error names the allowed values, never the value sent (DRF's own
     message quotes it: '"<what you sent>" is not a valid choice.')."""
@@ -66,6 +75,7 @@ class JobSerializer(serializers.Serializer):
     result = serializers.JSONField(allow_null=True)
     message = serializers.CharField(allow_blank=True)
     external_id = serializers.CharField(allow_blank=True)
+    group = serializers.CharField(allow_null=True)
     attempt = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     priority = serializers.IntegerField()
@@ -277,6 +287,11 @@ class JobCreateInput(serializers.Serializer):
     hold = serializers.BooleanField(
         required=False, default=False, help_text="Create as `pending`: dispatch it later."
     )
+    group = StrictCharField(
+        required=False, allow_null=True, min_length=1, max_length=200, trim_whitespace=False,
+        help_text='The job\'s group (a run): 1 to 200 printable characters without "/". '
+        "A cancelled group takes no new jobs (409 group_cancelled).",
+    )
 
     class Meta:
         ref_name = "JobCreate"
@@ -287,6 +302,26 @@ class ReasonInput(serializers.Serializer):
 
     class Meta:
         ref_name = "ReasonRequest"
+
+
+class GroupSerializer(serializers.Serializer):
+    group = serializers.CharField()
+    counts = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Jobs of the group by status (every status)."
+    )
+    finished = serializers.BooleanField(help_text="No job of the group is pending, queued or "
+                                        "in progress.")
+    cancelled_at = serializers.DateTimeField(allow_null=True)
+
+    class Meta:
+        ref_name = "Group"
+
+
+class GroupCancelSerializer(serializers.Serializer):
+    cancelled = serializers.IntegerField(help_text="Jobs this call cancelled.")
+
+    class Meta:
+        ref_name = "GroupCancelResponse"
 
 
 class HealthSerializer(serializers.Serializer):

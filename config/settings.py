@@ -191,6 +191,8 @@ JOBQUEUE = {
     "MAX_REPORT_BATCH": env.int("JOBQUEUE_MAX_REPORT_BATCH", 500),
     # Upper bound on a release's retry_after_seconds.
     "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
+    # A group's cancel runs in transactions of at most this many jobs.
+    "GROUP_CANCEL_BATCH": env.int("JOBQUEUE_GROUP_CANCEL_BATCH", 500),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

@@ -15,6 +15,8 @@ DEFAULTS = {
     "MAX_HEARTBEAT_BATCH": 500,
     "MAX_REPORT_BATCH": 500,
     "MAX_RETRY_AFTER_SECONDS": 86400,
+    # A group's cancel: how many jobs each of its transactions cancels.
+    "GROUP_CANCEL_BATCH": 500,
 }
 
 

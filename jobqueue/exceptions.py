@@ -62,3 +62,8 @@ class InvalidTransition(Conflict):
 class IdempotencyKeyReused(JobQueueError):
     code = "idempotency_key_reused"
     default_detail = "This Idempotency-Key was already used with a different request body."
+
+
+class GroupCancelled(Conflict):
+    code = "group_cancelled"
+    default_detail = "The job's group was cancelled; it takes no new jobs and no requeues."

@@ -103,6 +103,9 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     message = models.TextField(blank=True, default="")
     external_id = models.CharField(max_length=255, blank=True, default="")
+    # The producer's group (a run, a pipeline): None when the job belongs to none. Never
+    # changes once the job exists. Its cancelled mark lives on JobGroup.
+    group = models.CharField(max_length=200, null=True, blank=True, db_column="group_name")
     # attempt counts claims; never goes down. max_attempts is the reaper's limit.
     attempt = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()
@@ -161,6 +164,13 @@ class Job(models.Model):
                 condition=~Q(external_id=""),
                 name="job_external_id_idx",
             ),
+            # GET jobs?group=, a group's counts and its cancel. Partial: ungrouped jobs (and
+            # their updates) stay out of it.
+            models.Index(
+                fields=["workspace", "group", "status"],
+                condition=Q(group__isnull=False),
+                name="job_group_idx",
+            ),
         ]
 
     def __str__(self):
@@ -169,6 +179,33 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in states.TERMINAL
+
+
+class JobGroup(models.Model):
+    """A group of jobs as a whole: written when its first job is created, and once more when
+    it is cancelled. Its row is the lock that orders a group's cancel against the creates and
+    requeues into it (jobqueue/lifecycle/groups.py): they hold it FOR SHARE, the cancel
+    marks it with an UPDATE."""
+
+    id = models.BigAutoField(primary_key=True)
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.CASCADE, related_name="job_groups", db_index=False
+    )
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.CharField(max_length=200, blank=True, default="")
+    cancel_reason = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        db_table = "job_group"
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="job_group_name_unique"),
+        ]
+
+    def __str__(self):
+        return self.name
 
 
 class JobClaimQuerySet(models.QuerySet):

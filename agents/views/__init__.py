@@ -5,8 +5,9 @@ Agent actions accept an agent token (its own agent and jobs only) or the workspa
 the others need the key.
 """
 
+from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
 from .tokens import TokenViewSet
 
-__all__ = ["JobAgentViewSet", "JobViewSet", "TokenViewSet"]
+__all__ = ["GroupViewSet", "JobAgentViewSet", "JobViewSet", "TokenViewSet"]

@@ -47,6 +47,8 @@ class JobViewSet(ApiViewSet):
         parameters=[
             STATUS_PARAM,
             OpenApiParameter("job_agent_id", OpenApiTypes.UUID, required=False),
+            OpenApiParameter("group", OpenApiTypes.STR, required=False,
+                             description="Only the jobs of this group."),
             *PAGE_PARAMS,
         ],
         responses={200: s.JobPage, **errors(400, *COMMON)},
@@ -62,6 +64,9 @@ class JobViewSet(ApiViewSet):
             if agent_id is None:
                 raise ValidationError({"job_agent_id": ["Must be a valid UUID."]})
             jobs = jobs.filter(job_agent_id=agent_id)
+        group = request.query_params.get("group")
+        if group is not None:
+            jobs = jobs.filter(group=group)
         return self.paginated(NewestFirst, jobs.defer(*s.JOB_LIST_DEFER), s.JobSerializer)
 
     @extend_schema(
@@ -79,7 +84,7 @@ class JobViewSet(ApiViewSet):
         responses={
             201: s.JobSerializer,
             200: OpenApiResponse(s.JobSerializer, description="Idempotent replay."),
-            **errors(422, *WITH_BODY, *COMMON),
+            **errors(409, 422, *WITH_BODY, *COMMON),
         },
     )
     def create(self, request, workspace_id):
@@ -101,6 +106,7 @@ class JobViewSet(ApiViewSet):
             delay_seconds=data.get("delay_seconds"),
             external_id=data["external_id"],
             idempotency_key=request.headers.get("Idempotency-Key"),
+            group=data.get("group"),
             hold=data["hold"],
             actor=self.principal.actor,
         )

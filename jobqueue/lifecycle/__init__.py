@@ -7,6 +7,7 @@ One function per transition, each in the module that names it:
     lease.py     heartbeat, heartbeat_many, release_job
     report.py    report_status, report_many
     operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
+    groups.py    group_state, cancel_group (bounded batches), hold_group (create, requeue)
     reap.py      reap_expired_claims_once, count_expired_claims (jobqueue.reaper loops it)
 
 and what they share:
@@ -38,6 +39,7 @@ from jobqueue.actors import agent_actor
 
 from .claim import claim_job, claim_next_job, claim_next_jobs, heartbeat_interval_for, lease_for
 from .create import create_job, create_job_agent, dispatch_job
+from .groups import cancel_group, group_state
 from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
 from .inputs import lease_seconds as validate_lease_seconds
 from .inputs import max_attempts as validate_max_attempts
@@ -50,6 +52,7 @@ from .results import (
     BatchHeartbeatResult,
     BatchReportResult,
     ClaimGrant,
+    GroupState,
     HeartbeatOutcome,
     HeartbeatResult,
     ReapResult,
@@ -61,6 +64,7 @@ __all__ = [
     "BatchHeartbeatResult",
     "BatchReportResult",
     "ClaimGrant",
+    "GroupState",
     "ClaimRef",
     "HeartbeatOutcome",
     "HeartbeatResult",
@@ -68,6 +72,7 @@ __all__ = [
     "ReportItem",
     "ReportOutcome",
     "agent_actor",
+    "cancel_group",
     "cancel_job",
     "claim_candidates",
     "claim_job",
@@ -77,6 +82,7 @@ __all__ = [
     "create_job",
     "create_job_agent",
     "dispatch_job",
+    "group_state",
     "heartbeat",
     "heartbeat_interval_for",
     "heartbeat_many",

@@ -14,6 +14,7 @@ from jobqueue.exceptions import IdempotencyKeyReused, InvalidInput, InvalidTrans
 from jobqueue.models import Job, JobAgent, JobEvent
 
 from . import inputs
+from .groups import hold_group
 from .records import event, fetch_job, scoped_jobs
 
 
@@ -49,6 +50,7 @@ def create_job(
     delay_seconds: int | None = None,
     external_id: str = "",
     idempotency_key: str | None = None,
+    group: str | None = None,
     hold: bool = False,
     actor: str = "",
 ) -> tuple[Job, bool]:
@@ -56,11 +58,13 @@ def create_job(
 
     With an idempotency key, a replay of the same request returns the first job and
     created=False; the same key with different content raises IdempotencyKeyReused.
+    A job joins `group` only while the group is not cancelled (else GroupCancelled).
     """
     if job_agent.workspace_id != workspace.id:
         raise NotFound("No such job agent.")
     max_attempts = inputs.max_attempts(max_attempts) or job_agent.effective_max_attempts
     delay_seconds = inputs.delay_seconds(delay_seconds)
+    group = inputs.group_name(group)
     fingerprint = ""
     if inputs.idempotency_key(idempotency_key) is not None:
         fingerprint = _fingerprint(
@@ -73,6 +77,7 @@ def create_job(
                 "delay_seconds": delay_seconds,
                 "external_id": external_id,
                 "hold": hold,
+                **({"group": group} if group is not None else {}),
             }
         )
         existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
@@ -89,6 +94,7 @@ def create_job(
         max_attempts=max_attempts,
         initial_max_attempts=max_attempts,
         external_id=external_id or "",
+        group=group,
         idempotency_key=idempotency_key,
         idempotency_fingerprint=fingerprint,
     )
@@ -96,6 +102,8 @@ def create_job(
         job.available_at = NowPlusSeconds(delay_seconds)
     try:
         with transaction.atomic():
+            if group is not None:
+                hold_group(workspace.id, group, create=True)
             job.save(force_insert=True)
             event(job.id, JobEvent.CREATED, actor=actor, status=job.status).save()
     except IntegrityError:

@@ -114,6 +114,23 @@ def idempotency_key(value: str | None) -> str | None:
     return value
 
 
+MAX_GROUP_LENGTH = 200
+
+
+def group_name(value: str | None) -> str | None:
+    """A job's group: 1 to 200 printable characters without "/" (it is a path segment of
+    groups/{group}); None: no group."""
+    if value is not None and (
+        not isinstance(value, str) or not 1 <= len(value) <= MAX_GROUP_LENGTH
+        or not value.isprintable() or "/" in value
+    ):
+        raise InvalidInput(
+            f'group must be 1 to {MAX_GROUP_LENGTH} printable characters without "/".',
+            field="group",
+        )
+    return value
+
+
 def agent_name(value: str) -> str:
     name = (value or "").strip()
     if not name:

@@ -20,6 +20,7 @@ from jobqueue import observe, states
 from jobqueue.exceptions import InvalidTransition, JobFinished
 from jobqueue.models import Job, JobClaim, JobEvent
 
+from .groups import hold_group
 from .records import event, fetch_job, scoped_jobs
 
 
@@ -31,6 +32,7 @@ class Transition:
     detail: Callable[[Job], dict]  # the event's detail beyond reason and superseded_claim
     observed: Callable[[Job], tuple[str, dict]]  # what it emits
     unchanged: Callable[[Job], Job]  # nothing changed: the answer, or raise
+    revives: bool = False  # it makes a job live again: refused in a cancelled group
 
 
 def _finished(job: Job) -> Job:
@@ -62,6 +64,7 @@ REQUEUE = Transition(
     detail=lambda job: {"max_attempts": job.max_attempts},
     observed=lambda job: ("requeued", {}),
     unchanged=_not_pending,
+    revives=True,
 )
 MARK_FAILED = Transition(
     allowed=Q(status__in=states.ACTIVE),
@@ -81,6 +84,8 @@ MARK_FAILED = Transition(
 def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason: str = "",
           workspace_id: uuid.UUID | None = None) -> Job:
     with transaction.atomic():
+        if transition.revives:
+            _hold_group_of(job_id, workspace_id)
         n = (
             scoped_jobs(workspace_id)
             .filter(transition.allowed, id=job_id)
@@ -97,6 +102,14 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
     kind, data = transition.observed(job)
     observe.emit(kind, **data)
     return job
+
+
+def _hold_group_of(job_id: uuid.UUID, workspace_id: uuid.UUID | None) -> None:
+    """A job's group (it never changes) stays uncancelled until the caller commits, or
+    GroupCancelled."""
+    row = scoped_jobs(workspace_id).filter(id=job_id).values_list("workspace_id", "group").first()
+    if row is not None and row[1] is not None:
+        hold_group(row[0], row[1], create=False)
 
 
 def _supersede_claim(job_id: uuid.UUID) -> uuid.UUID | None:
@@ -118,7 +131,8 @@ def cancel_job(job_id: uuid.UUID, *, actor: str = "", reason: str = "",
 def requeue_job(job_id: uuid.UUID, *, actor: str = "", reason: str = "",
                 workspace_id: uuid.UUID | None = None) -> Job:
     """Any non-pending job -> queued now, with as many further attempts as it was created
-    with. Supersedes a live claim: the old holder's claim_id stops working."""
+    with. Supersedes a live claim: the old holder's claim_id stops working. A job of a
+    cancelled group is never requeued (GroupCancelled)."""
     return apply(REQUEUE, job_id, actor=actor, reason=reason, workspace_id=workspace_id)
 
 

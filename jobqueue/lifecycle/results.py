@@ -74,3 +74,13 @@ class ReapResult:
     @property
     def reaped(self) -> int:
         return self.requeued + self.expired
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """A group of jobs: how many of its jobs are in each status."""
+
+    group: str
+    counts: dict
+    finished: bool
+    cancelled_at: dt.datetime | None
