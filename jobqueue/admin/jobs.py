@@ -9,21 +9,27 @@ tokens) are never rendered either, nor filterable from the query string.
 from __future__ import annotations
 
 import json
+import logging
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import F, Q
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Now
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
-from jobqueue.models import Job, JobEvent
+from jobqueue.models import Job, JobEvent, JobGroup
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
 from .recovery import RecoveryViews
+
+log = logging.getLogger("jobqueue.admin")
+RECENT_GROUPS = 20
 
 
 def expiring_soon_cutoff():
@@ -60,22 +66,39 @@ class LeaseStateFilter(admin.SimpleListFilter):
         return queryset
 
 
+class GroupFilter(admin.SimpleListFilter):
+    """By group: the most recent groups are offered; any group works as `?group=<name>`."""
+
+    title = "group"
+    parameter_name = "group"
+
+    def lookups(self, request, model_admin):
+        names = JobGroup.objects.order_by("-created_at").values_list("name", flat=True)
+        recent = list(dict.fromkeys(names[: RECENT_GROUPS * 2]))[:RECENT_GROUPS]
+        return [(name, name) for name in recent]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        return queryset.filter(group=value) if value else queryset
+
+
 @admin.register(Job)
 class JobAdmin(RecoveryViews, admin.ModelAdmin):
     list_display = [
         "id",
         "job_agent",
         "status",
+        "group",
         "attempts",
         "lease",
         "last_heartbeat",
         "created_at",
     ]
-    list_filter = ["status", "job_agent", "workspace", LeaseStateFilter]
+    list_filter = ["status", "job_agent", "workspace", GroupFilter, LeaseStateFilter]
     list_select_related = ["job_agent", "claim"]
     search_fields = ["=id", "=idempotency_key", "=external_id"]
     search_help_text = "Search by job id, idempotency key or external id (exact)."
-    actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed"]
+    actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed", "cancel_groups"]
     show_full_result_count = False
     # Never filterable from the query string: a `?dispatch_context__key__startswith=` would
     # be a character-by-character oracle on a secret (and the same for the fencing token).
@@ -91,6 +114,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "workspace",
         "job_agent",
         "status",
+        "group",
         "attempts",
         "priority",
         "available_at",
@@ -288,9 +312,62 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         self._run_action(request, queryset, lifecycle.mark_failed, "Marked failed",
                          "Marked failed from the admin.")
 
+    @admin.action(description="Cancel the groups of the selected jobs (asks first)",
+                  permissions=["change"])
+    def cancel_groups(self, request, queryset):
+        return confirm_cancel_groups(self, request, queryset)
+
 
 def _format_detail(detail) -> str:
     if not isinstance(detail, dict) or not detail:
         return ""
     return ", ".join(f"{k}={v}" for k, v in sorted(detail.items()))
+
+
+
+def _cancel_groups_confirmed(model_admin, request, groups):
+    actor = operator_actor(request)
+    total = 0
+    for group in groups:
+        n = lifecycle.cancel_group(group.workspace_id, group.name, actor=actor,
+                                   reason="Cancelled from the admin.")
+        total += n
+        model_admin.log_change(request, group,
+                               f"Group {group.name} cancelled by {actor}: {n} job(s) cancelled.")
+        log.info("group cancelled from the admin: workspace=%s group=%s actor=%s jobs=%d",
+                 group.workspace_id, group.name, actor, n)
+    model_admin.message_user(
+        request, f"Cancelled {len(groups)} group(s): {total} job(s) cancelled.", messages.SUCCESS
+    )
+
+
+def confirm_cancel_groups(model_admin, request, queryset):
+    """A confirmation page listing the groups and their live jobs, then each group's cancel
+    through the lifecycle (logged: an admin LogEntry per group, and the jobqueue.admin log)."""
+    keys = set(queryset.exclude(group=None).values_list("workspace_id", "group"))
+    if not keys:
+        model_admin.message_user(request, "None of the selected jobs belongs to a group.",
+                                 messages.WARNING)
+        return None
+    q = Q()
+    for workspace_id, name in keys:
+        q |= Q(workspace_id=workspace_id, name=name)
+    groups = list(JobGroup.objects.filter(q).select_related("workspace").order_by("name"))
+    if request.POST.get("confirm") == "yes":
+        _cancel_groups_confirmed(model_admin, request, groups)
+        return None
+    for group in groups:
+        group.live_jobs = Job.objects.filter(
+            workspace_id=group.workspace_id, group=group.name, status__in=states.ACTIVE
+        ).count()
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Cancel these groups?",
+        "opts": model_admin.opts,
+        "groups": groups,
+        "queryset": queryset,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "changelist_url": reverse("admin:jobqueue_job_changelist"),
+    }
+    return TemplateResponse(request, "admin/jobqueue/cancel_groups_confirm.html", context)
 

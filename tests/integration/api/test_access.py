@@ -11,7 +11,7 @@ import pytest
 from agents import credentials
 from agents.models import AgentToken
 from jobqueue import lifecycle
-from jobqueue.models import Job, JobAgent, JobEvent
+from jobqueue.models import Job, JobAgent, JobEvent, JobGroup
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 UNUSED_CLAIM = "00000000-0000-4000-8000-000000000000"
 
 
-def endpoints(agent_id, job_id, claim_id, token_id):
+def endpoints(agent_id, job_id, claim_id, token_id, group="run"):
     """(name, method, path, body) for every endpoint, aimed at the given objects."""
     return [
         ("poll", "GET", f"job-agents/{agent_id}/jobs", None),
@@ -39,6 +39,8 @@ def endpoints(agent_id, job_id, claim_id, token_id):
         ("get_agent", "GET", f"job-agents/{agent_id}", None),
         ("issue_token", "POST", f"job-agents/{agent_id}/tokens", {"name": "x"}),
         ("revoke_token", "DELETE", f"job-agents/{agent_id}/tokens/{token_id}", None),
+        ("get_group", "GET", f"groups/{group}", None),
+        ("cancel_group", "POST", f"groups/{group}/cancel", None),
     ]
 
 
@@ -46,10 +48,13 @@ ENDPOINT_NAMES = [e[0] for e in endpoints("a", "j", "c", "t")]
 AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "release"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
 NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "list_agents", "create_agent"}
+# A group belongs to the workspace, not to an agent: an agent token gets 403 on any group.
+GROUP_ENDPOINTS = {"get_group", "cancel_group"}
 
 
-def _claimed(agent):
-    job = JobFactory(job_agent=agent, dispatch_context={"secret": "x"})
+def _claimed(agent, group):
+    JobGroup.objects.create(workspace_id=agent.workspace_id, name=group)
+    job = JobFactory(job_agent=agent, dispatch_context={"secret": "x"}, group=group)
     grant = lifecycle.claim_job(agent, job.id)
     return job, str(grant.claim_id)
 
@@ -60,6 +65,7 @@ def _snapshot():
         JobEvent.objects.count(),
         JobAgent.objects.count(),
         sorted(AgentToken.objects.values_list("id", "revoked_at")),
+        sorted(JobGroup.objects.values_list("id", "cancelled_at")),
     )
 
 
@@ -69,16 +75,16 @@ def _call(caller, method, path, body):
 
 @pytest.fixture
 def targets(world):
-    job_b, claim_b = _claimed(world.other_agent)
+    job_b, claim_b = _claimed(world.other_agent, "run-b")
     token_b = AgentToken.objects.filter(job_agent=world.other_agent).first()
-    job_y, claim_y = _claimed(world.other_workspace_agent)
+    job_y, claim_y = _claimed(world.other_workspace_agent, "run-y")
     token_y, _ = credentials.create_agent_token(world.other_workspace_agent)
-    job_a, claim_a = _claimed(world.agent)
+    job_a, claim_a = _claimed(world.agent, "run-a")
     token_a = AgentToken.objects.filter(job_agent=world.agent).first()
     return {
-        "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id),
-        "y": endpoints(world.other_workspace_agent.id, job_y.id, claim_y, token_y.id),
-        "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id),
+        "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id, "run-b"),
+        "y": endpoints(world.other_workspace_agent.id, job_y.id, claim_y, token_y.id, "run-y"),
+        "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id, "run-a"),
     }
 
 
@@ -87,7 +93,7 @@ def test_agent_token_cannot_reach_another_agent(world, targets, name):
     _, method, path, body = next(e for e in targets["b"] if e[0] == name)
     before = _snapshot()
     r = _call(world.agent_caller(), method, path, body)
-    expected = 403 if name in NO_OBJECT_IN_PATH else 404
+    expected = 403 if name in NO_OBJECT_IN_PATH | GROUP_ENDPOINTS else 404
     assert r.status_code == expected, (name, r.status_code, r.content)
     assert r.json()["code"] == ("permission_denied" if expected == 403 else "not_found")
     assert _snapshot() == before
