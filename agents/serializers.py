@@ -217,6 +217,44 @@ class ClaimNextInput(serializers.Serializer):
         ref_name = "ClaimNextRequest"
 
 
+class ClaimCheckSerializer(serializers.Serializer):
+    """A claim's state, read-only. Current claims carry attempt, lease_state and
+    claim_expires_at; others carry code (and final_status when the claim ended the job)."""
+
+    current = serializers.BooleanField()
+    server_time = serializers.DateTimeField(help_text="The database's clock.")
+    attempt = serializers.IntegerField(required=False)
+    lease_state = serializers.ChoiceField(
+        choices=["active", "expired"], required=False,
+        help_text="`expired`: past its expiry, not yet reaped (a terminal report or a release "
+        "is still accepted; a heartbeat is not).",
+    )
+    claim_expires_at = serializers.DateTimeField(required=False)
+    code = serializers.ChoiceField(
+        choices=["claim_superseded", "job_cancelled", "job_finished"], required=False,
+        help_text="The 409 code a write with this claim_id would get.",
+    )
+    final_status = serializers.ChoiceField(
+        choices=sorted(states.TERMINAL), required=False,
+        help_text="The job's final status, when this claim's own report ended it.",
+    )
+
+    class Meta:
+        ref_name = "ClaimCheck"
+
+    def to_representation(self, check):
+        body = {"current": check.current, "server_time": check.server_time}
+        if check.current:
+            body.update(attempt=check.attempt, lease_state=check.lease_state,
+                        claim_expires_at=check.claim_expires_at)
+        else:
+            body["code"] = check.code
+            if check.final_status is not None:
+                body["final_status"] = check.final_status
+        return {k: (self.fields[k].to_representation(v) if v is not None else v)
+                for k, v in body.items()}
+
+
 # --- agent writes ------------------------------------------------------------------------
 
 

@@ -179,7 +179,21 @@ class JobViewSet(ApiViewSet):
         )
         return Response(s.represent(s.JobSerializer, job))
 
-    # --- the claim holder's writes
+    # --- the claim holder's reads and writes
+
+    @extend_schema(
+        tags=AGENT_TAGS,
+        operation_id="get_claim_state",
+        summary="Is this claim current? Read-only: never extends the lease, writes nothing",
+        parameters=[OpenApiParameter("claim_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+        responses={200: s.ClaimCheckSerializer, **errors(*COMMON)},
+    )
+    @action(detail=True, methods=["get"], url_path="claims/<anyid:claim_id>",
+            url_name="claim-state", permission_classes=AGENT, name="Claim State")
+    def claim_state(self, request, workspace_id, job_id, claim_id):
+        check = lifecycle.claim_state(self.path_uuid("job_id"), self.path_uuid("claim_id"),
+                                      **self.job_scope())
+        return Response(s.represent(s.ClaimCheckSerializer, check))
 
     @write_schema(AGENT_TAGS, "heartbeat", "Extend the lease (never revives an expired one)",
                   s.HeartbeatInput, s.HeartbeatResponseSerializer, 409)

@@ -7,6 +7,7 @@ One function per transition, each in the module that names it:
     lease.py     heartbeat, heartbeat_many, release_job
     report.py    report_status, report_many
     operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
+    reconcile.py claim_state (read-only: is a claim_id current, and if not, why)
     groups.py    group_state, cancel_group (bounded batches), hold_group (create, requeue)
     reap.py      reap_expired_claims_once, count_expired_claims (jobqueue.reaper loops it)
 
@@ -47,10 +48,12 @@ from .lease import heartbeat, heartbeat_many, release_job
 from .operator import cancel_job, mark_failed, requeue_job
 from .orm import claim_candidates
 from .reap import count_expired_claims, reap_expired_claims_once
+from .reconcile import claim_state
 from .report import report_many, report_status
 from .results import (
     BatchHeartbeatResult,
     BatchReportResult,
+    ClaimCheck,
     ClaimGrant,
     GroupState,
     HeartbeatOutcome,
@@ -63,6 +66,7 @@ __all__ = [
     "BATCH_REPORT_STATUSES",
     "BatchHeartbeatResult",
     "BatchReportResult",
+    "ClaimCheck",
     "ClaimGrant",
     "GroupState",
     "ClaimRef",
@@ -78,6 +82,7 @@ __all__ = [
     "claim_job",
     "claim_next_job",
     "claim_next_jobs",
+    "claim_state",
     "count_expired_claims",
     "create_job",
     "create_job_agent",

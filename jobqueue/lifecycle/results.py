@@ -84,3 +84,16 @@ class GroupState:
     counts: dict
     finished: bool
     cancelled_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class ClaimCheck:
+    """A claim's state, read without writing (GET jobs/{job_id}/claims/{claim_id})."""
+
+    current: bool
+    server_time: dt.datetime
+    attempt: int | None = None
+    claim_expires_at: dt.datetime | None = None
+    lease_state: str | None = None  # "active" or "expired" (current claims only)
+    code: str | None = None  # what a write with this claim_id would get (others)
+    final_status: str | None = None  # the job's final status, when this claim ended it

@@ -28,6 +28,7 @@ def endpoints(agent_id, job_id, claim_id, token_id, group="run"):
         ("heartbeat", "POST", f"jobs/{job_id}/heartbeat", {"claim_id": claim_id}),
         ("status", "PUT", f"jobs/{job_id}/status", {"claim_id": claim_id, "status": "failure"}),
         ("release", "POST", f"jobs/{job_id}/release", {"claim_id": claim_id}),
+        ("claim_state", "GET", f"jobs/{job_id}/claims/{claim_id}", None),
         ("list_jobs", "GET", "jobs", None),
         ("create_job", "POST", "jobs", {"job_agent_id": str(agent_id)}),
         ("get_job", "GET", f"jobs/{job_id}", None),
@@ -45,7 +46,8 @@ def endpoints(agent_id, job_id, claim_id, token_id, group="run"):
 
 
 ENDPOINT_NAMES = [e[0] for e in endpoints("a", "j", "c", "t")]
-AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "release"}
+AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "release",
+                   "claim_state"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
 NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "list_agents", "create_agent"}
 # A group belongs to the workspace, not to an agent: an agent token gets 403 on any group.
