@@ -204,6 +204,23 @@ class BatchClaimResponseSerializer(serializers.Serializer):
         ref_name = "BatchClaimResponse"
 
 
+HOLDER_HELP = ("The agent process claiming (e.g. host and pid), up to 200 printable "
+               "characters. Kept on the claim for operators (the admin); never in an answer.")
+
+
+class ClaimInput(serializers.Serializer):
+    holder = StrictCharField(required=False, allow_blank=True, max_length=200,
+                             trim_whitespace=False, help_text=HOLDER_HELP)
+    expected_attempt = serializers.IntegerField(
+        required=False, min_value=0, max_value=INT32_MAX,
+        help_text="Claim only while the job's `attempt` still equals this (else 409 "
+        "job_not_claimable).",
+    )
+
+    class Meta:
+        ref_name = "ClaimRequest"
+
+
 class ClaimNextInput(serializers.Serializer):
     limit = serializers.IntegerField(
         required=False,
@@ -212,6 +229,8 @@ class ClaimNextInput(serializers.Serializer):
         help_text="Batch claim: up to this many jobs (bounded by JOBQUEUE_MAX_CLAIM_BATCH); "
         "the answer is then {\"claims\": [...]} and never 204.",
     )
+    holder = StrictCharField(required=False, allow_blank=True, max_length=200,
+                             trim_whitespace=False, help_text=HOLDER_HELP)
 
     class Meta:
         ref_name = "ClaimNextRequest"

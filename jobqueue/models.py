@@ -235,6 +235,9 @@ class JobClaim(models.Model):
     claimed_at = models.DateTimeField(db_default=Now())
     claim_expires_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The agent process that holds the claim, as it named itself (e.g. host and pid). For
+    # operators (the admin) only: no API answer shows it.
+    holder = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     objects = JobClaimQuerySet.as_manager()
 
@@ -283,6 +286,9 @@ class JobEvent(models.Model):
     # The claim this event concerns, for audits of fencing (never exposed over the API).
     claim_id = models.UUIDField(null=True, blank=True)
     detail = models.JSONField(default=dict, blank=True)
+    # The claim's holder (the agent process) on the events of a claim that named one. Kept
+    # out of `detail`: the public timeline (GET jobs/{id}) never shows it; the admin does.
+    holder = models.CharField(max_length=200, blank=True, default="", db_default="")
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:

@@ -117,17 +117,20 @@ class JobAgentViewSet(ApiViewSet):
         tags=AGENT_TAGS,
         operation_id="claim_job",
         summary="Claim this job (at most once)",
-        request=None,
+        request=s.ClaimInput,
         responses={
             200: s.ClaimResponseSerializer,
-            **errors(409, 411, 413, 415, *COMMON),
+            **errors(409, *WITH_BODY, *COMMON),
         },
     )
     @action(detail=True, methods=["post"], url_path="jobs/<anyid:job_id>/claim",
             url_name="claim", permission_classes=AGENT, name="Claim Job")
     def claim(self, request, workspace_id, agent_id, job_id):
+        body = request.data
+        data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimInput)
         agent = self.agent_in_path()
-        grant = lifecycle.claim_job(agent, self.path_uuid("job_id"))
+        grant = lifecycle.claim_job(agent, self.path_uuid("job_id"), holder=data.get("holder"),
+                                    expected_attempt=data.get("expected_attempt"))
         return Response(claim_body(grant))
 
     @extend_schema(
@@ -152,10 +155,11 @@ class JobAgentViewSet(ApiViewSet):
         body = request.data
         data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimNextInput)
         agent = self.agent_in_path()
+        holder = data.get("holder")
         if "limit" in data:
-            grants = lifecycle.claim_next_jobs(agent, data["limit"])
+            grants = lifecycle.claim_next_jobs(agent, data["limit"], holder=holder)
             return Response({"claims": [claim_body(g) for g in grants]})
-        grant = lifecycle.claim_next_job(agent)
+        grant = lifecycle.claim_next_job(agent, holder=holder)
         if grant is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(claim_body(grant))

@@ -224,6 +224,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
                        f"({describe_lease(claim.claim_expires_at, now)})"),
             ("last heartbeat", describe_age(claim.heartbeat_at, now, never="none yet")),
             ("agent", claim.job_agent_id),
+            ("holder", claim.holder or "—"),
         ]
         return format_html(
             '<table class="jq-claim">{}</table>',
@@ -233,7 +234,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
     @admin.display(description="timeline")
     def timeline(self, obj):
         events = JobEvent.objects.filter(job_id=obj.pk).only(
-            "created_at", "kind", "attempt", "actor", "detail"
+            "created_at", "kind", "attempt", "actor", "detail", "holder"
         )
         rows = (
             (
@@ -241,16 +242,18 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
                 e.get_kind_display(),
                 e.attempt,
                 e.actor or "—",
+                e.holder or "—",
                 _format_detail(e.detail),
             )
             for e in events
         )
         return format_html(
             '<table class="jq-timeline"><thead><tr><th>time (UTC)</th><th>event</th>'
-            "<th>attempt</th><th>actor</th><th>detail</th></tr></thead><tbody>{}</tbody>"
-            "</table>",
+            "<th>attempt</th><th>actor</th><th>holder</th><th>detail</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
             format_html_join(
-                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows
+                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                rows,
             ),
         )
 

@@ -32,9 +32,13 @@ def heartbeat_interval_for(lease_seconds: int) -> int:
     return max(1, lease_seconds // max(1, jobqueue_settings()["HEARTBEAT_DIVISOR"]))
 
 
-def _claim(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None) -> list[ClaimGrant]:
+def _claim(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None, *,
+           holder: str | None = None, expected_attempt: int | None = None) -> list[ClaimGrant]:
+    holder = inputs.holder(holder)
+    expected_attempt = inputs.expected_attempt(expected_attempt)
     lease = lease_for(job_agent)
-    jobs, now = backend().claim(job_agent, lease, limit, agent_actor(job_agent.id), job_id)
+    jobs, now = backend().claim(job_agent, lease, limit, agent_actor(job_agent.id), job_id,
+                                holder=holder, expected_attempt=expected_attempt)
     if not jobs:
         return []
     observe.emit("claimed", job_agent_id=job_agent.id, count=len(jobs))
@@ -60,9 +64,12 @@ def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
     ]
 
 
-def claim_job(job_agent: JobAgent, job_id: uuid.UUID) -> ClaimGrant:
-    """Claim the named job for this agent: at most once, whoever races for it."""
-    claimed = _claim(job_agent, 1, job_id)
+def claim_job(job_agent: JobAgent, job_id: uuid.UUID, *, holder: str | None = None,
+              expected_attempt: int | None = None) -> ClaimGrant:
+    """Claim the named job for this agent: at most once, whoever races for it; with
+    `expected_attempt`, only while the job's attempt still equals it. `holder` names the
+    agent process (kept on the claim and its event, for operators only)."""
+    claimed = _claim(job_agent, 1, job_id, holder=holder, expected_attempt=expected_attempt)
     if claimed:
         return claimed[0]
     # Tell "not yours / not there" (404) from "not claimable now" (409).
@@ -70,11 +77,12 @@ def claim_job(job_agent: JobAgent, job_id: uuid.UUID) -> ClaimGrant:
     raise JobNotClaimable()
 
 
-def claim_next_jobs(job_agent: JobAgent, limit: int = 1) -> list[ClaimGrant]:
+def claim_next_jobs(job_agent: JobAgent, limit: int = 1, *,
+                    holder: str | None = None) -> list[ClaimGrant]:
     """Claim up to `limit` of this agent's claimable jobs, in claim order (SKIP LOCKED)."""
-    return _claim(job_agent, inputs.claim_limit(limit))
+    return _claim(job_agent, inputs.claim_limit(limit), holder=holder)
 
 
-def claim_next_job(job_agent: JobAgent) -> ClaimGrant | None:
-    claimed = _claim(job_agent, 1)
+def claim_next_job(job_agent: JobAgent, *, holder: str | None = None) -> ClaimGrant | None:
+    claimed = _claim(job_agent, 1, holder=holder)
     return claimed[0] if claimed else None

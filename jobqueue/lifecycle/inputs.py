@@ -115,6 +115,26 @@ def idempotency_key(value: str | None) -> str | None:
 
 
 MAX_GROUP_LENGTH = 200
+MAX_HOLDER_LENGTH = 200
+INT32_MAX = 2**31 - 1
+
+
+def holder(value: str | None) -> str:
+    """The agent process that claims (e.g. "host:pid"): up to 200 printable characters
+    ("" or None: not named)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > MAX_HOLDER_LENGTH or not value.isprintable():
+        raise InvalidInput(f"holder must be up to {MAX_HOLDER_LENGTH} printable characters.",
+                           field="holder")
+    return value
+
+
+def expected_attempt(value: int | None) -> int | None:
+    """The attempt a named claim expects the job to be at (None: any)."""
+    if value is None:
+        return None
+    return bounded_int(value, "expected_attempt", 0, INT32_MAX)
 
 
 def group_name(value: str | None) -> str | None:

@@ -28,8 +28,10 @@ class PostgresBackend:
             return []
         return jobs_from_rows(self.db, columns(self.db, statement, cursor), rows, *extra)
 
-    def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None):
-        """Claim up to `limit` jobs (or the one named): (jobs, the database's time)."""
+    def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None, *,
+              holder: str = "", expected_attempt: int | None = None):
+        """Claim up to `limit` jobs (or the one named, at `expected_attempt` if given):
+        (jobs, the database's time)."""
         params = {
             "agent": job_agent.id,
             "limit": limit,
@@ -37,10 +39,14 @@ class PostgresBackend:
             "kind": JobEvent.CLAIMED,
             "actor": actor,
             "detail": json.dumps({"lease_seconds": lease}),
+            "holder": holder,
         }
         statement = sql.JOB_CLAIM_AVAILABLE
         if job_id is not None:
             statement, params["job"] = sql.JOB_CLAIM_AVAILABLE_BY_ID, job_id
+            if expected_attempt is not None:
+                statement = sql.JOB_CLAIM_AVAILABLE_BY_ID_AT_ATTEMPT
+                params["expected"] = expected_attempt
         jobs = self._jobs(statement, params, "db_now")
         return jobs, (jobs[0].db_now if jobs else None)
 

@@ -33,14 +33,14 @@ _CLAIM_LOCKED = """
     RETURNING """ + JOB_COLUMNS + """
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
-                           claim_expires_at)
+                           claim_expires_at, holder)
     SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
-           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s)
+           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s), %(holder)s
     FROM claimed
 ), events AS (
-    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at, holder)
     SELECT id, %(kind)s, attempt, %(actor)s, last_claim_id, %(detail)s::jsonb,
-           STATEMENT_TIMESTAMP()
+           STATEMENT_TIMESTAMP(), %(holder)s
     FROM claimed
 )
 SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now FROM claimed
@@ -67,6 +67,14 @@ WITH locked AS MATERIALIZED (
     SELECT id FROM job
     WHERE job_agent_id = %(agent)s AND status = 'queued'
       AND available_at <= STATEMENT_TIMESTAMP() AND id = %(job)s
+    FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
+
+# JobClaimAvailableByIdAtAttempt: the same, only while the job's attempt is %(expected)s.
+JOB_CLAIM_AVAILABLE_BY_ID_AT_ATTEMPT = """
+WITH locked AS MATERIALIZED (
+    SELECT id FROM job
+    WHERE job_agent_id = %(agent)s AND status = 'queued'
+      AND available_at <= STATEMENT_TIMESTAMP() AND id = %(job)s AND attempt = %(expected)s
     FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
 
 # --- reports --------------------------------------------------------------------------------

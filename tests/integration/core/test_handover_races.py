@@ -1,0 +1,63 @@
+"""Claim handover under racing callers: named claims at an expected attempt, and the
+read-only reconciliation racing the writes it describes."""
+
+import pytest
+
+from jobqueue import lifecycle, states
+from jobqueue.exceptions import JobNotClaimable
+from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
+from tests.factories import JobAgentFactory, JobFactory
+from tests.utils import run_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.postgres_only
+def test_named_claims_at_the_expected_attempt_hand_the_job_out_once():
+    agent = JobAgentFactory()
+    job = JobFactory(job_agent=agent)
+
+    def worker(i, barrier):
+        me = JobAgent.objects.get(id=agent.id)
+        barrier.wait()
+        try:
+            grant = lifecycle.claim_job(me, job.id, holder=f"host:{i}", expected_attempt=0)
+        except JobNotClaimable:
+            return None
+        return grant.claim_id
+
+    results = run_threads(worker, 12)
+    won = [r for r in results if r is not None]
+    assert len(won) == 1
+    claim = JobClaim.objects.get(job_id=job.id)
+    assert claim.claim_id == won[0] and claim.holder.startswith("host:")
+    assert Job.objects.get(id=job.id).attempt == 1
+    assert JobEvent.objects.filter(job_id=job.id, kind=JobEvent.CLAIMED).count() == 1
+
+
+@pytest.mark.postgres_only
+def test_reconciliation_racing_reports_and_heartbeats_never_writes_and_agrees():
+    agent = JobAgentFactory()
+    jobs = [JobFactory(job_agent=agent) for _ in range(30)]
+    grants = {j.id: lifecycle.claim_job(agent, j.id) for j in jobs}
+    events_before = JobEvent.objects.count()
+
+    def worker(i, barrier):
+        barrier.wait()
+        seen = []
+        for job_id, grant in grants.items():
+            if i == 0:
+                lifecycle.heartbeat(job_id, grant.claim_id)
+                lifecycle.report_status(job_id, grant.claim_id, states.SUCCESSFUL)
+            else:
+                check = lifecycle.claim_state(job_id, grant.claim_id)
+                seen.append((job_id, check.current, check.code, check.final_status))
+        return seen
+
+    results = run_threads(worker, 4)
+    for seen in results[1:]:
+        for _job_id, current, code, final_status in seen:
+            # Either still current, or finished by this very claim: nothing in between.
+            assert current or (code == "job_finished" and final_status == "successful")
+    # Only the reports wrote events (a status_reported each); the reads wrote nothing.
+    assert JobEvent.objects.count() == events_before + len(jobs)
