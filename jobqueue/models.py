@@ -238,11 +238,23 @@ class JobClaim(models.Model):
     # The agent process that holds the claim, as it named itself (e.g. host and pid). For
     # operators (the admin) only: no API answer shows it.
     holder = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # The agent's Idempotency-Key of the claim-next that made this claim: a retry with the
+    # same key by the same agent gets this claim back. It lives (and ends) with the claim.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
 
     objects = JobClaimQuerySet.as_manager()
 
     class Meta:
         db_table = "job_claim"
+        indexes = [
+            # A keyed claim-next's replay lookup. Partial: claims without a key stay out, and
+            # no column a heartbeat writes is indexed (heartbeats stay HOT updates).
+            models.Index(
+                fields=["job_agent", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_claim_idempotency_idx",
+            ),
+        ]
 
     def __str__(self):
         return f"claim on {self.job_id} (attempt {self.attempt})"

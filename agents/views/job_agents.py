@@ -4,7 +4,13 @@ many jobs at once (agent token or workspace key)."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -137,6 +143,13 @@ class JobAgentViewSet(ApiViewSet):
         tags=AGENT_TAGS,
         operation_id="claim_next_job",
         summary="Claim the next job (SKIP LOCKED), or a batch with {\"limit\": N}",
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                description="1-255 printable characters. A retry with the same key by the same "
+                "agent gets the claim(s) the key made back while they are current.",
+            )
+        ],
         request=s.ClaimNextInput,
         responses={
             200: PolymorphicProxySerializer(
@@ -156,10 +169,12 @@ class JobAgentViewSet(ApiViewSet):
         data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimNextInput)
         agent = self.agent_in_path()
         holder = data.get("holder")
+        key = request.headers.get("Idempotency-Key")
         if "limit" in data:
-            grants = lifecycle.claim_next_jobs(agent, data["limit"], holder=holder)
+            grants = lifecycle.claim_next_jobs(agent, data["limit"], holder=holder,
+                                               idempotency_key=key)
             return Response({"claims": [claim_body(g) for g in grants]})
-        grant = lifecycle.claim_next_job(agent, holder=holder)
+        grant = lifecycle.claim_next_job(agent, holder=holder, idempotency_key=key)
         if grant is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(claim_body(grant))

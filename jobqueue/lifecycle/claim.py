@@ -9,11 +9,14 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
+from django.db import connection, transaction
+from django.db.models.functions import Now
+
 from jobqueue import observe
 from jobqueue.actors import agent_actor
 from jobqueue.conf import jobqueue_settings
 from jobqueue.exceptions import JobNotClaimable
-from jobqueue.models import Job, JobAgent
+from jobqueue.models import CLAIM_ORDER, Job, JobAgent, JobClaim
 
 from . import inputs
 from .backends import backend
@@ -33,16 +36,61 @@ def heartbeat_interval_for(lease_seconds: int) -> int:
 
 
 def _claim(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None, *,
-           holder: str | None = None, expected_attempt: int | None = None) -> list[ClaimGrant]:
+           holder: str | None = None, expected_attempt: int | None = None,
+           idempotency_key: str | None = None) -> list[ClaimGrant]:
     holder = inputs.holder(holder)
     expected_attempt = inputs.expected_attempt(expected_attempt)
+    key = inputs.idempotency_key(idempotency_key)
     lease = lease_for(job_agent)
-    jobs, now = backend().claim(job_agent, lease, limit, agent_actor(job_agent.id), job_id,
-                                holder=holder, expected_attempt=expected_attempt)
+    if key is None:
+        jobs, now = backend().claim(job_agent, lease, limit, agent_actor(job_agent.id), job_id,
+                                    holder=holder, expected_attempt=expected_attempt)
+    else:
+        with transaction.atomic():
+            _lock_key(job_agent.id, key)
+            replayed = _replay(job_agent.id, key, limit)
+            if replayed:
+                return replayed
+            jobs, now = backend().claim(job_agent, lease, limit, agent_actor(job_agent.id),
+                                        holder=holder, idempotency_key=key)
     if not jobs:
         return []
     observe.emit("claimed", job_agent_id=job_agent.id, count=len(jobs))
     return grants(jobs, lease, now)
+
+
+def _lock_key(job_agent_id: uuid.UUID, key: str) -> None:
+    """Serialize the keyed claims of one agent and key until the caller commits, so that a
+    retry racing its own first request finds the first's claims. (SQLite's writers are
+    serialized already: the transaction is BEGIN IMMEDIATE.)"""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                           [f"jobqueue.claim:{job_agent_id}:{key}"])
+
+
+def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
+    """The agent's current claims made with this key (a retry after a lost answer)."""
+    claims = list(
+        JobClaim.objects.filter(job_agent_id=job_agent_id, idempotency_key=key)
+        .select_related("job")
+        .annotate(db_now=Now())
+        .order_by(*(f"-job__{f[1:]}" if f.startswith("-") else f"job__{f}"
+                    for f in CLAIM_ORDER))[:limit]
+    )
+    return [
+        ClaimGrant(
+            job=claim.job,
+            claim_id=claim.claim_id,
+            attempt=claim.attempt,
+            lease_seconds=claim.lease_seconds,
+            claimed_at=claim.claimed_at,
+            claim_expires_at=claim.claim_expires_at,
+            heartbeat_interval_seconds=heartbeat_interval_for(claim.lease_seconds),
+            server_time=claim.db_now,
+        )
+        for claim in claims
+    ]
 
 
 def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
@@ -77,12 +125,16 @@ def claim_job(job_agent: JobAgent, job_id: uuid.UUID, *, holder: str | None = No
     raise JobNotClaimable()
 
 
-def claim_next_jobs(job_agent: JobAgent, limit: int = 1, *,
-                    holder: str | None = None) -> list[ClaimGrant]:
-    """Claim up to `limit` of this agent's claimable jobs, in claim order (SKIP LOCKED)."""
-    return _claim(job_agent, inputs.claim_limit(limit), holder=holder)
+def claim_next_jobs(job_agent: JobAgent, limit: int = 1, *, holder: str | None = None,
+                    idempotency_key: str | None = None) -> list[ClaimGrant]:
+    """Claim up to `limit` of this agent's claimable jobs, in claim order (SKIP LOCKED).
+    With `idempotency_key`, a retry by the same agent gets the claims the key made back, as
+    long as they are current, instead of new ones."""
+    return _claim(job_agent, inputs.claim_limit(limit), holder=holder,
+                  idempotency_key=idempotency_key)
 
 
-def claim_next_job(job_agent: JobAgent, *, holder: str | None = None) -> ClaimGrant | None:
-    claimed = _claim(job_agent, 1, holder=holder)
+def claim_next_job(job_agent: JobAgent, *, holder: str | None = None,
+                   idempotency_key: str | None = None) -> ClaimGrant | None:
+    claimed = _claim(job_agent, 1, holder=holder, idempotency_key=idempotency_key)
     return claimed[0] if claimed else None

@@ -43,7 +43,8 @@ class OrmBackend:
         self.db = db
 
     def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None, *,
-              holder: str = "", expected_attempt: int | None = None):
+              holder: str = "", expected_attempt: int | None = None,
+              idempotency_key: str | None = None):
         """Lock up to `limit` claimable jobs (or the one named, at `expected_attempt` if
         given) and claim them: (jobs, the database's time)."""
         candidates = None if job_id is None else Job.objects.filter(id=job_id)
@@ -54,11 +55,11 @@ class OrmBackend:
             if not locked:
                 return [], None
             now = locked[0].db_now
-            self._claim_locked(job_agent, locked, lease, now, actor, holder)
+            self._claim_locked(job_agent, locked, lease, now, actor, holder, idempotency_key)
         return locked, now
 
     @staticmethod
-    def _claim_locked(job_agent, locked, lease, now, actor, holder=""):
+    def _claim_locked(job_agent, locked, lease, now, actor, holder="", idempotency_key=None):
         expires = now + dt.timedelta(seconds=lease)
         claim_ids = {job.id: uuid.uuid4() for job in locked}
         # The rows are locked (PostgreSQL) or the database is write-locked (SQLite), so these
@@ -89,7 +90,7 @@ class OrmBackend:
             claims.append(JobClaim(
                 job_id=job.id, job_agent_id=job_agent.id, claim_id=job.last_claim_id,
                 attempt=job.attempt, lease_seconds=lease, claimed_at=now,
-                claim_expires_at=expires, holder=holder,
+                claim_expires_at=expires, holder=holder, idempotency_key=idempotency_key,
             ))
             claimed = event(job.id, JobEvent.CLAIMED, attempt=job.attempt, actor=actor,
                             claim_id=job.last_claim_id, lease_seconds=lease)

@@ -29,7 +29,8 @@ class PostgresBackend:
         return jobs_from_rows(self.db, columns(self.db, statement, cursor), rows, *extra)
 
     def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None, *,
-              holder: str = "", expected_attempt: int | None = None):
+              holder: str = "", expected_attempt: int | None = None,
+              idempotency_key: str | None = None):
         """Claim up to `limit` jobs (or the one named, at `expected_attempt` if given):
         (jobs, the database's time)."""
         params = {
@@ -40,6 +41,7 @@ class PostgresBackend:
             "actor": actor,
             "detail": json.dumps({"lease_seconds": lease}),
             "holder": holder,
+            "key": idempotency_key,
         }
         statement = sql.JOB_CLAIM_AVAILABLE
         if job_id is not None:

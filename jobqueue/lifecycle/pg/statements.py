@@ -33,9 +33,9 @@ _CLAIM_LOCKED = """
     RETURNING """ + JOB_COLUMNS + """
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
-                           claim_expires_at, holder)
+                           claim_expires_at, holder, idempotency_key)
     SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
-           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s), %(holder)s
+           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s), %(holder)s, %(key)s
     FROM claimed
 ), events AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at, holder)

@@ -61,3 +61,22 @@ def test_reconciliation_racing_reports_and_heartbeats_never_writes_and_agrees():
             assert current or (code == "job_finished" and final_status == "successful")
     # Only the reports wrote events (a status_reported each); the reads wrote nothing.
     assert JobEvent.objects.count() == events_before + len(jobs)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("limit", [1, 3])
+def test_retries_with_one_key_racing_each_other_get_one_grant(limit):
+    agent = JobAgentFactory()
+    for _ in range(10):
+        JobFactory(job_agent=agent)
+
+    def worker(i, barrier):
+        me = JobAgent.objects.get(id=agent.id)
+        barrier.wait()
+        grants = lifecycle.claim_next_jobs(me, limit, idempotency_key="lost-answer")
+        return sorted(str(g.claim_id) for g in grants)
+
+    results = run_threads(worker, 8)
+    assert len({tuple(r) for r in results}) == 1 and len(results[0]) == limit
+    assert JobClaim.objects.count() == limit
+    assert Job.objects.filter(status=states.IN_PROGRESS).count() == limit
