@@ -184,6 +184,9 @@ class ClaimInfoSerializer(serializers.Serializer):
         help_text="Suggested heartbeat interval (lease_seconds / 3 by default)."
     )
     server_time = serializers.DateTimeField(help_text="The database's clock at the claim.")
+    checkpoint = serializers.JSONField(
+        allow_null=True, help_text="The latest checkpoint an earlier attempt saved (null: none)."
+    )
 
     class Meta:
         ref_name = "ClaimInfo"
@@ -277,8 +280,14 @@ class ClaimCheckSerializer(serializers.Serializer):
 # --- agent writes ------------------------------------------------------------------------
 
 
+CHECKPOINT_HELP = ("Any JSON (not null), up to JOBQUEUE_MAX_CHECKPOINT_BYTES (64 KiB): "
+                   "saved for the next attempt, which gets it as `claim.checkpoint`.")
+
+
 class HeartbeatInput(serializers.Serializer):
     claim_id = StrictUUIDField()
+    checkpoint = serializers.JSONField(required=False, allow_null=True,
+                                       help_text=CHECKPOINT_HELP)
 
     class Meta:
         ref_name = "HeartbeatRequest"
@@ -301,6 +310,8 @@ class StatusInput(serializers.Serializer):
     external_id = serializers.CharField(
         required=False, allow_blank=True, max_length=255, trim_whitespace=False
     )
+    checkpoint = serializers.JSONField(required=False, allow_null=True,
+                                       help_text="Progress reports only. " + CHECKPOINT_HELP)
 
     class Meta:
         ref_name = "StatusReport"

@@ -193,6 +193,8 @@ JOBQUEUE = {
     "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
     # A group's cancel runs in transactions of at most this many jobs.
     "GROUP_CANCEL_BATCH": env.int("JOBQUEUE_GROUP_CANCEL_BATCH", 500),
+    # Largest checkpoint (its JSON text, bytes) a heartbeat or progress report may carry.
+    "MAX_CHECKPOINT_BYTES": env.int("JOBQUEUE_MAX_CHECKPOINT_BYTES", 64 * 1024),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

@@ -17,6 +17,8 @@ DEFAULTS = {
     "MAX_RETRY_AFTER_SECONDS": 86400,
     # A group's cancel: how many jobs each of its transactions cancels.
     "GROUP_CANCEL_BATCH": 500,
+    # Largest checkpoint (its JSON text, in bytes) a heartbeat or progress report may carry.
+    "MAX_CHECKPOINT_BYTES": 64 * 1024,
 }
 
 

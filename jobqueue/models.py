@@ -260,6 +260,30 @@ class JobClaim(models.Model):
         return f"claim on {self.job_id} (attempt {self.attempt})"
 
 
+class JobCheckpoint(models.Model):
+    """The latest checkpoint an attempt saved (a heartbeat or a progress report carrying
+    `checkpoint`, with the current claim_id), handed to the claim of every later attempt.
+
+    Its own table, so that a heartbeat still writes only claim-side rows (never `job`) and
+    the claim's end (report, release, reap, cancel, requeue, any clock) needs no copy: the
+    row outlives the claim. One row per job, replaced only by an attempt at least as recent
+    as the one that wrote it. claim_id is never shown."""
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="checkpoint"
+    )
+    claim_id = models.UUIDField()
+    attempt = models.PositiveIntegerField()
+    data = models.JSONField()
+    saved_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "job_checkpoint"
+
+    def __str__(self):
+        return f"checkpoint of {self.job_id} (attempt {self.attempt})"
+
+
 class JobEvent(models.Model):
     """Append-only timeline. `detail` never holds dispatch_context, results or tokens."""
 

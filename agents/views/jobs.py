@@ -200,7 +200,8 @@ class JobViewSet(ApiViewSet):
     @action(detail=True, methods=["post"], permission_classes=AGENT, name="Heartbeat")
     def heartbeat(self, request, workspace_id, job_id):
         data = self.validated(s.HeartbeatInput)
-        result = lifecycle.heartbeat(self.path_uuid("job_id"), data["claim_id"], **self.job_scope())
+        result = lifecycle.heartbeat(self.path_uuid("job_id"), data["claim_id"],
+                                     checkpoint=data.get("checkpoint"), **self.job_scope())
         return Response(s.represent(s.HeartbeatResponseSerializer, result))
 
     @write_schema(AGENT_TAGS, "report_status",
@@ -217,6 +218,7 @@ class JobViewSet(ApiViewSet):
             message=data.get("message"),
             result=data.get("result"),
             external_id=data.get("external_id"),
+            checkpoint=data.get("checkpoint"),
             **self.job_scope(),
         )
         return Response(s.represent(s.JobSerializer, job))

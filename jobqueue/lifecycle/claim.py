@@ -20,6 +20,7 @@ from jobqueue.models import CLAIM_ORDER, Job, JobAgent, JobClaim
 
 from . import inputs
 from .backends import backend
+from .checkpoints import checkpoints_for
 from .records import fetch_job
 from .results import ClaimGrant
 
@@ -78,6 +79,7 @@ def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
         .order_by(*(f"-job__{f[1:]}" if f.startswith("-") else f"job__{f}"
                     for f in CLAIM_ORDER))[:limit]
     )
+    saved = checkpoints_for(claim.job_id for claim in claims)
     return [
         ClaimGrant(
             job=claim.job,
@@ -88,6 +90,7 @@ def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
             claim_expires_at=claim.claim_expires_at,
             heartbeat_interval_seconds=heartbeat_interval_for(claim.lease_seconds),
             server_time=claim.db_now,
+            checkpoint=saved.get(claim.job_id),
         )
         for claim in claims
     ]
@@ -107,6 +110,7 @@ def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
             claim_expires_at=expires,
             heartbeat_interval_seconds=interval,
             server_time=now,
+            checkpoint=getattr(job, "claim_checkpoint", None),
         )
         for job in jobs
     ]

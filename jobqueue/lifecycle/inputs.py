@@ -11,6 +11,7 @@ written (the HTTP edge answers 400 {"code": "validation_error", "detail", "field
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -125,9 +126,25 @@ def holder(value: str | None) -> str:
     if value is None:
         return ""
     if not isinstance(value, str) or len(value) > MAX_HOLDER_LENGTH or not value.isprintable():
-        raise InvalidInput(f"holder must be up to {MAX_HOLDER_LENGTH} printable characters.",
+        raise InvalidInput(f"Must be up to {MAX_HOLDER_LENGTH} printable characters.",
                            field="holder")
     return value
+
+
+def checkpoint(value) -> str | None:
+    """A checkpoint (any JSON value but null: None means "not given"), as its JSON text, of
+    at most MAX_CHECKPOINT_BYTES."""
+    if value is None:
+        return None
+    limit = jobqueue_settings()["MAX_CHECKPOINT_BYTES"]
+    try:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput("Must be JSON.", field="checkpoint") from exc
+    if len(text.encode()) > limit:
+        raise InvalidInput(f"Must be at most {limit} bytes of JSON.",
+                           field="checkpoint")
+    return text
 
 
 def expected_attempt(value: int | None) -> int | None:
@@ -145,7 +162,7 @@ def group_name(value: str | None) -> str | None:
         or not value.isprintable() or "/" in value
     ):
         raise InvalidInput(
-            f'group must be 1 to {MAX_GROUP_LENGTH} printable characters without "/".',
+            f'Must be 1 to {MAX_GROUP_LENGTH} printable characters without "/".',
             field="group",
         )
     return value

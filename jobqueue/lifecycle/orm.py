@@ -19,6 +19,7 @@ from jobqueue import states
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
 from jobqueue.models import Job, JobClaim, JobEvent
 
+from .checkpoints import checkpoints_for
 from .records import event, scoped_jobs
 
 
@@ -56,6 +57,9 @@ class OrmBackend:
                 return [], None
             now = locked[0].db_now
             self._claim_locked(job_agent, locked, lease, now, actor, holder, idempotency_key)
+            saved = checkpoints_for(job.id for job in locked)
+        for job in locked:
+            job.claim_checkpoint = saved.get(job.id)
         return locked, now
 
     @staticmethod

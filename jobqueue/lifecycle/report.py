@@ -11,12 +11,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from django.db import transaction
+
 from jobqueue import observe, states
 from jobqueue.actors import agent_actor
+from jobqueue.exceptions import ClaimSuperseded, InvalidInput
 from jobqueue.models import Job
 
 from . import inputs
 from .backends import backend
+from .checkpoints import save_checkpoint
 from .refusals import STATUS, refuse, refuse_one
 from .results import BatchReportResult, ReportOutcome
 
@@ -31,14 +35,31 @@ def report_status(
     external_id: str | None = None,
     job_agent_id: uuid.UUID | None = None,
     workspace_id: uuid.UUID | None = None,
+    checkpoint=None,
 ) -> Job:
     """Record progress (status in_progress) or end the job (a terminal status). None for
-    message, result or external_id keeps the job's value."""
+    message, result or external_id keeps the job's value. A progress report may carry a
+    `checkpoint` (saved with it, under its guards, for the next attempt)."""
     inputs.reportable_status(status)
+    data = inputs.checkpoint(checkpoint)
+    if data is not None and status != states.IN_PROGRESS:
+        raise InvalidInput("Only a progress report (in_progress) carries a checkpoint.",
+                           field="checkpoint")
     actor = agent_actor(job_agent_id) if job_agent_id else ""
-    job = backend().report(job_id, claim_id, status, actor, message=message, result=result,
-                           external_id=external_id, job_agent_id=job_agent_id,
-                           workspace_id=workspace_id)
+    kwargs = {"message": message, "result": result, "external_id": external_id,
+              "job_agent_id": job_agent_id, "workspace_id": workspace_id}
+    if data is None:
+        job = backend().report(job_id, claim_id, status, actor, **kwargs)
+    else:
+        # The report first: it locks the job row, then the checkpoint the claim row (the
+        # lifecycle's lock order). While the job row is held nobody can end the claim.
+        with transaction.atomic():
+            job = backend().report(job_id, claim_id, status, actor, **kwargs)
+            if job is not None and not save_checkpoint(
+                job_id, claim_id, data, unexpired=False, job_agent_id=job_agent_id,
+                workspace_id=workspace_id,
+            ):  # pragma: no cover - impossible while the job row is locked
+                raise ClaimSuperseded()
     if job is not None:
         if status == states.IN_PROGRESS:
             observe.emit("progress", job_agent_id=job.job_agent_id)

@@ -21,6 +21,7 @@ class ClaimGrant:
     claim_expires_at: dt.datetime
     heartbeat_interval_seconds: int
     server_time: dt.datetime
+    checkpoint: object = None  # what an earlier attempt saved (None: nothing)
 
 
 @dataclass(frozen=True)

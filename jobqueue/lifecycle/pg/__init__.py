@@ -49,8 +49,16 @@ class PostgresBackend:
             if expected_attempt is not None:
                 statement = sql.JOB_CLAIM_AVAILABLE_BY_ID_AT_ATTEMPT
                 params["expected"] = expected_attempt
-        jobs = self._jobs(statement, params, "db_now")
-        return jobs, (jobs[0].db_now if jobs else None)
+        cursor, rows = self.cursor.run(statement, params)
+        if not rows:
+            return [], None
+        names = columns(self.db, statement, cursor)
+        jobs = jobs_from_rows(self.db, names, rows, "db_now")
+        at = names.index("checkpoint")
+        for job, row in zip(jobs, rows, strict=True):
+            value = row[at]
+            job.claim_checkpoint = json.loads(value) if isinstance(value, str) else value
+        return jobs, jobs[0].db_now
 
     def heartbeat(self, job_id, claim_id, job_agent_id, workspace_id):
         """(new expiry, the database's time) of a renewed claim, or None."""

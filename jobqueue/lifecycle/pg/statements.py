@@ -23,7 +23,8 @@ JOB_COLUMNS = ", ".join(f'job."{f.column}"' for f in Job._meta.concrete_fields)
 # --- claims ---------------------------------------------------------------------------------
 
 # After the locked CTE: the guarded UPDATE (status still 'queued'), then the claim rows and
-# the events, all from the rows that UPDATE returned; answered in claim order.
+# the events, all from the rows that UPDATE returned; answered in claim order, each with the
+# checkpoint an earlier attempt saved (job_checkpoint), if any.
 _CLAIM_LOCKED = """
 ), claimed AS (
     UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
@@ -43,8 +44,9 @@ _CLAIM_LOCKED = """
            STATEMENT_TIMESTAMP(), %(holder)s
     FROM claimed
 )
-SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now FROM claimed
-ORDER BY priority DESC, available_at, created_at
+SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
+FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
+ORDER BY claimed.priority DESC, claimed.available_at, claimed.created_at
 """
 
 # JobClaimAvailable: claim up to %(limit)s of the agent's claimable jobs, in claim order,

@@ -80,3 +80,48 @@ def test_retries_with_one_key_racing_each_other_get_one_grant(limit):
     assert len({tuple(r) for r in results}) == 1 and len(results[0]) == limit
     assert JobClaim.objects.count() == limit
     assert Job.objects.filter(status=states.IN_PROGRESS).count() == limit
+
+
+@pytest.mark.postgres_only
+def test_a_stale_holder_racing_the_handover_never_overwrites_the_new_checkpoint():
+    """The old holder keeps saving checkpoints while its claim is released and the job
+    claimed again; the new holder saves too. Only accepted writes count, and the newest
+    attempt's checkpoint is never replaced by an older attempt's."""
+    from jobqueue.exceptions import Conflict
+    from jobqueue.models import JobCheckpoint
+
+    agent = JobAgentFactory()
+    job = JobFactory(job_agent=agent)
+    old = lifecycle.claim_job(agent, job.id)
+    handed = {}
+
+    def worker(i, barrier):
+        barrier.wait()
+        accepted = 0
+        if i == 0:  # the old holder
+            for k in range(200):
+                try:
+                    lifecycle.heartbeat(job.id, old.claim_id, checkpoint={"by": "old", "k": k})
+                    accepted += 1
+                except Conflict:
+                    break
+            return accepted
+        if i == 1:  # the handover, then the new holder
+            lifecycle.release_job(job.id, old.claim_id)
+            new = lifecycle.claim_job(JobAgent.objects.get(id=agent.id), job.id)
+            handed["checkpoint"] = new.checkpoint
+            for k in range(50):
+                lifecycle.heartbeat(job.id, new.claim_id, checkpoint={"by": "new", "k": k})
+            return new.attempt
+        return None
+
+    results = run_threads(worker, 2)
+    saved = JobCheckpoint.objects.get(job_id=job.id)
+    assert saved.attempt == results[1] == 2
+    assert saved.data == {"by": "new", "k": 49}
+    # The new attempt started from the old holder's last accepted checkpoint (or none).
+    if results[0]:
+        assert handed["checkpoint"] == {"by": "old", "k": results[0] - 1}
+    else:
+        assert handed["checkpoint"] is None
+    assert Job.objects.get(id=job.id).attempt == 2
