@@ -46,7 +46,7 @@ _CLAIM_LOCKED = """
 )
 SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
 FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
-ORDER BY claimed.priority DESC, claimed.available_at, claimed.created_at
+ORDER BY priority DESC, available_at, created_at
 """
 
 # JobClaimAvailable: claim up to %(limit)s of the agent's claimable jobs, in claim order,
