@@ -562,3 +562,12 @@ def test_with_batch_heartbeats_a_new_checkpoint_goes_by_the_single_heartbeat(sta
     assert {"claim_id": "claim-job1", "checkpoint": {"n": 1}} in single
     batched = [c["job_id"] for _, _, b in server.requests(AGENT_HEARTBEAT) for c in b["claims"]]
     assert "job2" in batched
+
+
+def test_a_heartbeat_refused_as_invalid_without_a_checkpoint_is_retried(start, caplog):
+    server = Api(["sleep", "1.2"], lease_seconds=2)
+    server.rules.append(answer_once(HEARTBEAT, 400, {"code": "validation_error", "detail": "x"}))
+    run = start(server)
+    logged(caplog, "event=heartbeat_retry job=job1 attempt=1 code=validation_error status=400")
+    logged(caplog, "event=reported job=job1")
+    assert run.stop() == 0
