@@ -64,16 +64,15 @@ def represent(serializer_class, obj) -> dict:
 # --- jobs (output) -----------------------------------------------------------------------
 
 
-class JobSerializer(serializers.Serializer):
-    """The job object. Never carries dispatch_context."""
+class JobSummarySerializer(serializers.Serializer):
+    """A job in the producer's list (GET jobs): small whatever the job holds. It leaves out
+    what a job may hold in bulk (job_agent_config, result, message; dispatch_context is
+    never shown): GET jobs/{job_id} has them."""
 
     id = serializers.UUIDField()
     workspace_id = serializers.UUIDField()
     job_agent_id = serializers.UUIDField()
     status = serializers.ChoiceField(choices=states.CHOICES)
-    job_agent_config = serializers.DictField()
-    result = serializers.JSONField(allow_null=True)
-    message = serializers.CharField(allow_blank=True)
     external_id = serializers.CharField(allow_blank=True)
     group = serializers.CharField(allow_null=True)
     attempt = serializers.IntegerField()
@@ -85,6 +84,21 @@ class JobSerializer(serializers.Serializer):
     completed_at = serializers.DateTimeField(allow_null=True)
     updated_at = serializers.DateTimeField()
     idempotency_key = serializers.CharField(allow_null=True)
+
+    class Meta:
+        ref_name = "JobSummary"
+
+
+class JobSerializer(JobSummarySerializer):
+    """The job object. Never carries dispatch_context."""
+
+    job_agent_config = serializers.DictField()
+    result = serializers.JSONField(
+        allow_null=True, help_text="At most JOBQUEUE_MAX_RESULT_BYTES (1 MiB) as JSON."
+    )
+    message = serializers.CharField(
+        allow_blank=True, help_text="At most JOBQUEUE_MAX_MESSAGE_BYTES (64 KiB) as UTF-8."
+    )
 
     class Meta:
         ref_name = "Job"
@@ -145,6 +159,13 @@ class EventSerializer(serializers.Serializer):
     actor = serializers.CharField(allow_blank=True)
     detail = serializers.DictField()
     created_at = serializers.DateTimeField()
+    count = serializers.IntegerField(
+        help_text="How many occurrences the event stands for: 1, except for "
+        "stale_write_refused, recorded once per attempt, operation and code."
+    )
+    last_at = serializers.DateTimeField(
+        allow_null=True, help_text="The latest occurrence when count > 1, else null."
+    )
 
     class Meta:
         ref_name = "JobEvent"
@@ -305,8 +326,16 @@ class HeartbeatResponseSerializer(serializers.Serializer):
 class StatusInput(serializers.Serializer):
     claim_id = StrictUUIDField()
     status = StrictChoiceField(choices=sorted(states.REPORTABLE))
-    message = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
-    result = serializers.JSONField(required=False, allow_null=True)
+    message = serializers.CharField(
+        required=False, allow_blank=True, trim_whitespace=False,
+        help_text="At most JOBQUEUE_MAX_MESSAGE_BYTES (default 64 KiB) in UTF-8; beyond is a "
+        "400 validation_error that changes nothing.",
+    )
+    result = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text="At most JOBQUEUE_MAX_RESULT_BYTES (default 1 MiB) as compact JSON; beyond "
+        "is a 400 validation_error that changes nothing.",
+    )
     external_id = serializers.CharField(
         required=False, allow_blank=True, max_length=255, trim_whitespace=False
     )
@@ -474,9 +503,11 @@ def page_of(item_serializer, name: str):
     ))
 
 
-JobPage = page_of(JobSerializer, "JobPage")
+JobPage = page_of(JobSummarySerializer, "JobPage")
 JobListItemPage = page_of(JobListItemSerializer, "JobListItemPage")
 JobAgentPage = page_of(JobAgentSerializer, "JobAgentPage")
 
-# The producer list leaves out what it never shows.
-JOB_LIST_DEFER = ["dispatch_context", "idempotency_fingerprint"]
+# The producer list loads only what it shows (never the bulky columns).
+JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", "group", "attempt",
+                 "max_attempts", "priority", "available_at", "created_at", "started_at",
+                 "completed_at", "updated_at", "idempotency_key"]

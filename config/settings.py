@@ -195,6 +195,10 @@ JOBQUEUE = {
     "GROUP_CANCEL_BATCH": env.int("JOBQUEUE_GROUP_CANCEL_BATCH", 500),
     # Largest checkpoint (its JSON text, bytes) a heartbeat or progress report may carry.
     "MAX_CHECKPOINT_BYTES": env.int("JOBQUEUE_MAX_CHECKPOINT_BYTES", 64 * 1024),
+    # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
+    # keeps: a report over either is refused (400 validation_error) and changes nothing.
+    "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),
+    "MAX_RESULT_BYTES": env.int("JOBQUEUE_MAX_RESULT_BYTES", 1024 * 1024),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

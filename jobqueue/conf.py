@@ -19,6 +19,8 @@ DEFAULTS = {
     "GROUP_CANCEL_BATCH": 500,
     # Largest checkpoint (its JSON text, in bytes) a heartbeat or progress report may carry.
     "MAX_CHECKPOINT_BYTES": 64 * 1024,
+    "MAX_MESSAGE_BYTES": 64 * 1024,
+    "MAX_RESULT_BYTES": 1024 * 1024,
 }
 
 

@@ -326,10 +326,25 @@ class JobEvent(models.Model):
     # out of `detail`: the public timeline (GET jobs/{id}) never shows it; the admin does.
     holder = models.CharField(max_length=200, blank=True, default="", db_default="")
     created_at = models.DateTimeField(db_default=Now())
+    # Refused writes are recorded once per job, attempt, operation and code: `refusal` is
+    # "<operation>:<code>" on those events (NULL on every other), `count` how many refusals
+    # the event stands for and `last_at` the latest (NULL while there was one). A flood of
+    # stale writes thus grows a counter, never the table.
+    refusal = models.CharField(max_length=48, null=True, blank=True, editable=False)
+    count = models.PositiveIntegerField(db_default=1, editable=False)
+    last_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "job_event"
         ordering = ["id"]
+        constraints = [
+            # Partial: the events every job writes never touch this index.
+            models.UniqueConstraint(
+                fields=["job", "attempt", "refusal"],
+                condition=Q(refusal__isnull=False),
+                name="job_event_refusal_once",
+            ),
+        ]
         indexes = [
             # Lost leases by time (agent health). Partial: the events every job writes
             # (claimed, status_reported) stay out of it.

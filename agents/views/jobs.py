@@ -43,7 +43,7 @@ class JobViewSet(ApiViewSet):
     @extend_schema(
         tags=PRODUCER_TAGS,
         operation_id="list_jobs",
-        summary="List jobs, newest first",
+        summary="List jobs, newest first (summaries: no job_agent_config, result or message)",
         parameters=[
             STATUS_PARAM,
             OpenApiParameter("job_agent_id", OpenApiTypes.UUID, required=False),
@@ -67,7 +67,7 @@ class JobViewSet(ApiViewSet):
         group = request.query_params.get("group")
         if group is not None:
             jobs = jobs.filter(group=group)
-        return self.paginated(NewestFirst, jobs.defer(*s.JOB_LIST_DEFER), s.JobSerializer)
+        return self.paginated(NewestFirst, jobs.only(*s.JOB_LIST_ONLY), s.JobSummarySerializer)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
@@ -77,7 +77,9 @@ class JobViewSet(ApiViewSet):
             OpenApiParameter(
                 "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
                 description="1-255 characters. A replay with the same body returns the first "
-                "job (200); the same key with another body is 422.",
+                "job (200), as it was created, even when a default (the agent's max_attempts) "
+                "changed since; the same key with another body is 422. Fields count as sent: "
+                "an omitted max_attempts differs from an explicit one.",
             )
         ],
         request=s.JobCreateInput,

@@ -13,6 +13,7 @@ import logging
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import F, Q
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Now
@@ -82,6 +83,16 @@ class GroupFilter(admin.SimpleListFilter):
         return queryset.filter(group=value) if value else queryset
 
 
+# The job list shows none of the columns a job may hold in bulk (result and message up to
+# their caps, the producer's job_agent_config): it never loads them.
+LIST_DEFERRED = ("result", "message", "job_agent_config")
+
+
+class JobChangeList(ChangeList):
+    def get_queryset(self, request, exclude_parameters=None):
+        return super().get_queryset(request, exclude_parameters).defer(*LIST_DEFERRED)
+
+
 @admin.register(Job)
 class JobAdmin(RecoveryViews, admin.ModelAdmin):
     list_display = [
@@ -149,6 +160,9 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
 
     def can_act(self, request) -> bool:
         return super().has_change_permission(request)
+
+    def get_changelist(self, request, **kwargs):
+        return JobChangeList
 
     def get_queryset(self, request):
         # Never load dispatch_context, the claim token or the idempotency fingerprint.
@@ -231,11 +245,27 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
             format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
         )
 
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            # The timeline page asked for (the field renders from the object alone).
+            obj.timeline_before = _positive_int(request.GET.get(TIMELINE_PARAM))
+        return obj
+
     @admin.display(description="timeline")
     def timeline(self, obj):
+        """The job's events, TIMELINE_PAGE_SIZE at a time: the newest page first, each in
+        time order, with links to older and newer pages (keyset on the event id)."""
+        before = getattr(obj, "timeline_before", None)
         events = JobEvent.objects.filter(job_id=obj.pk).only(
-            "created_at", "kind", "attempt", "actor", "detail", "holder"
+            "id", "created_at", "kind", "attempt", "actor", "detail", "count", "last_at",
+            "holder",
         )
+        total = events.count()
+        page = events.filter(id__lt=before) if before else events
+        page = list(page.order_by("-id")[: TIMELINE_PAGE_SIZE + 1])
+        has_older = len(page) > TIMELINE_PAGE_SIZE
+        page = page[:TIMELINE_PAGE_SIZE][::-1]
         rows = (
             (
                 f"{e.created_at:%Y-%m-%d %H:%M:%S.%f}"[:-3],
@@ -244,15 +274,31 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
                 e.actor or "—",
                 e.holder or "—",
                 _format_detail(e.detail),
+                _format_count(e),
             )
-            for e in events
+            for e in page
         )
+        links = []
+        if before:
+            newer = events.filter(id__gte=before).order_by("id").values_list("id", flat=True)
+            after = list(newer[TIMELINE_PAGE_SIZE: TIMELINE_PAGE_SIZE + 1])
+            links.append(format_html('<a href="{}">newest</a>', "?"))
+            if after:
+                links.append(format_html('<a href="?{}={}">newer</a>', TIMELINE_PARAM, after[0]))
+        if has_older:
+            links.append(format_html('<a href="?{}={}">older</a>', TIMELINE_PARAM, page[0].id))
         return format_html(
+            '<p class="jq-timeline-page">{} of {} events{}</p>'
             '<table class="jq-timeline"><thead><tr><th>time (UTC)</th><th>event</th>'
-            "<th>attempt</th><th>actor</th><th>holder</th><th>detail</th></tr></thead>"
-            "<tbody>{}</tbody></table>",
+            "<th>attempt</th><th>actor</th><th>holder</th><th>detail</th><th>times</th></tr>"
+            "</thead><tbody>{}</tbody></table>",
+            len(page),
+            total,
+            format_html(" · {}", format_html_join(" · ", "{}", ((link,) for link in links)))
+            if links else "",
             format_html_join(
-                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                "<td>{}</td></tr>",
                 rows,
             ),
         )
@@ -319,6 +365,23 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
                   permissions=["change"])
     def cancel_groups(self, request, queryset):
         return confirm_cancel_groups(self, request, queryset)
+
+
+TIMELINE_PAGE_SIZE = 100
+TIMELINE_PARAM = "timeline_before"
+
+
+def _positive_int(value) -> int | None:
+    """The id a timeline link carries, or None (the newest page) for anything else."""
+    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 18:
+        return None
+    return int(value) or None
+
+
+def _format_count(e: JobEvent) -> str:
+    if e.count <= 1:
+        return ""
+    return f"×{e.count}, the last at {e.last_at:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _format_detail(detail) -> str:

@@ -39,6 +39,32 @@ def _fingerprint(payload: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _request_payload(job_agent, job_agent_config, dispatch_context, priority, max_attempts,
+                     delay_seconds, external_id, hold) -> dict:
+    """What the producer sent, as the idempotency fingerprint sees it.
+
+    `max_attempts` is as sent (None when omitted), never the agent's or the service's
+    default: an operator changing those must not turn a byte-identical replay into a
+    422. The other fields have constant defaults ({} for the JSON objects, priority 0,
+    external_id "", hold false), so sending one of those is the same request as omitting
+    it."""
+    return {
+        "job_agent": str(job_agent.id),
+        "job_agent_config": job_agent_config or {},
+        "dispatch_context": dispatch_context or {},
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "delay_seconds": delay_seconds,
+        "external_id": external_id,
+        "hold": hold,
+    }
+
+
+# Fingerprints of this shape carry a version key, so none of them equals one made before
+# (when max_attempts was fingerprinted with its default filled in).
+_FINGERPRINT_VERSION = 2
+
+
 def create_job(
     *,
     workspace,
@@ -62,27 +88,21 @@ def create_job(
     """
     if job_agent.workspace_id != workspace.id:
         raise NotFound("No such job agent.")
-    max_attempts = inputs.max_attempts(max_attempts) or job_agent.effective_max_attempts
+    sent_max_attempts = inputs.max_attempts(max_attempts)
+    max_attempts = sent_max_attempts or job_agent.effective_max_attempts
     delay_seconds = inputs.delay_seconds(delay_seconds)
     group = inputs.group_name(group)
     fingerprint = ""
+    payload: dict = {}
     if inputs.idempotency_key(idempotency_key) is not None:
-        fingerprint = _fingerprint(
-            {
-                "job_agent": str(job_agent.id),
-                "job_agent_config": job_agent_config or {},
-                "dispatch_context": dispatch_context or {},
-                "priority": priority,
-                "max_attempts": max_attempts,
-                "delay_seconds": delay_seconds,
-                "external_id": external_id,
-                "hold": hold,
-                **({"group": group} if group is not None else {}),
-            }
-        )
+        payload = _request_payload(job_agent, job_agent_config, dispatch_context, priority,
+                                   sent_max_attempts, delay_seconds, external_id, hold)
+        if group is not None:  # part of the request (absent: as before groups existed)
+            payload["group"] = group
+        fingerprint = _fingerprint({**payload, "v": _FINGERPRINT_VERSION})
         existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return _idempotent_replay(existing, fingerprint), False
+            return _idempotent_replay(existing, fingerprint, payload), False
 
     job = Job(
         workspace=workspace,
@@ -112,17 +132,24 @@ def create_job(
         existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
         if existing is None:
             raise
-        return _idempotent_replay(existing, fingerprint), False
+        return _idempotent_replay(existing, fingerprint, payload), False
     if delay_seconds:
         job.refresh_from_db(fields=["available_at"])
     observe.emit("created", job_agent_id=job_agent.id)
     return job, True
 
 
-def _idempotent_replay(existing: Job, fingerprint: str) -> Job:
-    if existing.idempotency_fingerprint != fingerprint:
-        raise IdempotencyKeyReused()
-    return existing
+def _idempotent_replay(existing: Job, fingerprint: str, payload: dict) -> Job:
+    """The first job, whatever the defaults are now, when the request is the same."""
+    if existing.idempotency_fingerprint == fingerprint or (
+        payload["max_attempts"] is None
+        and existing.idempotency_fingerprint
+        == _fingerprint({**payload, "max_attempts": existing.initial_max_attempts})
+    ):
+        # The second form is a job created before fingerprints were versioned: its
+        # fingerprint holds the default max_attempts it was created with.
+        return existing
+    raise IdempotencyKeyReused()
 
 
 def dispatch_job(job_id, *, workspace_id=None, actor: str = "") -> Job:

@@ -184,18 +184,46 @@ def reportable_status(status: str) -> str:
     return status
 
 
+def report_content(message: str | None, result) -> None:
+    """A report's message and result within JOBQUEUE_MAX_MESSAGE_BYTES (UTF-8) and
+    JOBQUEUE_MAX_RESULT_BYTES (the result's compact JSON), None being "not given"."""
+    conf = jobqueue_settings()
+    limit = conf["MAX_MESSAGE_BYTES"]
+    if message is not None and len(message.encode("utf-8", "surrogatepass")) > limit:
+        # The detail names the setting, not the field: an error never repeats a string the
+        # client sent, its keys included (the edge replaces a detail that would).
+        raise InvalidInput(
+            f"Too long: at most {limit} bytes of UTF-8 (JOBQUEUE_MAX_MESSAGE_BYTES).",
+            field="message",
+        )
+    limit = conf["MAX_RESULT_BYTES"]
+    if result is not None and json_size(result) > limit:
+        raise InvalidInput(
+            f"Too large: at most {limit} bytes as compact JSON (JOBQUEUE_MAX_RESULT_BYTES).",
+            field="result",
+        )
+
+
+def json_size(value) -> int:
+    """The size in bytes of `value` as compact UTF-8 JSON."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def heartbeat_batch(claims: Sequence[ClaimRef]) -> Sequence[ClaimRef]:
     """1 to MAX_HEARTBEAT_BATCH claims, each job once."""
     return _batch(claims, "claims", jobqueue_settings()["MAX_HEARTBEAT_BATCH"], lambda c: c[0])
 
 
 def report_batch(reports: Sequence[ReportItem]) -> Sequence[ReportItem]:
-    """1 to MAX_REPORT_BATCH reports, each job once, each with a status that ends the job."""
+    """1 to MAX_REPORT_BATCH reports, each job once, each with a status that ends the job
+    and a message and result within their caps (report_content)."""
     allowed = ", ".join(sorted(BATCH_REPORT_STATUSES))
 
     def job_of(report: ReportItem):
         if report.status not in BATCH_REPORT_STATUSES:
             raise InvalidInput(f"status must be one of: {allowed}.", field="status")
+        report_content(report.message, report.result)
         return report.job_id
 
     return _batch(reports, "reports", jobqueue_settings()["MAX_REPORT_BATCH"], job_of)

@@ -4,7 +4,10 @@ A heartbeat, a report or a release names its claim; when its statement changed n
 `explain_refusal` reads the job as it now is and says why, with the code the agent is told
 (409, or 404 for a job the caller cannot see). The single writes, the batch heartbeat and
 the batch report all ask it, through `refuse()`, which also records each refusal on the
-job's timeline (a `stale_write_refused` event) and counts it (observe "refused").
+job's timeline and counts it (observe "refused"). The timeline keeps one
+`stale_write_refused` event per job, attempt, operation and code, with a count: refused
+writes change no job, claim or lease, and however many arrive they add at most one row per
+(attempt, operation, code) to the database.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.db.models.functions import Now
 
 from jobqueue import observe, states
@@ -89,22 +94,79 @@ def refuse(writes: list[tuple[uuid.UUID, uuid.UUID, str | None]], operation: str
            actor: str = "", workspace_id=None, job_agent_id=None):
     """Explain the writes [(job_id, claim_id, status asked or None)] that changed nothing.
 
-    Returns ({job_id: code, or None for an accepted retry}, {job_id: facts}); records and
-    counts every refusal of a job the caller can see."""
+    Returns ({job_id: code, or None for an accepted retry}, {job_id: facts}); records
+    (record_refusals) and counts every refusal of a job the caller can see."""
     facts = load_facts((w[0] for w in writes), workspace_id=workspace_id,
                        job_agent_id=job_agent_id)
-    codes, events = {}, []
+    codes, refused = {}, []
     for job_id, claim_id, status in writes:
         code = codes[job_id] = explain_refusal(facts.get(job_id), operation, claim_id, status)
         if code is not None and code != NotFound.code:
-            events.append(event(job_id, JobEvent.STALE_WRITE_REFUSED,
-                                attempt=facts[job_id].attempt, actor=actor, claim_id=claim_id,
-                                operation=operation, code=code))
-    if events:
-        JobEvent.objects.bulk_create(events)
-        for e in events:
-            observe.emit("refused", operation=operation, code=e.detail["code"])
+            refused.append((job_id, facts[job_id].attempt, claim_id, code))
+    if refused:
+        record_refusals(refused, operation, actor)
+        for *_, code in refused:
+            observe.emit("refused", operation=operation, code=code)
     return codes, facts
+
+
+def record_refusals(refused: list[tuple[uuid.UUID, int, uuid.UUID, str]], operation: str,
+                    actor: str) -> None:
+    """Put the refusals [(job_id, attempt, claim_id, code)], each of another job, on their
+    timelines: one `stale_write_refused` event per job, attempt, operation and code, whose
+    `count` grows with every further refusal (and `last_at` tells when the latest was).
+
+    A flood of stale writes (a random claim_id, again and again) adds one row, then only
+    counts. Three statements whatever the batch: the events that exist get their count
+    raised in one UPDATE, the others are inserted in one; a racing caller that inserted
+    one of those first (the unique job_event_refusal_once) makes this one count instead."""
+    keys = {(job_id, attempt, f"{operation}:{code}"): (claim_id, code)
+            for job_id, attempt, claim_id, code in refused}
+    existing = _refusal_events(keys)
+    fresh = [key for key in keys if key not in existing]
+    if existing:
+        JobEvent.objects.filter(id__in=existing.values()).update(
+            count=F("count") + 1, last_at=Now()
+        )
+    if not fresh:
+        return
+    events = [
+        _refusal_event(key, *keys[key], operation=operation, actor=actor) for key in fresh
+    ]
+    try:
+        with transaction.atomic():
+            JobEvent.objects.bulk_create(events)
+    except IntegrityError:
+        # Another caller recorded one of them meanwhile: one at a time, counting on theirs.
+        for key, one in zip(fresh, events, strict=True):
+            _count_or_insert(key, one)
+
+
+def _refusal_event(key, claim_id, code, *, operation, actor) -> JobEvent:
+    job_id, attempt, refusal = key
+    e = event(job_id, JobEvent.STALE_WRITE_REFUSED, attempt=attempt, actor=actor,
+              claim_id=claim_id, operation=operation, code=code)
+    e.refusal = refusal
+    return e
+
+
+def _refusal_events(keys) -> dict:
+    """{key: event id} of the refusal events that already exist for `keys`."""
+    rows = JobEvent.objects.filter(
+        job_id__in={key[0] for key in keys}, refusal__in={key[2] for key in keys}
+    ).values_list("job_id", "attempt", "refusal", "id")
+    return {(j, a, r): pk for j, a, r, pk in rows if (j, a, r) in keys}
+
+
+def _count_or_insert(key, one: JobEvent) -> None:
+    try:
+        with transaction.atomic():
+            one.save(force_insert=True)
+    except IntegrityError:  # it exists (job_event_refusal_once): count on it
+        job_id, attempt, refusal = key
+        JobEvent.objects.filter(job_id=job_id, attempt=attempt, refusal=refusal).update(
+            count=F("count") + 1, last_at=Now()
+        )
 
 
 def refuse_one(job_id: uuid.UUID, claim_id: uuid.UUID, operation: str, *,

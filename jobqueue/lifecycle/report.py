@@ -41,6 +41,7 @@ def report_status(
     message, result or external_id keeps the job's value. A progress report may carry a
     `checkpoint` (saved with it, under its guards, for the next attempt)."""
     inputs.reportable_status(status)
+    inputs.report_content(message, result)
     data = inputs.checkpoint(checkpoint)
     if data is not None and status != states.IN_PROGRESS:
         raise InvalidInput("Only a progress report (in_progress) carries a checkpoint.",

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobqueue', '0004_fewer_indexes_on_hot_paths'),
+        ('jobqueue', '0005_refusals_counted'),
     ]
 
     operations = [

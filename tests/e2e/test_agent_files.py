@@ -6,6 +6,8 @@ directories a killed agent leaves behind: real `jobqueue-agent` processes, a rea
   address-space limit, its peak memory measured), and goes on to the next job.
 - A SIGKILLed agent's job directory (with the dispatch_context in it) is removed by the next
   agent that starts, once no process of that job is left; a live agent's is never touched.
+- A result over the agent's cap (1 MiB) or the server's (JOBQUEUE_MAX_RESULT_BYTES) fails
+  its job at once, saying why; the agent goes on.
 """
 
 import os
@@ -17,7 +19,7 @@ import pytest
 from jobqueue import states
 from jobqueue.models import Job
 
-from .harness import peak_rss_bytes, pid_alive, wait_for
+from .harness import Stack, peak_rss_bytes, pid_alive, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -121,3 +123,35 @@ def test_a_killed_agents_job_dir_is_removed_by_the_next_agent_but_a_live_ones_st
     assert job_dirs(shared) == []
     assert not any(holds_secret(p) for p in shared.iterdir())
     assert Job.objects.get(id=job_a.id).status == states.IN_PROGRESS  # left to the reaper
+
+
+@pytest.fixture
+def capped_stack(transactional_db, tmp_path):
+    """A server with small report caps, so that a result the agent accepts (up to 1 MiB)
+    can still be over the server's."""
+    with Stack(tmp_path, server_env={"JOBQUEUE_MAX_RESULT_BYTES": "1000",
+                                     "JOBQUEUE_MAX_MESSAGE_BYTES": "100000"}) as s:
+        yield s
+
+
+def test_results_over_either_cap_fail_the_job_with_the_reason_not_abandon_it(
+        capped_stack, make_agent, make_jobs):
+    """#17 items 1 and 6 end to end: a result file over the agent's 1 MiB and a result over
+    the server's JOBQUEUE_MAX_RESULT_BYTES both end the job `failure` at once, with a first
+    line that says why; nothing is stored of the refused result."""
+    stack = capped_stack
+    agent, token = make_agent(lease_seconds=5)
+    [huge] = make_jobs(agent, 1, ["sh", "-c",
+                                  'head -c 2097152 /dev/zero | tr "\\0" x > "$JOB_RESULT_FILE"'])
+    [over] = make_jobs(agent, 1, ["sh", "-c", 'printf \'{"k": "%01500d"}\' 0 > "$JOB_RESULT_FILE"'])
+    [fits] = make_jobs(agent, 1, ["sh", "-c", 'printf \'{"k": "%0500d"}\' 0 > "$JOB_RESULT_FILE"'])
+    a = stack.start_agent(agent, token, "A")
+    huge, over, fits = (wait_terminal(j, stack) for j in (huge, over, fits))
+    assert huge.status == states.FAILURE and huge.result is None
+    assert first_line(huge) == "JOB_RESULT_FILE is larger than 1048576 bytes"
+    assert over.status == states.FAILURE and over.result is None
+    assert first_line(over) == ("the report was refused (validation_error): Too large: at most "
+                                "1000 bytes as compact JSON (JOBQUEUE_MAX_RESULT_BYTES).")
+    assert fits.status == states.SUCCESSFUL and fits.result == {"k": "0" * 500}
+    assert a.stop() == 0
+    assert "Traceback" not in a.output()

@@ -55,6 +55,10 @@ log = logging.getLogger("jobqueue.agent")
 OUTPUT_TAIL_CHARS = 4000
 OUTPUT_BUFFER_BYTES = 64 * 1024
 RESULT_FILE_MAX_BYTES = 1024 * 1024
+# The server's default cap on a report's message (JOBQUEUE_MAX_MESSAGE_BYTES, UTF-8 bytes):
+# the agent cuts its summary to fit.
+MESSAGE_MAX_BYTES = 64 * 1024
+TRUNCATION_MARK = "\n[… truncated …]\n"
 CONTEXT_FILE = "context.json"
 RESULT_FILE = "result.json"
 # The previous attempt's checkpoint (JOB_CHECKPOINT_FILE), and where the child writes a new
@@ -187,6 +191,22 @@ class ChildOutcome:
         else:
             return tail
         return f"{head}\n{tail}" if tail else head
+
+
+def fit_message(text: str, limit: int = MESSAGE_MAX_BYTES) -> str:
+    """`text` within `limit` UTF-8 bytes: unchanged when it fits, else its start (the first
+    line says what happened) and its end (the last output), joined by a mark."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    mark = TRUNCATION_MARK.encode()
+    if limit <= len(mark):
+        return data[:limit].decode("utf-8", "ignore")
+    budget = limit - len(mark)
+    head = budget // 4
+    # errors="ignore" drops a character cut in two at either edge.
+    return (data[:head].decode("utf-8", "ignore") + TRUNCATION_MARK
+            + data[len(data) - (budget - head):].decode("utf-8", "ignore"))
 
 
 def child_environment(spec: JobSpec, extra: dict[str, str]) -> dict[str, str]:
@@ -604,7 +624,7 @@ class ReportBatcher(threading.Thread):
                result: Any = None) -> None:
         """Raises what AgentClient.report() raises."""
         body: dict[str, Any] = {"job_id": job_id, "claim_id": claim_id, "status": status}
-        size = 200 + len(message or "")
+        size = 200 + len((message or "").encode("utf-8", "replace"))
         if message is not None:
             body["message"] = message
         if result is not None:
@@ -887,6 +907,7 @@ class Agent:
     def _report(self, run: _Run, status: str, *, message: str, result: Any = None) -> None:
         """Publish the terminal status, retrying transient failures while the lease allows."""
         claim, lease = run.claim, run.lease
+        message = fit_message(message)
         backoff = Backoff(0.2, 5.0)
         started = time.monotonic()
         while True:

@@ -283,3 +283,34 @@ def test_on_start_sees_the_child_and_a_finished_child_needs_no_signal():
     assert outcome.succeeded and proc.returncode == 0
     stop_process_group(proc, grace=5)  # already gone: returns at once, raises nothing
     assert proc.returncode == 0
+
+
+# --- the summary fits the server's message cap (#17 item 6) -------------------------------
+
+
+def test_a_message_that_fits_is_sent_unchanged():
+    from jobqueue_client.runner import MESSAGE_MAX_BYTES, fit_message
+
+    assert MESSAGE_MAX_BYTES == 64 * 1024
+    text = "é" * (MESSAGE_MAX_BYTES // 2)  # exactly the cap in UTF-8
+    assert fit_message(text) is text
+
+
+def test_a_long_message_keeps_its_start_and_its_end_within_the_cap():
+    from jobqueue_client.runner import MESSAGE_MAX_BYTES, TRUNCATION_MARK, fit_message
+
+    text = "exit status 1\n" + "".join(f"line-{i} é€😀\n" for i in range(20_000))
+    cut = fit_message(text)
+    assert len(cut.encode()) <= MESSAGE_MAX_BYTES
+    assert len(cut.encode()) > MESSAGE_MAX_BYTES - 8  # no more lost than a cut character
+    assert cut.startswith("exit status 1\nline-0 ")
+    assert cut.endswith("line-19999 é€😀\n")
+    assert TRUNCATION_MARK in cut and "\ufffd" not in cut
+
+
+def test_a_tiny_cap_still_holds():
+    from jobqueue_client.runner import fit_message
+
+    assert fit_message("€" * 100, limit=10) == "€" * 3
+    cut = fit_message("x" * 100, limit=40)
+    assert len(cut.encode()) <= 40 and cut.startswith("x") and cut.endswith("x")

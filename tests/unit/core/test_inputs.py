@@ -122,3 +122,25 @@ def test_report_item_defaults_mean_not_given():
     assert (item.message, item.result, item.external_id) == (None, None, None)
     with pytest.raises(AttributeError):
         item.status = "failure"  # frozen
+
+
+def test_report_content_caps_the_message_in_utf8_bytes_and_the_result_as_compact_json(
+        settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_MESSAGE_BYTES": 10, "MAX_RESULT_BYTES": 12}
+    inputs.report_content(None, None)
+    inputs.report_content("é" * 5, {"a": [1, 2]})  # 10 bytes; {"a":[1,2]} is 11
+    with pytest.raises(InvalidInput) as err:
+        inputs.report_content("é" * 5 + "x", None)
+    assert err.value.context["field"] == "message" and "10 bytes" in err.value.detail
+    with pytest.raises(InvalidInput) as err:
+        inputs.report_content(None, {"a": "é" * 4})  # {"a":"éééé"}: 8 + 8 bytes
+    assert err.value.context["field"] == "result" and "12 bytes" in err.value.detail
+    assert inputs.json_size({"a": "é"}) == len('{"a":"é"}'.encode())
+    # A lone surrogate is measured, never an error of its own.
+    assert inputs.json_size("\ud800") == 5
+    with pytest.raises(InvalidInput):
+        inputs.report_content("\ud800" * 4, None)
+    with pytest.raises(InvalidInput) as err:
+        inputs.report_batch([ReportItem(uuid.uuid4(), uuid.uuid4(), "successful",
+                                        result=["x" * 20])])
+    assert err.value.context["field"] == "result"
