@@ -217,6 +217,7 @@ def _lease_bounds_validator(field):
     check = {
         "lease_seconds": lifecycle.validate_lease_seconds,
         "max_attempts": lifecycle.validate_max_attempts,
+        "max_runtime_seconds": lifecycle.validate_max_runtime_seconds,
     }[field]
 
     def clean(self):
@@ -262,6 +263,7 @@ class JobAgentAdmin(admin.ModelAdmin):
             "type",
             "lease_seconds",
             "max_attempts",
+            "max_runtime_seconds",
             "created_at",
             "last_seen",
             "in_flight",
@@ -277,6 +279,7 @@ class JobAgentAdmin(admin.ModelAdmin):
         form = super().get_form(request, obj, change=change, **kwargs)
         form.clean_lease_seconds = _lease_bounds_validator("lease_seconds")
         form.clean_max_attempts = _lease_bounds_validator("max_attempts")
+        form.clean_max_runtime_seconds = _lease_bounds_validator("max_runtime_seconds")
         return form
 
     def get_queryset(self, request):

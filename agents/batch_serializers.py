@@ -29,8 +29,9 @@ from jobqueue import lifecycle
 from .serializers import StatusInput, StrictChoiceField, StrictUUIDField
 
 REFUSAL_CODES = ["lease_expired", "claim_superseded", "job_cancelled", "job_finished",
-                 "not_found"]
-REPORT_REFUSAL_CODES = ["claim_superseded", "job_cancelled", "job_finished", "not_found"]
+                 "deadline_exceeded", "not_found"]
+REPORT_REFUSAL_CODES = ["claim_superseded", "job_cancelled", "job_finished",
+                        "deadline_exceeded", "not_found"]
 _TIMESTAMP = serializers.DateTimeField()
 
 
@@ -130,10 +131,13 @@ class BatchReportOutcome(Outcome):
     job_id = serializers.UUIDField()
     accepted = serializers.BooleanField()
     status = serializers.ChoiceField(
-        choices=sorted(lifecycle.BATCH_REPORT_STATUSES), required=False,
-        help_text="The job's final status (accepted reports only).",
+        choices=sorted(lifecycle.BATCH_REPORT_STATUSES | {"queued"}), required=False,
+        help_text="The job's status after the report (accepted reports only): its final "
+        "status, or `queued` for a retryable failure with attempts left.",
     )
-    completed_at = serializers.DateTimeField(required=False, help_text="Accepted reports only.")
+    completed_at = serializers.DateTimeField(
+        required=False, help_text="Accepted reports that ended the job only."
+    )
     code = serializers.ChoiceField(
         choices=REPORT_REFUSAL_CODES, required=False, help_text="Why not (refused reports only)."
     )
@@ -142,6 +146,8 @@ class BatchReportOutcome(Outcome):
         ref_name = "BatchReportOutcome"
 
     def success(self, outcome) -> dict:
+        if outcome.completed_at is None:  # a retryable failure: queued again
+            return {"status": outcome.status}
         return {
             "status": outcome.status,
             "completed_at": _TIMESTAMP.to_representation(outcome.completed_at),

@@ -33,6 +33,15 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """true or false, as JSON booleans only (DRF's field also takes "yes", 1, "on"...)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input="")
+        return data
+
+
 class StrictChoiceField(serializers.ChoiceField):
     """A choice whose error names the allowed values, never the value sent (DRF's own
     message quotes it: '"<what you sent>" is not a valid choice.')."""
@@ -78,6 +87,9 @@ class JobSummarySerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     priority = serializers.IntegerField()
+    retry_backoff_seconds = serializers.IntegerField(source="effective_retry_backoff_seconds")
+    max_runtime_seconds = serializers.IntegerField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
     available_at = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
@@ -171,10 +183,32 @@ class EventSerializer(serializers.Serializer):
         ref_name = "JobEvent"
 
 
+class AttemptSerializer(serializers.Serializer):
+    """One attempt, derived from the job's timeline."""
+
+    number = serializers.IntegerField()
+    claimed_at = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True, help_text="null while it runs.")
+    outcome = serializers.ChoiceField(
+        choices=["successful", "failure", "cancelled", "retrying", "released", "reaped",
+                 "timed_out", "superseded"],
+        allow_null=True, help_text="How it ended (null while it runs).",
+    )
+    message = serializers.CharField(
+        allow_blank=True,
+        help_text="The report's message (its first 200 characters), the release's reason, or "
+        "why the service ended it.",
+    )
+
+    class Meta:
+        ref_name = "Attempt"
+
+
 class JobDetailSerializer(JobSerializer):
     dispatch_context_keys = serializers.SerializerMethodField()
     claim = serializers.SerializerMethodField()
     events = serializers.SerializerMethodField()
+    attempts = serializers.SerializerMethodField()
 
     class Meta:
         ref_name = "JobDetail"
@@ -191,6 +225,10 @@ class JobDetailSerializer(JobSerializer):
     @extend_schema_field(EventSerializer(many=True))
     def get_events(self, job):
         return EventSerializer(self.context.get("events", []), many=True).data
+
+    @extend_schema_field(AttemptSerializer(many=True))
+    def get_attempts(self, job):
+        return AttemptSerializer(self.context.get("attempts", []), many=True).data
 
 
 # --- claims ------------------------------------------------------------------------------
@@ -274,7 +312,8 @@ class ClaimCheckSerializer(serializers.Serializer):
     )
     claim_expires_at = serializers.DateTimeField(required=False)
     code = serializers.ChoiceField(
-        choices=["claim_superseded", "job_cancelled", "job_finished"], required=False,
+        choices=["claim_superseded", "deadline_exceeded", "job_cancelled", "job_finished"],
+        required=False,
         help_text="The 409 code a write with this claim_id would get.",
     )
     final_status = serializers.ChoiceField(
@@ -341,6 +380,12 @@ class StatusInput(serializers.Serializer):
     )
     checkpoint = serializers.JSONField(required=False, allow_null=True,
                                        help_text="Progress reports only. " + CHECKPOINT_HELP)
+    retry = StrictBooleanField(
+        required=False, default=False,
+        help_text="With status `failure`: a retryable failure. While attempts remain the job "
+        "goes back to `queued`, claimable after an exponential backoff; on the last attempt "
+        "it ends `failure`.",
+    )
 
     class Meta:
         ref_name = "StatusReport"
@@ -377,6 +422,25 @@ class JobCreateInput(serializers.Serializer):
     )
     delay_seconds = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=10**8
+    )
+    retry_backoff_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=INT32_MAX,
+        help_text="The wait before the first retry of a retryable failure, doubled per "
+        "attempt (default JOBQUEUE_RETRY_BACKOFF_SECONDS; at most "
+        "JOBQUEUE_MAX_RETRY_BACKOFF_SECONDS).",
+    )
+    max_runtime_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        help_text="How long one attempt may run from its claim, heartbeats or not (default: "
+        "the job agent's, else no limit; bounded by JOBQUEUE_MIN_MAX_RUNTIME_SECONDS.."
+        "JOBQUEUE_MAX_MAX_RUNTIME_SECONDS). Past it the attempt ends: queued again while "
+        "attempts remain, else expired.",
+    )
+    expires_at = serializers.DateTimeField(
+        required=False, allow_null=True,
+        help_text="When the whole job must be finished (in the future, at most "
+        "JOBQUEUE_MAX_EXPIRES_IN_SECONDS ahead). Past it the job is never claimed and ends "
+        "expired, running or not.",
     )
     external_id = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=255, trim_whitespace=False
@@ -436,6 +500,7 @@ class JobAgentSerializer(serializers.Serializer):
     type = serializers.CharField()
     lease_seconds = serializers.IntegerField(source="effective_lease_seconds")
     max_attempts = serializers.IntegerField(source="effective_max_attempts")
+    max_runtime_seconds = serializers.IntegerField(allow_null=True)
     created_at = serializers.DateTimeField()
     health = serializers.SerializerMethodField()
 
@@ -462,6 +527,10 @@ class JobAgentCreateInput(serializers.Serializer):
     max_attempts = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
         help_text="Bounded by 1..JOBQUEUE_MAX_MAX_ATTEMPTS.",
+    )
+    max_runtime_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        help_text="The max_runtime_seconds of its jobs that set none (default: no limit).",
     )
 
     class Meta:

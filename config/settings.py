@@ -195,6 +195,19 @@ JOBQUEUE = {
     "GROUP_CANCEL_BATCH": env.int("JOBQUEUE_GROUP_CANCEL_BATCH", 500),
     # Largest checkpoint (its JSON text, bytes) a heartbeat or progress report may carry.
     "MAX_CHECKPOINT_BYTES": env.int("JOBQUEUE_MAX_CHECKPOINT_BYTES", 64 * 1024),
+    # Retryable failures ({"status": "failure", "retry": true}): the job waits
+    # retry_backoff_seconds (this default unless the job sets its own) doubled per attempt,
+    # at most MAX_RETRY_BACKOFF_SECONDS (also the bound of a job's retry_backoff_seconds),
+    # shortened by up to RETRY_JITTER of itself (a fraction from 0 to 1; 0: no jitter).
+    "RETRY_BACKOFF_SECONDS": env.int("JOBQUEUE_RETRY_BACKOFF_SECONDS", 10),
+    "MAX_RETRY_BACKOFF_SECONDS": env.int("JOBQUEUE_MAX_RETRY_BACKOFF_SECONDS", 3600),
+    "RETRY_JITTER": env.float("JOBQUEUE_RETRY_JITTER", 0.0),
+    # Bounds of a job's (or its agent's default) max_runtime_seconds, and how far ahead a
+    # job's expires_at may be (docs/clocks.md). No default: a job has no runtime limit and
+    # never expires unless its producer (or agent) says so.
+    "MIN_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MIN_MAX_RUNTIME_SECONDS", 1),
+    "MAX_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MAX_MAX_RUNTIME_SECONDS", 7 * 86400),
+    "MAX_EXPIRES_IN_SECONDS": env.int("JOBQUEUE_MAX_EXPIRES_IN_SECONDS", 10**8),
     # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
     # keeps: a report over either is refused (400 validation_error) and changes nothing.
     "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),

@@ -19,6 +19,12 @@ DEFAULTS = {
     "GROUP_CANCEL_BATCH": 500,
     # Largest checkpoint (its JSON text, in bytes) a heartbeat or progress report may carry.
     "MAX_CHECKPOINT_BYTES": 64 * 1024,
+    "RETRY_BACKOFF_SECONDS": 10,
+    "MAX_RETRY_BACKOFF_SECONDS": 3600,
+    "RETRY_JITTER": 0.0,
+    "MIN_MAX_RUNTIME_SECONDS": 1,
+    "MAX_MAX_RUNTIME_SECONDS": 7 * 86400,
+    "MAX_EXPIRES_IN_SECONDS": 10**8,
     "MAX_MESSAGE_BYTES": 64 * 1024,
     "MAX_RESULT_BYTES": 1024 * 1024,
 }

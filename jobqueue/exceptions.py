@@ -44,6 +44,13 @@ class LeaseExpired(Conflict):
     default_detail = "The lease of this claim has expired; a heartbeat cannot revive it."
 
 
+class DeadlineExceeded(Conflict):
+    code = "deadline_exceeded"
+    default_detail = (
+        "A clock ended this attempt: the job's max_runtime_seconds or its expires_at passed."
+    )
+
+
 class JobCancelled(Conflict):
     code = "job_cancelled"
     default_detail = "The job was cancelled."

@@ -37,6 +37,8 @@ class JobAgent(models.Model):
     # None means "the service default" (settings.JOBQUEUE); bounds are checked on save paths.
     lease_seconds = models.PositiveIntegerField(null=True, blank=True)
     max_attempts = models.PositiveIntegerField(null=True, blank=True)
+    # The max_runtime_seconds of its jobs that do not set their own (None: no limit).
+    max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     # Written at most every few seconds per process by the HTTP edge, never per heartbeat.
     last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -71,8 +73,15 @@ CLAIM_ORDER = ("-priority", "available_at", "created_at")
 
 class JobQuerySet(models.QuerySet):
     def claimable(self):
-        """Queued and due, by the database's clock."""
-        return self.filter(status=states.QUEUED, available_at__lte=Now())
+        """Queued and due, and not past its expires_at, by the database's clock."""
+        return self.filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=Now()),
+            status=states.QUEUED, available_at__lte=Now(),
+        )
+
+    def overdue(self):
+        """Pending or queued past its expires_at (the reaper ends them expired)."""
+        return self.filter(status__in=[states.PENDING, states.QUEUED], expires_at__lte=Now())
 
     def in_claim_order(self):
         return self.order_by(*CLAIM_ORDER)
@@ -112,6 +121,13 @@ class Job(models.Model):
     # What an operator requeue grants again: the attempts the job had when created.
     initial_max_attempts = models.PositiveIntegerField()
     priority = models.IntegerField(default=0)
+    # The first retry's wait after a retryable failure (doubled per attempt, capped); None:
+    # JOBQUEUE_RETRY_BACKOFF_SECONDS.
+    retry_backoff_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # The clocks (docs/clocks.md): how long one attempt may run from its claim, heartbeats
+    # or not (None: no limit), and when the whole job must be finished (None: never).
+    max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
     available_at = models.DateTimeField(db_default=Now())
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
@@ -171,6 +187,13 @@ class Job(models.Model):
                 condition=Q(group__isnull=False),
                 name="job_group_idx",
             ),
+            # The reaper's sweep of jobs that expired before they ran. Partial: a job without
+            # expires_at never enters it, and one leaves it when it is claimed.
+            models.Index(
+                fields=["expires_at"],
+                condition=Q(expires_at__isnull=False, status__in=["pending", "queued"]),
+                name="job_overdue_idx",
+            ),
         ]
 
     def __str__(self):
@@ -179,6 +202,14 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in states.TERMINAL
+
+    @property
+    def effective_retry_backoff_seconds(self) -> int:
+        from .conf import jobqueue_settings
+
+        if self.retry_backoff_seconds is not None:
+            return self.retry_backoff_seconds
+        return jobqueue_settings()["RETRY_BACKOFF_SECONDS"]
 
 
 class JobGroup(models.Model):
@@ -241,6 +272,10 @@ class JobClaim(models.Model):
     # The agent's Idempotency-Key of the claim-next that made this claim: a retry with the
     # same key by the same agent gets this claim back. It lives (and ends) with the claim.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # When a clock ends this attempt: the earlier of claimed_at + the job's
+    # max_runtime_seconds and its expires_at (None: neither). The lease never runs past it
+    # (claims and heartbeats cap claim_expires_at), so the reaper finds the attempt then.
+    deadline_at = models.DateTimeField(null=True, blank=True)
 
     objects = JobClaimQuerySet.as_manager()
 
@@ -298,6 +333,10 @@ class JobEvent(models.Model):
     CANCELLED = "cancelled"
     REQUEUED = "requeued"
     STALE_WRITE_REFUSED = "stale_write_refused"
+    # A clock ended a running attempt (detail: clock max_runtime or expires_at, requeued).
+    TIMED_OUT = "timed_out"
+    # The job's expires_at passed while it was pending or queued: it ended expired.
+    DEADLINE_PASSED = "deadline_passed"
     KINDS = [
         (CREATED, "created"),
         (DISPATCHED, "dispatched"),
@@ -310,6 +349,8 @@ class JobEvent(models.Model):
         (CANCELLED, "cancelled"),
         (REQUEUED, "requeued"),
         (STALE_WRITE_REFUSED, "stale write refused"),
+        (TIMED_OUT, "timed out"),
+        (DEADLINE_PASSED, "deadline passed"),
     ]
 
     id = models.BigAutoField(primary_key=True)

@@ -1,4 +1,5 @@
-"""The reaper: returns jobs whose lease expired to the queue, or ends them as `expired`.
+"""The reaper: returns jobs whose lease (or max_runtime_seconds) ran out to the queue, or
+ends them as `expired`; ends jobs past their expires_at (docs/clocks.md).
 
 One sweep runs bounded batches until nothing is left or `max_batches` is reached; each
 sweep is recorded as a ReaperRun so that operators can see when the reaper last ran.
@@ -63,15 +64,19 @@ def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
         result.requeued = counts["would_requeue"]
         result.expired = counts["would_expire"]
     else:
-        while max_batches is None or result.batches < max_batches:
-            batch = lifecycle.reap_expired_claims_once(batch_size, actor=actor)
+        # Expired claims (the lease, max_runtime_seconds, a running job's expires_at) and
+        # jobs that expired before they ran, a batch of each in turn while one may be left.
+        todo = [lifecycle.reap_expired_claims_once, lifecycle.expire_overdue_jobs_once]
+        while todo and (max_batches is None or result.batches < max_batches):
+            reap = todo.pop(0)
+            batch = reap(batch_size, actor=actor)
             if batch.batches == 0:
-                break
+                continue
             result.batches += 1
             result.requeued += batch.requeued
             result.expired += batch.expired
-            if batch.reaped < batch_size:
-                break
+            if batch.reaped >= batch_size:
+                todo.append(reap)
     result.duration_seconds = time.monotonic() - started
     idle = not dry_run and not (result.requeued or result.expired)
     if record and idle and idle_run_id is not None:

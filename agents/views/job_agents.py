@@ -76,6 +76,7 @@ class JobAgentViewSet(ApiViewSet):
             name=data["name"],
             lease_seconds=data.get("lease_seconds"),
             max_attempts=data.get("max_attempts"),
+            max_runtime_seconds=data.get("max_runtime_seconds"),
         )
         return Response(s.JobAgentSerializer(agent).data, status=status.HTTP_201_CREATED)
 

@@ -11,7 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from jobqueue import lifecycle
+from jobqueue import history, lifecycle
 from jobqueue.db import Now
 from jobqueue.models import Job, JobAgent, JobClaim
 
@@ -106,6 +106,9 @@ class JobViewSet(ApiViewSet):
             priority=data["priority"],
             max_attempts=data.get("max_attempts"),
             delay_seconds=data.get("delay_seconds"),
+            retry_backoff_seconds=data.get("retry_backoff_seconds"),
+            max_runtime_seconds=data.get("max_runtime_seconds"),
+            expires_at=data.get("expires_at"),
             external_id=data["external_id"],
             idempotency_key=request.headers.get("Idempotency-Key"),
             group=data.get("group"),
@@ -138,6 +141,7 @@ class JobViewSet(ApiViewSet):
             "db_now": job.db_now,
             "claim": JobClaim.objects.filter(job_id=job.id).first(),
             "events": events,
+            "attempts": history.attempts(job.id),
         }
         return Response(s.JobDetailSerializer(job, context=context).data)
 
@@ -220,6 +224,7 @@ class JobViewSet(ApiViewSet):
             message=data.get("message"),
             result=data.get("result"),
             external_id=data.get("external_id"),
+            retry=data["retry"],
             checkpoint=data.get("checkpoint"),
             **self.job_scope(),
         )

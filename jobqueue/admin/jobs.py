@@ -21,7 +21,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from jobqueue import lifecycle, states
+from jobqueue import history, lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
 from jobqueue.models import Job, JobEvent, JobGroup
@@ -128,6 +128,9 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "group",
         "attempts",
         "priority",
+        "retry_backoff",
+        "max_runtime_seconds",
+        "expires_at",
         "available_at",
         "created_at",
         "started_at",
@@ -140,6 +143,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "dispatch_context_keys",
         "result_display",
         "claim_display",
+        "attempt_history",
         "timeline",
     ]
     readonly_fields = fields
@@ -203,6 +207,10 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
 
     # --- detail fields
 
+    @admin.display(description="retry backoff")
+    def retry_backoff(self, obj):
+        return f"{obj.effective_retry_backoff_seconds} s, doubled per attempt"
+
     @admin.display(description="job agent config")
     def job_agent_config_display(self, obj):
         return format_html("<pre>{}</pre>", json.dumps(obj.job_agent_config, indent=2))
@@ -236,6 +244,9 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
             ("lease", f"{claim.lease_seconds} s"),
             ("expiry", f"{claim.claim_expires_at:%Y-%m-%d %H:%M:%S} UTC "
                        f"({describe_lease(claim.claim_expires_at, now)})"),
+            ("deadline", "none" if claim.deadline_at is None
+             else f"{claim.deadline_at:%Y-%m-%d %H:%M:%S} UTC (max_runtime_seconds or "
+                  "expires_at: the lease never runs past it)"),
             ("last heartbeat", describe_age(claim.heartbeat_at, now, never="none yet")),
             ("agent", claim.job_agent_id),
             ("holder", claim.holder or "—"),
@@ -243,6 +254,23 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         return format_html(
             '<table class="jq-claim">{}</table>',
             format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="attempts")
+    def attempt_history(self, obj):
+        rows = [
+            (a.number, f"{a.claimed_at:%Y-%m-%d %H:%M:%S} UTC",
+             "running" if a.ended_at is None else f"{a.ended_at:%Y-%m-%d %H:%M:%S} UTC",
+             a.outcome or "—", a.message or "—", a.claimed_by or "—")
+            for a in history.attempts(obj.pk)
+        ]
+        if not rows:
+            return "Never claimed."
+        head = format_html_join("", "<th>{}</th>", ((h,) for h in (
+            "#", "claimed", "ended", "outcome", "message", "claimed by")))
+        return format_html(
+            '<table class="jq-attempts"><tr>{}</tr>{}</table>', head,
+            format_html_join("", "<tr>" + "<td>{}</td>" * 6 + "</tr>", rows),
         )
 
     def get_object(self, request, object_id, from_field=None):

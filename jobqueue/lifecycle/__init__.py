@@ -9,7 +9,8 @@ One function per transition, each in the module that names it:
     operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
     reconcile.py claim_state (read-only: is a claim_id current, and if not, why)
     groups.py    group_state, cancel_group (bounded batches), hold_group (create, requeue)
-    reap.py      reap_expired_claims_once, count_expired_claims (jobqueue.reaper loops it)
+    reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
+                 (jobqueue.reaper loops them)
 
 and what they share:
 
@@ -44,10 +45,11 @@ from .groups import cancel_group, group_state
 from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
 from .inputs import lease_seconds as validate_lease_seconds
 from .inputs import max_attempts as validate_max_attempts
+from .inputs import max_runtime_seconds as validate_max_runtime_seconds
 from .lease import heartbeat, heartbeat_many, release_job
 from .operator import cancel_job, mark_failed, requeue_job
 from .orm import claim_candidates
-from .reap import count_expired_claims, reap_expired_claims_once
+from .reap import count_expired_claims, expire_overdue_jobs_once, reap_expired_claims_once
 from .reconcile import claim_state
 from .report import report_many, report_status
 from .results import (
@@ -87,6 +89,7 @@ __all__ = [
     "create_job",
     "create_job_agent",
     "dispatch_job",
+    "expire_overdue_jobs_once",
     "group_state",
     "heartbeat",
     "heartbeat_interval_for",
@@ -100,4 +103,5 @@ __all__ = [
     "requeue_job",
     "validate_lease_seconds",
     "validate_max_attempts",
+    "validate_max_runtime_seconds",
 ]

@@ -2,7 +2,8 @@
 attempt to resume from.
 
 `save_checkpoint` writes job_checkpoint only while the claim is current: the guard (the
-claim row, its claim_id, the caller's scope, and for a heartbeat an unexpired lease) is in
+claim row, its claim_id, the caller's scope; the heartbeat's time guards are in its own
+renewal, which runs first in the same transaction) is in
 the statement that writes, and on PostgreSQL that statement holds the claim row FOR SHARE
 until the caller's transaction ends, so a reap, release, report or operator transition ending
 the claim waits for it, or it finds the claim gone and writes nothing. A row written by an
@@ -28,7 +29,6 @@ WHERE c.job_id = %(job)s AND c.claim_id = %(claim)s
   AND (%(agent)s::uuid IS NULL OR c.job_agent_id = %(agent)s::uuid)
   AND (%(workspace)s::uuid IS NULL
        OR c.job_id IN (SELECT id FROM job WHERE workspace_id = %(workspace)s::uuid))
-  AND (NOT %(unexpired)s OR c.claim_expires_at > STATEMENT_TIMESTAMP())
 FOR SHARE OF c
 ON CONFLICT (job_id) DO UPDATE SET claim_id = EXCLUDED.claim_id, attempt = EXCLUDED.attempt,
     data = EXCLUDED.data, saved_at = EXCLUDED.saved_at
@@ -37,16 +37,15 @@ RETURNING job_id
 """
 
 
-def save_checkpoint(job_id: uuid.UUID, claim_id: uuid.UUID, data: str, *, unexpired: bool,
+def save_checkpoint(job_id: uuid.UUID, claim_id: uuid.UUID, data: str, *,
                     job_agent_id=None, workspace_id=None) -> bool:
-    """Save `data` (JSON text) as the job's checkpoint if `claim_id` is its current claim
-    (with an unexpired lease when `unexpired`). Call inside the transaction of the write it
-    goes with. True when saved."""
+    """Save `data` (JSON text) as the job's checkpoint if `claim_id` is its current claim.
+    Call inside the transaction of the write it goes with. True when saved."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(_SAVE_PG, {
                 "data": data, "job": job_id, "claim": claim_id, "agent": job_agent_id,
-                "workspace": workspace_id, "unexpired": unexpired,
+                "workspace": workspace_id,
             })
             return cursor.fetchone() is not None
     # SQLite: the caller's transaction is BEGIN IMMEDIATE, so the read and the write below
@@ -56,8 +55,6 @@ def save_checkpoint(job_id: uuid.UUID, claim_id: uuid.UUID, data: str, *, unexpi
         claims = claims.filter(job_agent_id=job_agent_id)
     if workspace_id is not None:
         claims = claims.filter(job__workspace_id=workspace_id)
-    if unexpired:
-        claims = claims.filter(claim_expires_at__gt=Now())
     attempt = claims.values_list("attempt", flat=True).first()
     if attempt is None:
         return False

@@ -21,6 +21,7 @@ from jobqueue.models import CLAIM_ORDER, Job, JobAgent, JobClaim
 from . import inputs
 from .backends import backend
 from .checkpoints import checkpoints_for
+from .orm import attempt_deadline, lease_end
 from .records import fetch_job
 from .results import ClaimGrant
 
@@ -97,8 +98,8 @@ def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
 
 
 def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
-    """What a claim returns for jobs just claimed at the database time `now`."""
-    expires = now + dt.timedelta(seconds=lease)
+    """What a claim returns for jobs just claimed at the database time `now` (the lease
+    capped at the attempt's deadline, as stored)."""
     interval = heartbeat_interval_for(lease)
     return [
         ClaimGrant(
@@ -107,7 +108,7 @@ def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
             attempt=job.attempt,
             lease_seconds=lease,
             claimed_at=now,
-            claim_expires_at=expires,
+            claim_expires_at=lease_end(now, lease, attempt_deadline(job, now)),
             heartbeat_interval_seconds=interval,
             server_time=now,
             checkpoint=getattr(job, "claim_checkpoint", None),

@@ -9,7 +9,7 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
 from jobqueue import observe, states
-from jobqueue.db import NowPlusSeconds
+from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import IdempotencyKeyReused, InvalidInput, InvalidTransition, NotFound
 from jobqueue.models import Job, JobAgent, JobEvent
 
@@ -19,12 +19,14 @@ from .records import event, fetch_job, scoped_jobs
 
 
 def create_job_agent(*, workspace, name: str, lease_seconds: int | None = None,
-                     max_attempts: int | None = None) -> JobAgent:
+                     max_attempts: int | None = None,
+                     max_runtime_seconds: int | None = None) -> JobAgent:
     agent = JobAgent(
         workspace=workspace,
         name=inputs.agent_name(name),
         lease_seconds=inputs.lease_seconds(lease_seconds),
         max_attempts=inputs.max_attempts(max_attempts),
+        max_runtime_seconds=inputs.max_runtime_seconds(max_runtime_seconds),
     )
     try:
         with transaction.atomic():
@@ -74,6 +76,9 @@ def create_job(
     priority: int = 0,
     max_attempts: int | None = None,
     delay_seconds: int | None = None,
+    retry_backoff_seconds: int | None = None,
+    max_runtime_seconds: int | None = None,
+    expires_at=None,
     external_id: str = "",
     idempotency_key: str | None = None,
     group: str | None = None,
@@ -92,18 +97,27 @@ def create_job(
     max_attempts = sent_max_attempts or job_agent.effective_max_attempts
     delay_seconds = inputs.delay_seconds(delay_seconds)
     group = inputs.group_name(group)
+    retry_backoff_seconds = inputs.retry_backoff_seconds(retry_backoff_seconds)
+    max_runtime_seconds = inputs.max_runtime_seconds(max_runtime_seconds)
+    expires_at = inputs.expires_at(expires_at)
+    # Fields added later join the fingerprint only when given, so that a replay of a request
+    # made before they existed still matches its job.
+    later = {"retry_backoff_seconds": retry_backoff_seconds,
+             "max_runtime_seconds": max_runtime_seconds,
+             "expires_at": None if expires_at is None else expires_at.isoformat(),
+             "group": group}
     fingerprint = ""
     payload: dict = {}
     if inputs.idempotency_key(idempotency_key) is not None:
         payload = _request_payload(job_agent, job_agent_config, dispatch_context, priority,
                                    sent_max_attempts, delay_seconds, external_id, hold)
-        if group is not None:  # part of the request (absent: as before groups existed)
-            payload["group"] = group
+        payload.update({k: v for k, v in later.items() if v is not None})
         fingerprint = _fingerprint({**payload, "v": _FINGERPRINT_VERSION})
         existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
         if existing is not None:
             return _idempotent_replay(existing, fingerprint, payload), False
 
+    inputs.expires_at_ahead(expires_at, db_now)
     job = Job(
         workspace=workspace,
         job_agent=job_agent,
@@ -113,6 +127,10 @@ def create_job(
         priority=priority,
         max_attempts=max_attempts,
         initial_max_attempts=max_attempts,
+        retry_backoff_seconds=retry_backoff_seconds,
+        # The agent's default applies when the producer gives none.
+        max_runtime_seconds=max_runtime_seconds or job_agent.max_runtime_seconds,
+        expires_at=expires_at,
         external_id=external_id or "",
         group=group,
         idempotency_key=idempotency_key,

@@ -11,6 +11,7 @@ written (the HTTP edge answers 400 {"code": "validation_error", "detail", "field
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ class ReportItem:
     message: str | None = None
     result: object = None
     external_id: str | None = None
+    retry: bool = False  # a retryable failure: queued again while attempts remain
 
 
 # --- parsing (for the edge) -------------------------------------------------------------
@@ -97,6 +99,51 @@ def retry_after_seconds(value: int | None) -> int | None:
         return None
     return bounded_int(value, "retry_after_seconds", 0,
                        jobqueue_settings()["MAX_RETRY_AFTER_SECONDS"])
+
+
+def retry_backoff_seconds(value: int | None) -> int | None:
+    """A job's first retry wait (None: JOBQUEUE_RETRY_BACKOFF_SECONDS)."""
+    if value is None:
+        return None
+    return bounded_int(value, "retry_backoff_seconds", 0,
+                       jobqueue_settings()["MAX_RETRY_BACKOFF_SECONDS"])
+
+
+def max_runtime_seconds(value: int | None) -> int | None:
+    """A job's (or its agent's default) runtime limit per attempt (None: no limit)."""
+    if value is None:
+        return None
+    conf = jobqueue_settings()
+    return bounded_int(value, "max_runtime_seconds", conf["MIN_MAX_RUNTIME_SECONDS"],
+                       conf["MAX_MAX_RUNTIME_SECONDS"])
+
+
+def expires_at(value: dt.datetime | None) -> dt.datetime | None:
+    """When a job must be finished (None: never): a time with a time zone."""
+    if value is not None and (not isinstance(value, dt.datetime) or value.tzinfo is None):
+        raise InvalidInput("expires_at must be a time with a time zone.", field="expires_at")
+    return value
+
+
+def expires_at_ahead(value: dt.datetime | None,
+                     now: Callable[[], dt.datetime]) -> dt.datetime | None:
+    """A new job's expires_at: after the database's `now()`, at most MAX_EXPIRES_IN_SECONDS
+    ahead (a replay of an idempotent create is not checked again)."""
+    if value is None:
+        return None
+    horizon = jobqueue_settings()["MAX_EXPIRES_IN_SECONDS"]
+    current = now()
+    if not current < value <= current + dt.timedelta(seconds=horizon):
+        raise InvalidInput(f"expires_at must be in the future, at most {horizon} seconds ahead.",
+                           field="expires_at")
+    return value
+
+
+def report_retry(status: str, retry: bool) -> bool:
+    """`retry` qualifies a failure only."""
+    if retry and status != states.FAILURE:
+        raise InvalidInput("retry may be true only with status failure.", field="retry")
+    return retry
 
 
 def delay_seconds(value: int | None) -> int | None:
@@ -223,6 +270,7 @@ def report_batch(reports: Sequence[ReportItem]) -> Sequence[ReportItem]:
     def job_of(report: ReportItem):
         if report.status not in BATCH_REPORT_STATUSES:
             raise InvalidInput(f"status must be one of: {allowed}.", field="status")
+        report_retry(report.status, report.retry)
         report_content(report.message, report.result)
         return report.job_id
 

@@ -23,6 +23,7 @@ from jobqueue.models import Job, JobClaim, JobEvent
 from . import inputs
 from .backends import backend
 from .checkpoints import save_checkpoint
+from .orm import within_deadline
 from .records import event, scoped_jobs
 from .refusals import HEARTBEAT, RELEASE, refuse, refuse_one
 from .results import BatchHeartbeatResult, HeartbeatOutcome, HeartbeatResult
@@ -52,12 +53,13 @@ def heartbeat(job_id: uuid.UUID, claim_id: uuid.UUID, *, job_agent_id: uuid.UUID
 
 
 def _heartbeat_with_checkpoint(job_id, claim_id, data, job_agent_id, workspace_id):
-    # The renewal first: its UPDATE locks the claim row (guards: current, unexpired) until
-    # the checkpoint is saved beside it in the same transaction.
+    # The renewal first: its UPDATE (guards: current, unexpired, within its deadline) locks
+    # the claim row until the checkpoint is saved beside it in the same transaction; the
+    # save needs no guard of its own on the time (the renewal just passed them).
     with transaction.atomic():
         renewed = backend().heartbeat(job_id, claim_id, job_agent_id, workspace_id)
         if renewed is not None and not save_checkpoint(
-            job_id, claim_id, data, unexpired=True, job_agent_id=job_agent_id,
+            job_id, claim_id, data, job_agent_id=job_agent_id,
             workspace_id=workspace_id,
         ):  # pragma: no cover - impossible while the claim row is locked
             raise ClaimSuperseded()
@@ -107,7 +109,8 @@ def release_job(
     with transaction.atomic():
         n = (
             scoped_jobs(workspace_id, job_agent_id)
-            .filter(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_id)
+            .filter(within_deadline(), id=job_id, status=states.IN_PROGRESS,
+                    last_claim_id=claim_id)
             .update(status=states.QUEUED, available_at=NowPlusSeconds(retry_after_seconds),
                     updated_at=Now())
         )

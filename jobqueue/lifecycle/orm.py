@@ -12,11 +12,14 @@ import datetime as dt
 import uuid
 
 from django.db import transaction
-from django.db.models import Case, F, Q, UUIDField, Value, When
-from django.db.models.functions import Now
+from django.db.models import Case, DateTimeField, F, FloatField, Q, UUIDField, Value, When
+from django.db.models.functions import Coalesce, Least, Now, Power, Random
 
 from jobqueue import states
+from jobqueue.conf import jobqueue_settings
+from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
+from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job, JobClaim, JobEvent
 
 from .checkpoints import checkpoints_for
@@ -35,6 +38,62 @@ def claim_candidates(job_agent, candidates=None):
         .annotate(db_now=Now())
         .select_for_update(skip_locked=True, no_key=True, of=("self",))
     )
+
+
+def attempt_deadline(job, now: dt.datetime) -> dt.datetime | None:
+    """When a clock ends the attempt claimed at the database time `now`: the earlier of
+    now + max_runtime_seconds and expires_at (None: neither). PostgreSQL's claim statement
+    computes the same (pg/statements.py, _DEADLINE)."""
+    ends = [t for t in (
+        None if job.max_runtime_seconds is None
+        else now + dt.timedelta(seconds=job.max_runtime_seconds),
+        job.expires_at,
+    ) if t is not None]
+    return min(ends) if ends else None
+
+
+def lease_end(now: dt.datetime, lease: int, deadline: dt.datetime | None) -> dt.datetime:
+    """The lease of a claim made at `now`, never past the attempt's deadline."""
+    end = now + dt.timedelta(seconds=lease)
+    return end if deadline is None else min(end, deadline)
+
+
+def within_deadline() -> Q:
+    """No clock has ended the job's running attempt yet (by the database's clock): the
+    guard of every holder's write but heartbeats (which see the claim's capped lease)."""
+    return (
+        (Q(max_runtime_seconds__isnull=True)
+         | Q(started_at__gt=NowPlusSeconds(F("max_runtime_seconds") * -1)))
+        & (Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))
+    )
+
+
+def retry_backoff():
+    """The wait before a retry, in seconds, as the database computes it from the job row:
+    retry_backoff_seconds (or the default) doubled per attempt already made, at most
+    MAX_RETRY_BACKOFF_SECONDS, shortened by up to RETRY_JITTER of itself."""
+    conf = jobqueue_settings()
+    base = Coalesce(F("retry_backoff_seconds"), Value(conf["RETRY_BACKOFF_SECONDS"]))
+    wait = Least(
+        Value(float(conf["MAX_RETRY_BACKOFF_SECONDS"]), output_field=FloatField()),
+        base * Power(Value(2.0), F("attempt") - 1), output_field=FloatField(),
+    )
+    if conf["RETRY_JITTER"]:
+        wait = wait * (Value(1.0) - Value(float(conf["RETRY_JITTER"])) * Random())
+    return wait
+
+
+def retry_fields() -> dict:
+    """A retryable failure's update: queued after the backoff while attempts remain, else
+    failure (the guards are the report's)."""
+    again = Q(attempt__lt=F("max_attempts"))
+    return {
+        "status": Case(When(again, then=Value(states.QUEUED)), default=Value(states.FAILURE)),
+        "completed_at": Case(When(again, then=Value(None)), default=Now(),
+                             output_field=DateTimeField()),
+        "available_at": Case(When(again, then=NowPlusSeconds(retry_backoff())),
+                             default=F("available_at")),
+    }
 
 
 class OrmBackend:
@@ -64,7 +123,6 @@ class OrmBackend:
 
     @staticmethod
     def _claim_locked(job_agent, locked, lease, now, actor, holder="", idempotency_key=None):
-        expires = now + dt.timedelta(seconds=lease)
         claim_ids = {job.id: uuid.uuid4() for job in locked}
         # The rows are locked (PostgreSQL) or the database is write-locked (SQLite), so these
         # values are current; the guard still goes in the WHERE of the one write for the batch.
@@ -91,10 +149,12 @@ class OrmBackend:
             job.attempt += 1
             job.last_claim_id = claim_ids[job.id]
             job.started_at = job.updated_at = now
+            deadline = attempt_deadline(job, now)
             claims.append(JobClaim(
                 job_id=job.id, job_agent_id=job_agent.id, claim_id=job.last_claim_id,
                 attempt=job.attempt, lease_seconds=lease, claimed_at=now,
-                claim_expires_at=expires, holder=holder, idempotency_key=idempotency_key,
+                claim_expires_at=lease_end(now, lease, deadline), deadline_at=deadline,
+                holder=holder, idempotency_key=idempotency_key,
             ))
             claimed = event(job.id, JobEvent.CLAIMED, attempt=job.attempt, actor=actor,
                             claim_id=job.last_claim_id, lease_seconds=lease)
@@ -104,21 +164,22 @@ class OrmBackend:
         JobEvent.objects.bulk_create(events)
 
     def report(self, job_id, claim_id, status, actor, *, message, result, external_id,
-               job_agent_id, workspace_id):
+               job_agent_id, workspace_id, retry=False):
         """The job after a report that its claim allowed, or None (nothing changed)."""
         fields = {"updated_at": Now()}
         for name, value in (("message", message), ("result", result),
                             ("external_id", external_id)):
             if value is not None:
                 fields[name] = value
-        guard = Q(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_id)
+        guard = Q(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_id) & within_deadline()
         with transaction.atomic():
             qs = scoped_jobs(workspace_id, job_agent_id).filter(guard)
             if status == states.IN_PROGRESS:
                 n = qs.update(**fields)
                 kind = JobEvent.PROGRESS_REPORTED
             else:
-                n = qs.update(status=status, completed_at=Now(), **fields)
+                ending = retry_fields() if retry else {"status": status, "completed_at": Now()}
+                n = qs.update(**ending, **fields)
                 if n == 1:
                     # The job row is ours (locked); its claim row goes with it.
                     deleted, _ = JobClaim.objects.filter(job_id=job_id, claim_id=claim_id).delete()
@@ -128,8 +189,11 @@ class OrmBackend:
             if n != 1:
                 return None
             job = Job.objects.get(id=job_id)
+            extra = {"retry": True, "requeued": job.status == states.QUEUED} if retry else {}
+            if message and kind == JobEvent.STATUS_REPORTED:
+                extra["message"] = message[:MESSAGE_CHARS]
             event(job.id, kind, attempt=job.attempt, actor=actor, claim_id=claim_id,
-                  status=status, has_result=result is not None).save()
+                  status=status, has_result=result is not None, **extra).save()
             return job
 
     def report_many(self, items, job_agent_id, workspace_id, actor):
@@ -140,7 +204,8 @@ class OrmBackend:
             for r in items:
                 job = self.report(r.job_id, r.claim_id, r.status, actor, message=r.message,
                                   result=r.result, external_id=r.external_id,
-                                  job_agent_id=job_agent_id, workspace_id=workspace_id)
+                                  job_agent_id=job_agent_id, workspace_id=workspace_id,
+                                  retry=r.retry)
                 if job is not None:
                     done[job.id] = (job.status, job.completed_at)
         return done

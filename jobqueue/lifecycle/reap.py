@@ -1,10 +1,17 @@
-"""The reaper's batch: claims whose lease expired go back to the queue, or end the job as
-`expired` on its last attempt. The loop around it, and its record, are jobqueue.reaper."""
+"""The reaper's batches, which enforce the three clocks (docs/clocks.md):
+
+- claims whose lease expired go back to the queue, or end the job as `expired` on its last
+  attempt; a claim whose deadline passed (the lease is capped at it) is ended the same way
+  for max_runtime_seconds (event timed_out), and ends the job `expired` whatever its
+  attempt for expires_at;
+- pending or queued jobs past their expires_at end `expired` (event deadline_passed).
+
+The loop around them, and its record, are jobqueue.reaper."""
 
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from jobqueue import observe, states
@@ -37,39 +44,93 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
             .order_by("job_id")  # claim rows in job_id order, as heartbeat_many locks them
             .select_for_update(of=("self",))
             .select_related("job")
-            .only("job_id", "claim_id", "attempt", "job__attempt", "job__max_attempts")
+            .annotate(db_now=Now())
+            .only("job_id", "claim_id", "attempt", "deadline_at", "job__attempt",
+                  "job__max_attempts", "job__expires_at")
         )
         if not expired_claims:
             return ReapResult(batches=1)
         JobClaim.objects.filter(job_id__in=[c.job_id for c in expired_claims]).delete()
-        expiring = {c.job_id for c in expired_claims if c.job.attempt >= c.job.max_attempts}
-        to_requeue = [c.job_id for c in expired_claims if c.job_id not in expiring]
+        ended = {c.job_id: _why(c) for c in expired_claims}
+        expiring = {job_id: message for job_id, (_kind, _clock, message) in ended.items()
+                    if message}
+        to_requeue = [job_id for job_id in ended if job_id not in expiring]
         requeued = expired = 0
         if to_requeue:
             requeued = Job.objects.filter(id__in=to_requeue, status=states.IN_PROGRESS).update(
                 status=states.QUEUED, available_at=Now(), updated_at=Now()
             )
-        if expiring:
-            expired = Job.objects.filter(id__in=list(expiring), status=states.IN_PROGRESS).update(
-                status=states.EXPIRED,
-                completed_at=Now(),
-                updated_at=Now(),
-                message="Lease expired on the last attempt.",
-            )
+        for message in set(expiring.values()):
+            expired += Job.objects.filter(
+                id__in=[j for j, m in expiring.items() if m == message],
+                status=states.IN_PROGRESS,
+            ).update(status=states.EXPIRED, completed_at=Now(), updated_at=Now(),
+                     message=message)
         if requeued != len(to_requeue) or expired != len(expiring):  # pragma: no cover
             raise RuntimeError("reaper: job rows changed under their locks")
-        JobEvent.objects.bulk_create(
-            event(c.job_id, JobEvent.EXPIRED if c.job_id in expiring else JobEvent.REAPED,
-                  attempt=c.attempt, actor=actor, claim_id=c.claim_id)
-            for c in expired_claims
-        )
+        events = []
+        for c in expired_claims:
+            kind, clock, _message = ended[c.job_id]
+            detail = {} if clock is None else {"clock": clock,
+                                                "requeued": c.job_id not in expiring}
+            events.append(event(c.job_id, kind, attempt=c.attempt, actor=actor,
+                                claim_id=c.claim_id, **detail))
+        JobEvent.objects.bulk_create(events)
     observe.emit("reaped", requeued=requeued, expired=expired)
     return ReapResult(requeued=requeued, expired=expired, batches=1)
+
+
+LEASE_LOST_LAST = "Lease expired on the last attempt."
+RUNTIME_LAST = "max_runtime_seconds passed on the last attempt."
+EXPIRES_AT_RUNNING = "expires_at passed while the job was running."
+EXPIRES_AT_WAITING = "expires_at passed before the job ran."
+
+
+def _why(claim) -> tuple[str, str | None, str]:
+    """Why the reaper ends this claim: (event kind, clock or None for the lease, the
+    message of an expired job or "" when the job goes back to the queue)."""
+    job, now = claim.job, claim.db_now
+    if job.expires_at is not None and job.expires_at <= now:
+        return JobEvent.TIMED_OUT, "expires_at", EXPIRES_AT_RUNNING
+    last = job.attempt >= job.max_attempts
+    if claim.deadline_at is not None and claim.deadline_at <= now:
+        return JobEvent.TIMED_OUT, "max_runtime", RUNTIME_LAST if last else ""
+    return (JobEvent.EXPIRED, None, LEASE_LOST_LAST) if last else (JobEvent.REAPED, None, "")
+
+
+def expire_overdue_jobs_once(batch_size: int, *, actor: str = REAPER) -> ReapResult:
+    """One bounded batch: pending or queued jobs past their expires_at end `expired`.
+
+    Job rows are taken with SKIP LOCKED (a claim in flight wins: it re-checks expires_at in
+    its own WHERE and never claims an overdue job); the update repeats the guards."""
+    with transaction.atomic():
+        job_ids = list(
+            Job.objects.overdue()
+            .order_by()
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("id", flat=True)[:batch_size]
+        )
+        if not job_ids:
+            return ReapResult()
+        n = Job.objects.overdue().filter(id__in=job_ids).update(
+            status=states.EXPIRED, completed_at=Now(), updated_at=Now(),
+            message=EXPIRES_AT_WAITING,
+        )
+        if n != len(job_ids):  # pragma: no cover - impossible while the locks are held
+            raise RuntimeError("reaper: job rows changed under their locks")
+        JobEvent.objects.bulk_create(
+            event(job_id, JobEvent.DEADLINE_PASSED, actor=actor, clock="expires_at")
+            for job_id in job_ids
+        )
+    observe.emit("reaped", requeued=0, expired=n)
+    return ReapResult(expired=n, batches=1)
 
 
 def count_expired_claims() -> dict:
     """What a sweep would do now, without doing it (for --dry-run and the admin)."""
     qs = JobClaim.objects.expired()
     total = qs.count()
-    last = qs.filter(job__attempt__gte=F("job__max_attempts")).count()
-    return {"would_requeue": total - last, "would_expire": last}
+    last = qs.filter(Q(job__attempt__gte=F("job__max_attempts")) | Q(job__expires_at__lte=Now())
+                     ).count()
+    overdue = Job.objects.overdue().count()
+    return {"would_requeue": total - last, "would_expire": last + overdue}

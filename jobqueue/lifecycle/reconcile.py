@@ -18,7 +18,7 @@ from jobqueue import states
 from jobqueue.exceptions import NotFound
 
 from .records import scoped_jobs
-from .refusals import STATUS, JobFacts, explain_refusal
+from .refusals import STATUS, JobFacts, _with_deadlines, explain_refusal
 from .results import ClaimCheck
 
 
@@ -29,21 +29,25 @@ def claim_state(job_id: uuid.UUID, claim_id: uuid.UUID, *, job_agent_id=None,
         .filter(id=job_id)
         .annotate(db_now=Now())
         .values("status", "attempt", "last_claim_id", "completed_at", "claim__claim_id",
-                "claim__claim_expires_at", "claim__attempt", "db_now")
+                "claim__claim_expires_at", "claim__attempt", "claim__deadline_at", "db_now")
         .first()
     )
     if row is None:
         raise NotFound("No such job.")
     now = row["db_now"]
-    expires = row["claim__claim_expires_at"]
-    if row["claim__claim_id"] == claim_id:
-        return ClaimCheck(current=True, server_time=now, attempt=row["claim__attempt"],
-                          claim_expires_at=expires,
-                          lease_state="expired" if expires <= now else "active")
+    expires, deadline = row["claim__claim_expires_at"], row["claim__deadline_at"]
     facts = JobFacts(status=row["status"], attempt=row["attempt"],
                      last_claim_id=row["last_claim_id"], claim_id=row["claim__claim_id"],
                      lease_expired=expires is not None and expires <= now,
-                     completed_at=row["completed_at"])
+                     completed_at=row["completed_at"],
+                     live_deadline_passed=deadline is not None and deadline <= now)
+    # Whether a clock ended this claim's attempt (read-only: the live deadline, or the
+    # reaper's timed_out event for a claim that is gone).
+    facts = _with_deadlines({job_id: facts}, [(job_id, claim_id)]).get(job_id, facts)
+    if row["claim__claim_id"] == claim_id and not facts.deadline_passed:
+        return ClaimCheck(current=True, server_time=now, attempt=row["claim__attempt"],
+                          claim_expires_at=expires,
+                          lease_state="expired" if expires <= now else "active")
     ended_here = row["status"] in states.TERMINAL and row["last_claim_id"] == claim_id
     return ClaimCheck(current=False, server_time=now,
                       code=explain_refusal(facts, STATUS, claim_id),

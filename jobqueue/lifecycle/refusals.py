@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from jobqueue import observe, states
 from jobqueue.exceptions import (
     ClaimSuperseded,
+    DeadlineExceeded,
     JobCancelled,
     JobFinished,
     LeaseExpired,
@@ -34,7 +35,7 @@ from .records import event, scoped_jobs
 
 HEARTBEAT, STATUS, RELEASE = "heartbeat", "status", "release"
 ERRORS = {cls.code: cls for cls in (NotFound, JobCancelled, JobFinished, LeaseExpired,
-                                    ClaimSuperseded)}
+                                    ClaimSuperseded, DeadlineExceeded)}
 
 
 @dataclass(frozen=True)
@@ -47,19 +48,54 @@ class JobFacts:
     claim_id: uuid.UUID | None  # the live claim's, None without one
     lease_expired: bool  # the live claim's lease has run out, by the database's clock
     completed_at: object = None  # what an accepted retry answers
+    message: str | None = None  # the job's content, to tell a retry from a different report
+    result: object = None
+    external_id: str | None = None
+    # This claim's terminal report was taken (a status_reported event): read only for a
+    # retryable failure's repeat, whose job is queued again rather than terminal.
+    reported: bool = False
+    live_deadline_passed: bool = False  # the live claim's deadline has passed
+    # A clock ended the attempt of the claim asked about: its deadline passed while it is
+    # live, or the reaper ended it for that (a timed_out event; read on the refusal path
+    # only, for a claim that is no longer live).
+    deadline_passed: bool = False
+
+
+@dataclass(frozen=True)
+class Content:
+    """What a terminal report carried: None is "not given" (it keeps the job's value)."""
+
+    message: str | None = None
+    result: object = None
+    external_id: str | None = None
+    retry: bool = False
+
+    def repeats(self, facts: JobFacts) -> bool:
+        """Applying this report again would change nothing: each field it gives is the
+        job's value. A report with different content is not a retry."""
+        return all(given is None or given == kept for given, kept in (
+            (self.message, facts.message), (self.result, facts.result),
+            (self.external_id, facts.external_id)))
 
 
 def explain_refusal(facts: JobFacts | None, operation: str, claim_id: uuid.UUID,
-                    status: str | None = None) -> str | None:
+                    status: str | None = None, content: Content | None = None) -> str | None:
     """The code for a write with `claim_id` that changed nothing, or None when it repeats
     the job's final report (a retry after a lost answer: it is answered as accepted).
 
-    `facts` is None when the caller cannot see the job; `status` is what a report asked."""
+    `facts` is None when the caller cannot see the job; `status` is what a report asked and
+    `content` what it carried (same claim and status but other content: job_finished)."""
     if facts is None:
         return NotFound.code
-    if (operation == STATUS and status in states.TERMINAL and facts.status == status
-            and facts.last_claim_id == claim_id):
-        return None
+    if facts.deadline_passed:
+        return DeadlineExceeded.code
+    if operation == STATUS and status in states.TERMINAL and facts.last_claim_id == claim_id:
+        # Its own final report again: a retry, unless it carries other content. A retryable
+        # failure's repeat finds the job queued again (or failed: it was the last attempt).
+        requeued = (content is not None and content.retry and facts.status == states.QUEUED
+                    and facts.reported)
+        if facts.status == status or requeued:
+            return None if content is None or content.repeats(facts) else JobFinished.code
     if facts.status == states.CANCELLED:
         return JobCancelled.code
     if facts.status in states.TERMINAL:
@@ -75,7 +111,8 @@ def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
     rows = scoped_jobs(workspace_id, job_agent_id).filter(id__in=list(job_ids)).annotate(
         db_now=Now()
     ).values("id", "status", "attempt", "last_claim_id", "completed_at", "claim__claim_id",
-             "claim__claim_expires_at", "db_now")
+             "claim__claim_expires_at", "claim__deadline_at", "db_now", "message", "result",
+             "external_id")
     return {
         row["id"]: JobFacts(
             status=row["status"],
@@ -85,22 +122,69 @@ def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
             lease_expired=row["claim__claim_expires_at"] is not None
             and row["claim__claim_expires_at"] <= row["db_now"],
             completed_at=row["completed_at"],
+            message=row["message"],
+            result=row["result"],
+            external_id=row["external_id"],
+            live_deadline_passed=row["claim__deadline_at"] is not None
+            and row["claim__deadline_at"] <= row["db_now"],
         )
         for row in rows
     }
 
 
-def refuse(writes: list[tuple[uuid.UUID, uuid.UUID, str | None]], operation: str, *,
-           actor: str = "", workspace_id=None, job_agent_id=None):
-    """Explain the writes [(job_id, claim_id, status asked or None)] that changed nothing.
+def _with_reports(facts, writes) -> dict:
+    """The facts of the retryable failures among `writes` [(job_id, claim_id)], with whether
+    that claim's report was taken: one query, on the refusal path only."""
+    q = Q()
+    for job_id, claim_id in writes:
+        q |= Q(job_id=job_id, claim_id=claim_id)
+    taken = set(JobEvent.objects.filter(q, kind=JobEvent.STATUS_REPORTED)
+                .values_list("job_id", "claim_id"))
+    return {job_id: replace(facts[job_id], reported=(job_id, claim_id) in taken)
+            for job_id, claim_id in writes}
+
+
+def _with_deadlines(facts, writes) -> dict:
+    """Whether a clock ended the attempt of each claim of `writes` [(job_id, claim_id)]:
+    the live claim's deadline passed, or (a claim no longer live) the reaper's timed_out
+    event names it; one query, only for claims no longer live."""
+    gone = [(job_id, claim_id) for job_id, claim_id in writes
+            if facts[job_id].claim_id != claim_id]
+    timed_out = set()
+    if gone:
+        q = Q()
+        for job_id, claim_id in gone:
+            q |= Q(job_id=job_id, claim_id=claim_id)
+        timed_out = set(JobEvent.objects.filter(q, kind=JobEvent.TIMED_OUT)
+                        .values_list("job_id", "claim_id"))
+    out = {}
+    for job_id, claim_id in writes:
+        f = facts[job_id]
+        passed = ((job_id, claim_id) in timed_out if f.claim_id != claim_id
+                  else f.live_deadline_passed)
+        if passed:
+            out[job_id] = replace(f, deadline_passed=True)
+    return out
+
+
+def refuse(writes: list[tuple], operation: str, *, actor: str = "", workspace_id=None,
+           job_agent_id=None):
+    """Explain the writes [(job_id, claim_id, status asked or None[, Content])] that changed
+    nothing.
 
     Returns ({job_id: code, or None for an accepted retry}, {job_id: facts}); records
     (record_refusals) and counts every refusal of a job the caller can see."""
     facts = load_facts((w[0] for w in writes), workspace_id=workspace_id,
                        job_agent_id=job_agent_id)
+    retried = [(w[0], w[1]) for w in writes
+               if len(w) > 3 and w[3] is not None and w[3].retry and w[0] in facts]
+    if retried:
+        facts.update(_with_reports(facts, retried))
+    facts.update(_with_deadlines(facts, [(w[0], w[1]) for w in writes if w[0] in facts]))
     codes, refused = {}, []
-    for job_id, claim_id, status in writes:
-        code = codes[job_id] = explain_refusal(facts.get(job_id), operation, claim_id, status)
+    for job_id, claim_id, status, *content in writes:
+        code = codes[job_id] = explain_refusal(facts.get(job_id), operation, claim_id, status,
+                                               *content)
         if code is not None and code != NotFound.code:
             refused.append((job_id, facts[job_id].attempt, claim_id, code))
     if refused:
@@ -170,10 +254,11 @@ def _count_or_insert(key, one: JobEvent) -> None:
 
 
 def refuse_one(job_id: uuid.UUID, claim_id: uuid.UUID, operation: str, *,
-               status: str | None = None, **scope) -> JobFacts:
+               status: str | None = None, content: Content | None = None,
+               **scope) -> JobFacts:
     """The same for one write: raises its error (NotFound, or the Conflict named by the
     code); returns the job's facts when the write is an accepted retry."""
-    codes, facts = refuse([(job_id, claim_id, status)], operation, **scope)
+    codes, facts = refuse([(job_id, claim_id, status, content)], operation, **scope)
     code = codes[job_id]
     if code is None:
         return facts[job_id]

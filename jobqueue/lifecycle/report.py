@@ -3,7 +3,9 @@
 Accepted with the current claim_id, even after the lease's expiry, as long as the reaper has
 not taken the claim (nobody else can hold the job, and the claim row serializes the report
 against the reaper). A terminal report ends the claim. A retried identical terminal report
-(same claim_id, same status) after a lost answer is answered as accepted again.
+(same claim_id, same status, and no field that differs from what the job kept) after a lost
+answer is answered as accepted again; one with other content is 409 job_finished: its
+content was not taken.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from jobqueue.models import Job
 from . import inputs
 from .backends import backend
 from .checkpoints import save_checkpoint
-from .refusals import STATUS, refuse, refuse_one
+from .refusals import STATUS, Content, refuse, refuse_one
 from .results import BatchReportResult, ReportOutcome
 
 
@@ -33,14 +35,20 @@ def report_status(
     message: str | None = None,
     result=None,
     external_id: str | None = None,
+    retry: bool = False,
     job_agent_id: uuid.UUID | None = None,
     workspace_id: uuid.UUID | None = None,
     checkpoint=None,
 ) -> Job:
     """Record progress (status in_progress) or end the job (a terminal status). None for
     message, result or external_id keeps the job's value. A progress report may carry a
-    `checkpoint` (saved with it, under its guards, for the next attempt)."""
+    `checkpoint` (saved with it, under its guards, for the next attempt).
+
+    `retry` (with status failure) is a retryable failure: while attempts remain the job goes
+    back to queued, claimable after the backoff (docs/clocks.md); on the last attempt it
+    ends failure. The answer is the job as it now is."""
     inputs.reportable_status(status)
+    inputs.report_retry(status, retry)
     inputs.report_content(message, result)
     data = inputs.checkpoint(checkpoint)
     if data is not None and status != states.IN_PROGRESS:
@@ -48,7 +56,7 @@ def report_status(
                            field="checkpoint")
     actor = agent_actor(job_agent_id) if job_agent_id else ""
     kwargs = {"message": message, "result": result, "external_id": external_id,
-              "job_agent_id": job_agent_id, "workspace_id": workspace_id}
+              "job_agent_id": job_agent_id, "workspace_id": workspace_id, "retry": retry}
     if data is None:
         job = backend().report(job_id, claim_id, status, actor, **kwargs)
     else:
@@ -57,7 +65,7 @@ def report_status(
         with transaction.atomic():
             job = backend().report(job_id, claim_id, status, actor, **kwargs)
             if job is not None and not save_checkpoint(
-                job_id, claim_id, data, unexpired=False, job_agent_id=job_agent_id,
+                job_id, claim_id, data, job_agent_id=job_agent_id,
                 workspace_id=workspace_id,
             ):  # pragma: no cover - impossible while the job row is locked
                 raise ClaimSuperseded()
@@ -65,11 +73,12 @@ def report_status(
         if status == states.IN_PROGRESS:
             observe.emit("progress", job_agent_id=job.job_agent_id)
         else:
-            observe.emit("reported", job_agent_id=job.job_agent_id, status=status)
+            observe.emit("reported", job_agent_id=job.job_agent_id, status=_counted(job.status))
         return job
     # Nothing changed: refused, or a retried terminal report after a lost answer.
-    refuse_one(job_id, claim_id, STATUS, status=status, actor=actor, workspace_id=workspace_id,
-               job_agent_id=job_agent_id)
+    refuse_one(job_id, claim_id, STATUS, status=status,
+               content=Content(message, result, external_id, retry), actor=actor,
+               workspace_id=workspace_id, job_agent_id=job_agent_id)
     return Job.objects.get(id=job_id)
 
 
@@ -81,14 +90,17 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     Every report whose claim is current is applied in one transaction (on PostgreSQL, one
     statement), with the single report's guards and events. Each other report is answered
     as the single report would: accepted when it repeats the job's final report (a retry
-    after a lost answer), else job_cancelled, job_finished, claim_superseded or not_found;
+    after a lost answer: same claim, status and content), else job_cancelled,
+    job_finished, claim_superseded or not_found;
     refusals are recorded like the single path's. Results keep the order of `reports`. A
     batch that breaks a rule (inputs.report_batch) changes nothing.
     """
     reports = inputs.report_batch(reports)
     actor = agent_actor(job_agent_id)
     done = backend().report_many(reports, job_agent_id, workspace_id, actor)
-    rest = [(r.job_id, r.claim_id, r.status) for r in reports if r.job_id not in done]
+    rest = [(r.job_id, r.claim_id, r.status,
+             Content(r.message, r.result, r.external_id, r.retry))
+            for r in reports if r.job_id not in done]
     codes, facts = {}, {}
     if rest:
         codes, facts = refuse(rest, STATUS, actor=actor, workspace_id=workspace_id,
@@ -96,10 +108,18 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     results = []
     for r in reports:
         if r.job_id in done:
-            observe.emit("reported", job_agent_id=job_agent_id, status=r.status)
+            observe.emit("reported", job_agent_id=job_agent_id,
+                         status=_counted(done[r.job_id][0]))
             results.append(ReportOutcome(r.job_id, True, *done[r.job_id]))
         elif codes[r.job_id] is None:  # a retry of the job's final report
-            results.append(ReportOutcome(r.job_id, True, r.status, facts[r.job_id].completed_at))
+            f = facts[r.job_id]
+            results.append(ReportOutcome(r.job_id, True, f.status, f.completed_at))
         else:
             results.append(ReportOutcome(r.job_id, False, code=codes[r.job_id]))
     return BatchReportResult(results=results)
+
+
+def _counted(status: str) -> str:
+    """The status a report is counted under: a retryable failure that queued the job again
+    is "retrying"."""
+    return "retrying" if status == states.QUEUED else status

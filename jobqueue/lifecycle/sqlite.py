@@ -15,7 +15,9 @@ from jobqueue.db import parse_db_datetime, sqlite_clock
 from .orm import OrmBackend
 
 _NOW = sqlite_clock()
-_LEASE_END = sqlite_clock("lease_seconds || ' seconds'")
+# The lease never runs past the attempt's deadline (MIN() would be NULL without one).
+_RENEWED = sqlite_clock("lease_seconds || ' seconds'")
+_LEASE_END = f"CASE WHEN deadline_at < {_RENEWED} THEN deadline_at ELSE {_RENEWED} END"
 _IN_WORKSPACE = "  AND job_id IN (SELECT id FROM job WHERE workspace_id = %(workspace)s)\n"
 
 # ClaimExtendIfCurrent (as on PostgreSQL): extend the lease if %(claim)s is the job's claim

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobqueue', '0005_refusals_counted'),
+        ('jobqueue', '0006_clocks_and_retries'),
     ]
 
     operations = [

@@ -377,17 +377,24 @@ def audit(job_ids=None) -> dict:
                 violations.append(f"{job}: claimed while claim {current[job]} was live")
             current[job] = ev.claim_id
         elif ev.kind in (JobEvent.STATUS_REPORTED, JobEvent.PROGRESS_REPORTED,
-                         JobEvent.RELEASED, JobEvent.REAPED, JobEvent.EXPIRED):
+                         JobEvent.RELEASED, JobEvent.REAPED, JobEvent.EXPIRED,
+                         JobEvent.TIMED_OUT):
             if ev.claim_id != current.get(job):
                 violations.append(
                     f"{job}: {ev.kind} with claim {ev.claim_id}, current {current.get(job)}")
             if ev.kind != JobEvent.PROGRESS_REPORTED:
                 current[job] = None
+            # Terminal unless it queued the job again (a timeout or a retryable failure with
+            # attempts left: detail requeued).
+            detail = ev.detail or {}
             if ev.kind == JobEvent.EXPIRED or (
-                ev.kind == JobEvent.STATUS_REPORTED
-                and (ev.detail or {}).get("status") in states.TERMINAL
+                ev.kind in (JobEvent.STATUS_REPORTED, JobEvent.TIMED_OUT)
+                and (ev.kind == JobEvent.TIMED_OUT or detail.get("status") in states.TERMINAL)
+                and not detail.get("requeued")
             ):
                 terminal[job] += 1
+        elif ev.kind == JobEvent.DEADLINE_PASSED:  # expired before it ran: no claim
+            terminal[job] += 1
         elif ev.kind in (JobEvent.CANCELLED, JobEvent.REQUEUED):
             current[job] = None
     jobs = Job.objects.all() if job_ids is None else Job.objects.filter(id__in=list(job_ids))

@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 
 # Codes that mean "this claim is no longer yours": stop the job, publish nothing.
-LEASE_LOST_CODES = frozenset({"claim_superseded", "lease_expired", "job_cancelled", "job_finished"})
+LEASE_LOST_CODES = frozenset({"claim_superseded", "lease_expired", "job_cancelled", "job_finished",
+                              "deadline_exceeded"})
 
 
 # --- errors ------------------------------------------------------------------------------
@@ -76,7 +77,13 @@ class Unsupported(ApiError):
 
 
 class LeaseLost(ApiError):
-    """409 claim_superseded / lease_expired / job_cancelled / job_finished."""
+    """409 claim_superseded / lease_expired / job_cancelled / job_finished /
+    deadline_exceeded: the claim is no longer this agent's to act on."""
+
+
+class DeadlineExceeded(LeaseLost):
+    """409 deadline_exceeded: a clock (the job's max_runtime_seconds or expires_at) ended
+    the attempt. A LeaseLost: stop the work and publish nothing."""
 
 
 class NotClaimable(ApiError):
@@ -112,7 +119,9 @@ def error_from_response(response: httpx.Response) -> ApiError:
     elif status == 404:
         cls = NotFound
     elif status == 409:
-        if code in LEASE_LOST_CODES:
+        if code == "deadline_exceeded":
+            cls = DeadlineExceeded
+        elif code in LEASE_LOST_CODES:
             cls = LeaseLost
         elif code == "job_not_claimable":
             cls = NotClaimable
@@ -401,10 +410,16 @@ class AgentClient:
         return out
 
     def report(self, job_id: str, claim_id: str, status: str, *, message: str | None = None,
-               result: Any = None, external_id: str | None = None) -> dict:
+               result: Any = None, external_id: str | None = None,
+               retry: bool = False) -> dict:
         """PUT the job's status (in_progress, successful, failure, cancelled). Returns the job.
-        An identical retried terminal report answers 200 again, so retrying is safe."""
+        An identical retried terminal report answers 200 again, so retrying is safe.
+
+        `retry=True` (with failure) is a retryable failure: the server queues the job again
+        after a backoff while attempts remain (the job answered is then `queued`)."""
         body: dict[str, Any] = {"claim_id": claim_id, "status": status}
+        if retry:
+            body["retry"] = True
         if message is not None:
             body["message"] = message
         if result is not None:
@@ -415,7 +430,7 @@ class AgentClient:
 
     def report_batch(self, reports: list[dict]) -> list[ApiError | None]:
         """End several jobs of this agent at once: each item {"job_id", "claim_id",
-        "status", "message"?, "result"?}. Returns, per item in order, None when accepted
+        "status", "message"?, "result"?, "retry"?}. Returns, per item in order, None when accepted
         (a retried identical report is accepted again) or the error the single report would
         have raised (LeaseLost, NotFound). Raises Unsupported (404/405) when the server has
         no batch report, and any request-level error as report() would."""
@@ -439,7 +454,8 @@ class AgentClient:
                 out.append(NotFound(404, "not_found", "No such job."))
             else:
                 code = str(item.get("code") or "claim_superseded")
-                out.append(LeaseLost(409, code, "The report was refused."))
+                cls = DeadlineExceeded if code == "deadline_exceeded" else LeaseLost
+                out.append(cls(409, code, "The report was refused."))
         return out
 
     def claim_state(self, job_id: str, claim_id: str) -> dict:

@@ -162,6 +162,11 @@ def parse_config(config: Any) -> JobSpec:
                    timeout_seconds=float(timeout) if timeout is not None else None)
 
 
+# The exit status by which a command says its failure is transient (sysexits.h EX_TEMPFAIL):
+# the agent reports it with retry: true.
+EX_TEMPFAIL = 75
+
+
 @dataclass
 class ChildOutcome:
     returncode: int | None = None
@@ -171,6 +176,12 @@ class ChildOutcome:
     output_tail: str = ""
     result: Any = None
     result_error: str = ""
+
+    @property
+    def transient(self) -> bool:
+        """A failure worth another attempt: the command said so (exit status 75,
+        EX_TEMPFAIL) or ran out of its timeout_seconds."""
+        return self.timed_out or (self.returncode == EX_TEMPFAIL and not self.stopped)
 
     @property
     def succeeded(self) -> bool:
@@ -621,9 +632,11 @@ class ReportBatcher(threading.Thread):
         self._stopped = False
 
     def report(self, job_id: str, claim_id: str, status: str, *, message: str | None = None,
-               result: Any = None) -> None:
+               result: Any = None, retry: bool = False) -> None:
         """Raises what AgentClient.report() raises."""
         body: dict[str, Any] = {"job_id": job_id, "claim_id": claim_id, "status": status}
+        if retry:
+            body["retry"] = True
         size = 200 + len((message or "").encode("utf-8", "replace"))
         if message is not None:
             body["message"] = message
@@ -643,7 +656,8 @@ class ReportBatcher(threading.Thread):
                     return
                 if not isinstance(item.error, _Single):
                     raise item.error
-        self.client.report(job_id, claim_id, status, message=message, result=result)
+        self.client.report(job_id, claim_id, status, message=message, result=result,
+                           retry=retry)
 
     def stop(self) -> None:
         with self._cond:
@@ -895,17 +909,22 @@ class Agent:
                 self._release(run, "agent shutting down")
                 return
             status = "successful" if outcome.succeeded else "failure"
+            retry = status == "failure" and outcome.transient
             log_event("child_exited", job=claim.job_id, attempt=claim.attempt,
                       exit_status=outcome.returncode, timed_out=outcome.timed_out or None,
-                      seconds=took, status=status)
-            self._report(run, status, message=outcome.message(), result=outcome.result)
+                      seconds=took, status=status, retry=retry or None)
+            self._report(run, status, message=outcome.message(), result=outcome.result,
+                         retry=retry)
         except Exception:  # noqa: BLE001 - a bug here must not take the agent down
             log.exception("event=job_thread_error job=%s attempt=%s", claim.job_id, claim.attempt)
         finally:
             self._finish(run)
 
-    def _report(self, run: _Run, status: str, *, message: str, result: Any = None) -> None:
-        """Publish the terminal status, retrying transient failures while the lease allows."""
+    def _report(self, run: _Run, status: str, *, message: str, result: Any = None,
+                retry: bool = False) -> None:
+        """Publish the terminal status, retrying transient failures while the lease allows.
+        `retry`: a retryable failure (the server queues the job again while attempts
+        remain)."""
         claim, lease = run.claim, run.lease
         message = fit_message(message)
         backoff = Backoff(0.2, 5.0)
@@ -914,7 +933,8 @@ class Agent:
             try:
                 with lease.wire:
                     send = self.reporter.report if self.reporter else self.client.report
-                    send(claim.job_id, claim.claim_id, status, message=message, result=result)
+                    send(claim.job_id, claim.claim_id, status, message=message, result=result,
+                         retry=retry)
                     lease.finished = True
             except LeaseLost as exc:
                 lease.mark_lost(exc.code)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 from jobqueue import states
+from jobqueue.conf import jobqueue_settings
+from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import JobEvent
 
 from . import statements as sql
@@ -86,7 +88,7 @@ class PostgresBackend:
         return renewed, (rows[0][2].astimezone(tz) if rows else None)
 
     def report(self, job_id, claim_id, status, actor, *, message, result, external_id,
-               job_agent_id, workspace_id):
+               job_agent_id, workspace_id, retry=False):
         """The job after a report that its claim allowed, or None (nothing changed)."""
         terminal = status != states.IN_PROGRESS
         params = {
@@ -100,9 +102,15 @@ class PostgresBackend:
             "external_id": external_id,
             "kind": JobEvent.STATUS_REPORTED if terminal else JobEvent.PROGRESS_REPORTED,
             "actor": actor,
-            "detail": json.dumps({"status": status, "has_result": result is not None}),
+            "detail": json.dumps({"status": status, "has_result": result is not None,
+                                  **({"retry": True} if retry else {}),
+                                  **({"message": message[:MESSAGE_CHARS]}
+                                     if message and terminal else {})}),
         }
         statement = sql.JOB_SET_STATE_IF_RUNNING if terminal else sql.JOB_SET_PROGRESS_IF_RUNNING
+        if retry:
+            statement = sql.JOB_FAIL_OR_RETRY_IF_RUNNING
+            params.update(_backoff_params())
         cursor, rows = self.cursor.run(statement, params)
         if not rows:
             return None
@@ -126,6 +134,9 @@ class PostgresBackend:
             "messages": column("message"),
             "results": column("result", json.dumps),
             "external_ids": column("external_id"),
+            "retries": [True if r.retry else None for r in items]
+            if any(r.retry for r in items) else None,
+            **_backoff_params(),
             "agent": job_agent_id,
             "workspace": workspace_id,
             "kind": JobEvent.STATUS_REPORTED,
@@ -135,7 +146,14 @@ class PostgresBackend:
         if rows and rows[0][-1] != len(rows):  # pragma: no cover - would break invariant 2
             raise RuntimeError("batch report: a claim row changed under its job row's lock")
         tz = self.db.timezone
-        return {job_id: (status, done.astimezone(tz)) for job_id, status, done, _ in rows}
+        return {job_id: (status, done and done.astimezone(tz)) for job_id, status, done, _ in rows}
+
+
+def _backoff_params() -> dict:
+    conf = jobqueue_settings()
+    return {"backoff": conf["RETRY_BACKOFF_SECONDS"],
+            "backoff_cap": conf["MAX_RETRY_BACKOFF_SECONDS"],
+            "jitter": float(conf["RETRY_JITTER"])}
 
 
 __all__ = ["PostgresBackend", "sql"]

@@ -16,11 +16,18 @@ The job's columns are named (JOB_COLUMNS), never `job.*`: a prepared `RETURNING 
 column to `job`.
 """
 
+from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job
 
 JOB_COLUMNS = ", ".join(f'job."{f.column}"' for f in Job._meta.concrete_fields)
 
 # --- claims ---------------------------------------------------------------------------------
+
+# The attempt's deadline (job_claim.deadline_at), from a claimed row: the earlier of the
+# runtime limit and the job's expires_at; LEAST ignores a NULL (no such clock), and is NULL
+# with neither. The lease is capped at it (here and by heartbeats).
+_DEADLINE = ("LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => max_runtime_seconds), "
+             "expires_at)")
 
 # After the locked CTE: the guarded UPDATE (status still 'queued'), then the claim rows and
 # the events, all from the rows that UPDATE returned; answered in claim order, each with the
@@ -34,9 +41,10 @@ _CLAIM_LOCKED = """
     RETURNING """ + JOB_COLUMNS + """
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
-                           claim_expires_at, holder, idempotency_key)
+                           claim_expires_at, deadline_at, holder, idempotency_key)
     SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
-           STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s), %(holder)s, %(key)s
+           LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s), """ + _DEADLINE + """),
+           """ + _DEADLINE + """, %(holder)s, %(key)s
     FROM claimed
 ), events AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at, holder)
@@ -57,8 +65,9 @@ ORDER BY priority DESC, available_at, created_at
 JOB_CLAIM_AVAILABLE = """
 WITH locked AS MATERIALIZED (
     SELECT id FROM job
-    WHERE job_agent_id = %(agent)s AND status = 'queued'
-      AND available_at <= STATEMENT_TIMESTAMP()
+    WHERE job_agent_id = %(agent)s
+      AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+      AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
     ORDER BY priority DESC, available_at, created_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
@@ -67,8 +76,9 @@ WITH locked AS MATERIALIZED (
 JOB_CLAIM_AVAILABLE_BY_ID = """
 WITH locked AS MATERIALIZED (
     SELECT id FROM job
-    WHERE job_agent_id = %(agent)s AND status = 'queued'
-      AND available_at <= STATEMENT_TIMESTAMP() AND id = %(job)s
+    WHERE id = %(job)s AND job_agent_id = %(agent)s
+      AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+      AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
     FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
 
 # JobClaimAvailableByIdAtAttempt: the same, only while the job's attempt is %(expected)s.
@@ -83,10 +93,18 @@ WITH locked AS MATERIALIZED (
 
 # The caller's scope: an agent's token sees its own jobs, a workspace key its workspace's
 # (NULL: no such limit). The job row is found by its primary key, so these only filter it.
+# No clock has ended the attempt (its deadline, job_claim.deadline_at, from the job's own
+# columns: started_at is the claim's time): the holder's writes after it are refused.
+_WITHIN_DEADLINE = """
+      AND ({j}.max_runtime_seconds IS NULL
+           OR {j}.started_at + make_interval(secs => {j}.max_runtime_seconds)
+              > STATEMENT_TIMESTAMP())
+      AND ({j}.expires_at IS NULL OR {j}.expires_at > STATEMENT_TIMESTAMP())"""
 _REPORT_GUARD = """
     WHERE job.id = %(job)s AND job.status = 'in_progress' AND job.last_claim_id = %(claim)s
       AND (%(agent)s::uuid IS NULL OR job.job_agent_id = %(agent)s)
-      AND (%(workspace)s::uuid IS NULL OR job.workspace_id = %(workspace)s)"""
+      AND (%(workspace)s::uuid IS NULL OR job.workspace_id = %(workspace)s)""" + \
+    _WITHIN_DEADLINE.format(j="job")
 
 # message, result and external_id: NULL keeps the job's value (the field was not given).
 _REPORT_FIELDS = """
@@ -118,6 +136,43 @@ WITH done AS (
 SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
 """
 
+# A retryable failure: while attempts remain ({again}) the job goes back to 'queued',
+# claimable after the backoff: retry_backoff_seconds (NULL: %(backoff)s) doubled per attempt
+# made, at most %(backoff_cap)s, shortened by up to %(jitter)s of itself; else it ends with
+# {status} as any final report. The time is the statement's, never the app server's.
+_RETRY_SET = """
+        status = CASE WHEN {again} THEN 'queued' ELSE {status} END,
+        completed_at = CASE WHEN {again} THEN NULL ELSE STATEMENT_TIMESTAMP() END,
+        available_at = CASE WHEN {again} THEN STATEMENT_TIMESTAMP() + make_interval(secs =>
+            LEAST(%(backoff_cap)s::float8, COALESCE(job.retry_backoff_seconds, %(backoff)s)
+                  * power(2::float8, job.attempt - 1)) * (1 - %(jitter)s::float8 * random()))
+            ELSE job.available_at END,"""
+
+# JobFailOrRetryIfRunning: a retryable failure ({"status": "failure", "retry": true}) if
+# %(claim)s is still the job's claim: queued after the backoff, or failure on the last
+# attempt; the claim row goes as on JobSetStateIfRunning. The event says which (requeued).
+JOB_FAIL_OR_RETRY_IF_RUNNING = """
+WITH done AS (
+    UPDATE job SET""" + _RETRY_SET.format(
+        again="job.attempt < job.max_attempts", status="'failure'") + \
+    _REPORT_FIELDS + """
+        updated_at = STATEMENT_TIMESTAMP()
+    FROM job_claim c""" + _REPORT_GUARD + """
+      AND c.job_id = job.id AND c.claim_id = %(claim)s
+    RETURNING """ + JOB_COLUMNS + """
+), gone AS (
+    DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
+    RETURNING c.job_id
+), event AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s,
+           %(detail)s::jsonb || jsonb_build_object('requeued', status = 'queued'),
+           STATEMENT_TIMESTAMP()
+    FROM done
+)
+SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
+"""
+
 # JobSetProgressIfRunning: record progress (message, result, external_id) if %(claim)s is
 # still the job's claim. Never touches the lease.
 JOB_SET_PROGRESS_IF_RUNNING = """
@@ -137,28 +192,32 @@ SELECT done.* FROM done
 # these rows (an event inserted for a job it does not lock, e.g. a recorded refusal) must not
 # wait on them while holding a row this statement waits for. %(messages)s, %(results)s and
 # %(external_ids)s may be NULL (a plain acknowledgement binds three arrays): unnest pads them.
+# So may %(retries)s (no report asks a retry); a true one is a retryable failure (_RETRY_SET).
 JOB_SET_STATE_IF_RUNNING_MANY = """
 WITH req AS (
     SELECT * FROM unnest(%(jobs)s::uuid[], %(claims)s::uuid[], %(statuses)s::text[],
-                         %(messages)s::text[], %(results)s::text[], %(external_ids)s::text[])
-        AS r(job_id, claim_id, status, message, result, external_id)
+                         %(messages)s::text[], %(results)s::text[], %(external_ids)s::text[],
+                         %(retries)s::boolean[])
+        AS r(job_id, claim_id, status, message, result, external_id, retry)
 ), locked AS MATERIALIZED (
     SELECT j.id FROM job j
     JOIN req ON req.job_id = j.id
     JOIN job_claim c ON c.job_id = j.id AND c.claim_id = req.claim_id
     WHERE j.job_agent_id = %(agent)s AND j.status = 'in_progress'
       AND (%(workspace)s::uuid IS NULL OR j.workspace_id = %(workspace)s)
-      AND j.last_claim_id = req.claim_id
+      AND j.last_claim_id = req.claim_id""" + _WITHIN_DEADLINE.format(j="j") + """
     ORDER BY j.id
     FOR NO KEY UPDATE OF j FOR UPDATE OF c
 ), done AS (
-    UPDATE job SET status = req.status, completed_at = STATEMENT_TIMESTAMP(),
+    UPDATE job SET""" + _RETRY_SET.format(
+        again="(req.retry AND job.attempt < job.max_attempts)", status="req.status") + """
         message = COALESCE(req.message, job.message),
         result = COALESCE(req.result::jsonb, job.result),
         external_id = COALESCE(req.external_id, job.external_id),
         updated_at = STATEMENT_TIMESTAMP()
     FROM locked JOIN req ON req.job_id = locked.id
     WHERE job.id = locked.id AND job.status = 'in_progress' AND job.last_claim_id = req.claim_id
+""" + _WITHIN_DEADLINE.format(j="job") + """
     RETURNING job.id, job.status, job.completed_at, job.attempt, job.last_claim_id
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -167,7 +226,11 @@ WITH req AS (
 ), events AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT done.id, %(kind)s, done.attempt, %(actor)s, done.last_claim_id,
-           jsonb_build_object('status', done.status, 'has_result', req.result IS NOT NULL),
+           jsonb_build_object('status', req.status, 'has_result', req.result IS NOT NULL)
+           || CASE WHEN req.retry THEN jsonb_build_object('retry', true,
+                   'requeued', done.status = 'queued') ELSE '{}'::jsonb END
+           || CASE WHEN req.message <> '' THEN jsonb_build_object('message',
+                   left(req.message, """ + str(MESSAGE_CHARS) + """)) ELSE '{}'::jsonb END,
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
 )
@@ -176,9 +239,11 @@ SELECT done.id, done.status, done.completed_at, (SELECT count(*) FROM gone) FROM
 
 # --- heartbeats (job_claim only, never job) ---------------------------------------------------
 
+# The lease never runs past the attempt's deadline (LEAST ignores a NULL deadline_at).
 _CLAIM_EXTEND = """
 UPDATE job_claim
-SET claim_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => lease_seconds),
+SET claim_expires_at = LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => lease_seconds),
+                             deadline_at),
     heartbeat_at = STATEMENT_TIMESTAMP()
 WHERE job_id = %(job)s AND claim_id = %(claim)s AND claim_expires_at > STATEMENT_TIMESTAMP()
   AND (%(agent)s::uuid IS NULL OR job_agent_id = %(agent)s)
@@ -204,7 +269,8 @@ _CLAIM_EXTEND_MANY = """
     FOR UPDATE OF c
 )
 UPDATE job_claim c
-SET claim_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => c.lease_seconds),
+SET claim_expires_at = LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => c.lease_seconds),
+                             c.deadline_at),
     heartbeat_at = STATEMENT_TIMESTAMP()
 FROM locked, req
 WHERE c.job_id = locked.job_id AND req.job_id = c.job_id AND req.claim_id = c.claim_id

@@ -11,8 +11,10 @@ from jobqueue.conf import jobqueue_settings
 
 class Command(BaseCommand):
     help = (
-        "Return jobs whose lease expired to the queue (or end them as expired on their last "
-        "attempt). One sweep by default; --loop keeps sweeping until SIGTERM or SIGINT."
+        "Enforce the three clocks: return jobs whose lease or max_runtime_seconds ran out to "
+        "the queue (or end them as expired on their last attempt), and end jobs past their "
+        "expires_at as expired. One sweep by default; --loop keeps sweeping until SIGTERM or "
+        "SIGINT."
     )
 
     def add_arguments(self, parser):

@@ -126,6 +126,7 @@ def test_job_detail_shows_claim_timeline_and_context_keys(op_client, jobs):
     assert "<code>api_password</code>" in html  # the key, never the value
     assert "expired 30\xa0seconds ago" in html or "expired 31\xa0seconds ago" in html
     assert "jq-timeline" in html and "claimed" in html and "created" in html
+    assert "10 s, doubled per attempt" in html  # the retry backoff (the default)
     # Read-only: no save button, no editable field.
     assert 'name="_save"' not in html
     assert 'name="status"' not in html
@@ -203,3 +204,37 @@ def test_workspace_and_agent_search_by_name_or_id(op_client, agent, model):
     assert changelist_ids(op_client.get(url, {"q": obj.name[-3:]})) == {obj.pk}
     assert changelist_ids(op_client.get(url, {"q": str(obj.pk)})) == {obj.pk}
     assert changelist_ids(op_client.get(url, {"q": "zz-not-a-uuid-zz"})) == set()
+
+
+def test_agent_form_rejects_a_runtime_out_of_bounds(op_client, agent):
+    response = op_client.post(
+        reverse("admin:jobqueue_jobagent_add"),
+        {"workspace": agent.workspace_id, "name": "timed", "max_runtime_seconds": 10**7,
+         "tokens-TOTAL_FORMS": 0, "tokens-INITIAL_FORMS": 0},
+    )
+    assert response.status_code == 200
+    assert "max_runtime_seconds must be an integer from" in response.content.decode()
+    assert not agent.workspace.job_agents.filter(name="timed").exists()
+
+
+def test_job_page_shows_the_clocks_and_the_attempts_deadline(op_client, agent):
+    import datetime as dt
+
+    from jobqueue import lifecycle
+    from jobqueue.db import db_now
+
+    expires = db_now() + dt.timedelta(hours=2)
+    job, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
+                                  max_runtime_seconds=90, expires_at=expires,
+                                  retry_backoff_seconds=4)
+    lifecycle.claim_job(agent, job.id)
+    html = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "Max runtime seconds" in html and ">90<" in html
+    assert "Expires at" in html and "4 s, doubled per attempt" in html
+    assert "the lease never runs past it" in html
+    # The attempts, derived from the timeline: one, still running, and who claimed it.
+    assert 'class="jq-attempts"' in html and "<td>running</td>" in html
+    assert f"agent:{agent.id}" in html
+    fresh, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent)
+    html = op_client.get(reverse("admin:jobqueue_job_change", args=[fresh.pk])).content.decode()
+    assert "Never claimed." in html

@@ -159,3 +159,18 @@ def test_reconciliation_writes_nothing(world, state):
                                                     "heartbeat_at")),
                   JobEvent.objects.count())
     assert after_rows == before_rows
+
+
+@pytest.mark.parametrize("reaped", [False, True])
+def test_a_claim_whose_clock_ran_out_gets_deadline_exceeded(world, reaped):
+    grant = _claimed(world, max_runtime_seconds=60)
+    JobClaim.objects.filter(job_id=grant.job.id).update(deadline_at=NowPlusSeconds(-1),
+                                                        claim_expires_at=NowPlusSeconds(-1))
+    if reaped:
+        lifecycle.reap_expired_claims_once(100)
+        assert not JobClaim.objects.filter(job_id=grant.job.id).exists()
+    body = _check(world, grant.job.id, grant.claim_id).json()
+    assert body["current"] is False and body["code"] == "deadline_exceeded"
+    hb = world.agent_caller().post(f"jobs/{grant.job.id}/heartbeat",
+                                   json={"claim_id": str(grant.claim_id)})
+    assert hb.status_code == 409 and hb.json()["code"] == "deadline_exceeded"

@@ -161,6 +161,12 @@ def test_retried_terminal_report_is_200_and_stale_one_409(live_world):
     assert done.status_code == 200
     retry = agent.put(f"jobs/{job['id']}/status", json=report)
     assert retry.status_code == 200 and retry.json() == done.json()
+    # The same claim and status with other content is not a retry: its content was not taken.
+    for change in ({"message": "other"}, {"result": {"exit": 1}}):
+        different = agent.put(f"jobs/{job['id']}/status", json={**report, **change})
+        assert different.status_code == 409 and different.json()["code"] == "job_finished"
+        assert "other" not in different.text
+    assert producer.get(f"jobs/{job['id']}").json()["message"] == "boom"
     stale = agent.put(f"jobs/{job['id']}/status", json={**report, "claim_id": first})
     assert stale.status_code == 409 and stale.json()["code"] == "job_finished"
     other_status = agent.put(f"jobs/{job['id']}/status", json={**report, "status": "successful"})

@@ -135,7 +135,7 @@ def test_report_sets_fields_and_respects_scope():
     assert not JobClaim.objects.filter(job_id=job.id).exists()
     events = list(JobEvent.objects.filter(job_id=job.id).order_by("id"))
     assert [e.kind for e in events][-3:] == ["claimed", "progress_reported", "status_reported"]
-    assert events[-1].detail == {"status": "successful", "has_result": True}
+    assert events[-1].detail == {"status": "successful", "has_result": True, "message": "ok"}
     assert events[-1].claim_id == grant.claim_id and events[-1].attempt == 1
     assert events[-1].actor == f"agent:{agent.id}"
     # A retried identical report is a success; another status is refused.

@@ -571,3 +571,59 @@ def test_a_heartbeat_refused_as_invalid_without_a_checkpoint_is_retried(start, c
     logged(caplog, "event=heartbeat_retry job=job1 attempt=1 code=validation_error status=400")
     logged(caplog, "event=reported job=job1")
     assert run.stop() == 0
+
+
+# --- retryable failures ----------------------------------------------------------------------
+
+
+def reports_sent(server):
+    """Every report the agent sent, single or in a batch."""
+    out = [b for _, _, b in server.requests(STATUS)]
+    for _, _, body in server.requests(REPORTS):
+        out += body["reports"]
+    return out
+
+
+@pytest.mark.parametrize(("command", "retry"), [
+    (["sh", "-c", "exit 75"], True),  # EX_TEMPFAIL: the command says "try again"
+    (["sh", "-c", "exit 1"], False),
+    (["true"], False),
+])
+def test_exit_status_75_is_reported_as_a_retryable_failure(start, caplog, command, retry):
+    server = Api(command)
+    run = start(server)
+    logged(caplog, "event=reported job=job1")
+    assert run.stop() == 0
+    (report,) = reports_sent(server)
+    assert report.get("retry", False) is retry
+    assert report["status"] == ("successful" if command == ["true"] else "failure")
+
+
+def test_a_timed_out_child_is_reported_as_a_retryable_failure(start, caplog):
+    class TimeoutApi(Api):
+        def _grant(self, job):
+            grant = super()._grant(job)
+            grant["job"]["job_agent_config"]["timeout_seconds"] = 0.3
+            return grant
+
+    server = TimeoutApi(["sleep", "30"])
+    run = start(server)
+    logged(caplog, "event=reported job=job1")
+    assert run.stop() == 0
+    (report,) = reports_sent(server)
+    assert report["status"] == "failure" and report["retry"] is True
+    assert report["message"].startswith("timed out")
+
+
+def test_a_heartbeat_answered_deadline_exceeded_kills_the_child_and_publishes_nothing(
+        start, caplog):
+    """The job's max_runtime_seconds (or expires_at) ended the attempt: as on a lost lease,
+    the child is stopped and nothing is reported."""
+    server = Api(["sleep", "30"], lease_seconds=1)
+    server.rules.append(always(HEARTBEAT, 409, {"code": "deadline_exceeded", "detail": "x"}))
+    run = start(server)
+    logged(caplog, "code=deadline_exceeded via=heartbeat")
+    logged(caplog, "event=abandoned job=job1")
+    assert "child_stopped=True" in caplog.text
+    assert run.stop() == 0
+    assert server.requests(STATUS) == [] and server.requests(REPORTS) == []

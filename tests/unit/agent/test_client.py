@@ -66,6 +66,7 @@ def response(status, body=None, headers=None, raw=None):
     (409, "lease_expired", api.LeaseLost),
     (409, "job_cancelled", api.LeaseLost),
     (409, "job_finished", api.LeaseLost),
+    (409, "deadline_exceeded", api.DeadlineExceeded),
     (409, "job_not_claimable", api.NotClaimable),
     (409, "invalid_transition", api.Conflict),
     (400, "validation_error", api.InvalidRequest),
@@ -255,19 +256,27 @@ def test_report_sends_only_what_it_was_given():
     assert {(m, p) for m, p, _ in server.seen} == {("PUT", "/v1/workspaces/ws/jobs/j1/status")}
 
 
+def test_report_retry_sends_retry_true():
+    c, server = make((200, {"id": "j1", "status": "queued"}))
+    assert c.report("j1", "c1", "failure", retry=True)["status"] == "queued"
+    assert server.seen[0][2] == {"claim_id": "c1", "status": "failure", "retry": True}
+
+
 def test_report_batch_maps_each_item_to_what_the_single_report_would_raise():
     c, server = make((200, {"results": [
         {"job_id": "j1", "accepted": True},
         {"job_id": "j2", "accepted": False, "code": "not_found"},
         {"job_id": "j3", "accepted": False, "code": "job_cancelled"},
         {"job_id": "j4", "accepted": False},
+        {"job_id": "j5", "accepted": False, "code": "deadline_exceeded"},
     ]}))
-    reports = [{"job_id": f"j{i}", "claim_id": "c", "status": "successful"} for i in range(1, 5)]
+    reports = [{"job_id": f"j{i}", "claim_id": "c", "status": "successful"} for i in range(1, 6)]
     out = c.report_batch(reports)
     assert out[0] is None
     assert type(out[1]) is api.NotFound and out[1].code == "not_found"
     assert type(out[2]) is api.LeaseLost and out[2].code == "job_cancelled"
     assert type(out[3]) is api.LeaseLost and out[3].code == "claim_superseded"
+    assert type(out[4]) is api.DeadlineExceeded and isinstance(out[4], api.LeaseLost)
     assert server.seen == [("POST", "/v1/workspaces/ws/job-agents/ag/reports",
                             {"reports": reports})]
 

@@ -1,0 +1,90 @@
+"""A job's attempts, derived from its timeline (job_event): no row is written for them, so
+the claim and report hot paths write nothing more than before.
+
+Each `claimed` event opens an attempt (its number and claim_id); the event that ended that
+claim (the same claim_id) closes it with its outcome:
+
+    status_reported  successful | failure | cancelled (the agent's report), retrying (a
+                     retryable failure that queued the job again), superseded (an
+                     operator's mark-failed while it ran)
+    released         released (message: the agent's reason)
+    reaped, expired  reaped (the lease ran out)
+    timed_out        timed_out (max_runtime_seconds or expires_at ended it)
+    cancelled        cancelled (an operator cancelled it while it ran)
+    requeued         superseded (an operator requeued it while it ran)
+
+An attempt still running has no `ended_at` and no outcome. Cost: one indexed query of the
+job's events of these kinds (job_event's job_id index), on the job's page only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .models import JobEvent
+
+MAX_ATTEMPTS_SHOWN = 100
+MESSAGE_CHARS = 200  # what a status_reported event keeps of the report's message
+
+_ENDS = {
+    JobEvent.RELEASED: "released",
+    JobEvent.REAPED: "reaped",
+    JobEvent.EXPIRED: "reaped",
+    JobEvent.TIMED_OUT: "timed_out",
+    JobEvent.CANCELLED: "cancelled",
+    JobEvent.REQUEUED: "superseded",
+}
+_MESSAGES = {
+    JobEvent.REAPED: "The lease expired.",
+    JobEvent.EXPIRED: "The lease expired on the last attempt.",
+}
+KINDS = [JobEvent.CLAIMED, JobEvent.STATUS_REPORTED, *_ENDS]
+
+
+@dataclass
+class Attempt:
+    number: int
+    claimed_at: object
+    claimed_by: str  # the actor of the claim (agent:<id>); the admin shows it
+    ended_at: object = None
+    outcome: str | None = None
+    message: str = ""
+
+
+def _outcome(kind: str, detail: dict) -> str:
+    if kind == JobEvent.STATUS_REPORTED:
+        if detail.get("superseded_claim"):
+            return "superseded"
+        if detail.get("retry") and detail.get("requeued"):
+            return "retrying"
+        return str(detail.get("status", ""))
+    return _ENDS[kind]
+
+
+def _message(kind: str, detail: dict) -> str:
+    if kind == JobEvent.TIMED_OUT:
+        return ("max_runtime_seconds passed." if detail.get("clock") == "max_runtime"
+                else "expires_at passed.")
+    if kind in _MESSAGES:
+        return _MESSAGES[kind]
+    return str(detail.get("message") or detail.get("reason") or "")
+
+
+def attempts(job_id) -> list[Attempt]:
+    """The job's attempts, oldest first (the last MAX_ATTEMPTS_SHOWN)."""
+    rows = (JobEvent.objects.filter(job_id=job_id, kind__in=KINDS).order_by("id")
+            .values_list("kind", "attempt", "claim_id", "created_at", "detail", "actor"))
+    out: list[Attempt] = []
+    live: dict = {}
+    for kind, number, claim_id, at, detail, actor in rows:
+        if kind == JobEvent.CLAIMED:
+            live[claim_id] = attempt = Attempt(number, at, actor)
+            out.append(attempt)
+            continue
+        attempt = live.pop(claim_id, None) if claim_id is not None else None
+        if attempt is None:  # it did not end a claim (a cancel of a queued job, a refusal)
+            continue
+        detail = detail or {}
+        attempt.ended_at, attempt.outcome = at, _outcome(kind, detail)
+        attempt.message = _message(kind, detail)
+    return out[-MAX_ATTEMPTS_SHOWN:]
