@@ -34,15 +34,15 @@ migrate: install
 
 # Runs the service on SQLite (var/jobqueue.sqlite3) unless DATABASE_URL says otherwise:
 # migrates, collects static files, prints demo credentials, then serves with gunicorn while
-# the reaper loops beside it. Ctrl-C stops both.
+# maintenance (the reaper, the pruner: run_maintenance --loop) runs beside it. Ctrl-C stops both.
 run: migrate
 	$(BIN)/python manage.py collectstatic --noinput -v0
 	$(BIN)/python manage.py bootstrap_demo
 	@echo "Serving on http://$(HOST):$(PORT)/  (API under /v1/, admin under /admin/)"
 	@rm -rf $(PROMETHEUS_DIR) && mkdir -p $(PROMETHEUS_DIR)
 	@set -m; \
-	$(BIN)/python manage.py reap_claims --loop & REAPER=$$!; \
-	trap 'kill -TERM $$REAPER 2>/dev/null; wait $$REAPER 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/python manage.py run_maintenance --loop & MAINTENANCE=$$!; \
+	trap 'kill -TERM $$MAINTENANCE 2>/dev/null; wait $$MAINTENANCE 2>/dev/null' EXIT INT TERM; \
 	PROMETHEUS_MULTIPROC_DIR="$(abspath $(PROMETHEUS_DIR))" \
 	$(BIN)/gunicorn config.wsgi:application --bind $(HOST):$(PORT) --workers $(WORKERS) \
 	  --access-logfile - --graceful-timeout 10

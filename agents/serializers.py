@@ -6,11 +6,13 @@ claim views render. Every other job shape leaves it out (the detail shows its ke
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from jobqueue import states
-from jobqueue.models import JobAgent
+from jobqueue.models import JobAgent, WebhookDelivery, WebhookEndpoint
 
 INT32_MAX = 2**31 - 1
 
@@ -580,3 +582,75 @@ JobAgentPage = page_of(JobAgentSerializer, "JobAgentPage")
 JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", "group", "attempt",
                  "max_attempts", "priority", "available_at", "created_at", "started_at",
                  "completed_at", "updated_at", "idempotency_key"]
+
+
+# --- webhooks ------------------------------------------------------------------------------
+
+
+class WebhookUrlField(serializers.CharField):
+    """An http(s) URL with a host; the error never repeats it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=2000, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        try:
+            parts = urlsplit(value)
+            port_ok = parts.port is None or parts.port > 0
+        except ValueError:
+            port_ok = False
+            parts = None
+        if (parts is None or not port_ok or parts.scheme not in ("http", "https")
+                or not parts.hostname or parts.username is not None or any(
+                    c.isspace() or ord(c) < 32 for c in value)):
+            raise serializers.ValidationError("Must be an http or https URL with a host.")
+        return value
+
+
+class WebhookCreateInput(serializers.Serializer):
+    url = WebhookUrlField()
+    events = serializers.ListField(
+        child=StrictChoiceField(choices=list(WebhookEndpoint.EVENTS)), required=False,
+        max_length=len(WebhookEndpoint.EVENTS),
+        help_text="The events to send; omitted or empty: all of them.")
+
+    class Meta:
+        ref_name = "WebhookCreate"
+
+
+class WebhookSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    url = serializers.CharField()
+    events = serializers.ListField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "Webhook"
+
+
+class WebhookCreatedSerializer(WebhookSerializer):
+    secret = serializers.CharField(help_text="The signing secret: shown once, never again.")
+
+    class Meta:
+        ref_name = "WebhookCreated"
+
+
+class WebhookDeliverySerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    event = serializers.CharField()
+    job_id = serializers.UUIDField(allow_null=True)
+    status = serializers.ChoiceField(choices=WebhookDelivery.STATUSES)
+    attempts = serializers.IntegerField()
+    next_attempt_at = serializers.DateTimeField()
+    created_at = serializers.DateTimeField()
+    last_attempt_at = serializers.DateTimeField(allow_null=True)
+    last_status_code = serializers.IntegerField(allow_null=True)
+    last_error = serializers.CharField(allow_blank=True)
+
+    class Meta:
+        ref_name = "WebhookDelivery"
+
+
+WebhookPage = page_of(WebhookSerializer, "WebhookPage")
+WebhookDeliveryPage = page_of(WebhookDeliverySerializer, "WebhookDeliveryPage")

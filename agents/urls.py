@@ -13,7 +13,7 @@ from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
-from .views import GroupViewSet, JobAgentViewSet, JobViewSet, TokenViewSet
+from .views import GroupViewSet, JobAgentViewSet, JobViewSet, TokenViewSet, WebhookViewSet
 
 
 class AnyId:
@@ -53,6 +53,7 @@ router.register(W + "job-agents", JobAgentViewSet, basename="agent")
 router.register(W + "job-agents/<anyid:agent_id>/tokens", TokenViewSet, basename="agent-token")
 router.register(W + "jobs", JobViewSet, basename="job")
 router.register(W + "groups", GroupViewSet, basename="group")
+router.register(W + "webhooks", WebhookViewSet, basename="webhook")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -163,6 +163,9 @@ LOGGING = {
     "formatters": {"line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # httpx logs every request's URL at INFO; webhook URLs may carry a receiver's token, and
+    # the webhook sender logs its failed tries itself (jobqueue.webhooks), without the URL.
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
 # --- The job queue ----------------------------------------------------------------------
@@ -208,6 +211,26 @@ JOBQUEUE = {
     "MIN_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MIN_MAX_RUNTIME_SECONDS", 1),
     "MAX_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MAX_MAX_RUNTIME_SECONDS", 7 * 86400),
     "MAX_EXPIRES_IN_SECONDS": env.int("JOBQUEUE_MAX_EXPIRES_IN_SECONDS", 10**8),
+    # Retention (prune_jobs, maintenance): days a finished job is kept, by its status (0: keep
+    # forever), and jobs deleted per transaction.
+    "RETENTION_DAYS": env.float("JOBQUEUE_RETENTION_DAYS", 14),  # successful, cancelled
+    "RETENTION_FAILED_DAYS": env.float("JOBQUEUE_RETENTION_FAILED_DAYS", 30),  # failure, expired
+    "PRUNE_BATCH_SIZE": env.int("JOBQUEUE_PRUNE_BATCH_SIZE", 1000),
+    # run_maintenance --loop: seconds between two prunings.
+    "PRUNE_INTERVAL_SECONDS": env.float("JOBQUEUE_PRUNE_INTERVAL_SECONDS", 300.0),
+    # Webhooks: tries per delivery, the first retry's delay (doubling, with jitter, up to the
+    # max), the timeout of one POST, how long a sender reserves a delivery it is sending, how
+    # many it takes at once, how often maintenance sends, how much of an answer it reads, and
+    # the networks targets must be in (comma-separated CIDRs; empty: any).
+    "WEBHOOK_MAX_ATTEMPTS": env.int("JOBQUEUE_WEBHOOK_MAX_ATTEMPTS", 12),
+    "WEBHOOK_BACKOFF_SECONDS": env.float("JOBQUEUE_WEBHOOK_BACKOFF_SECONDS", 5.0),
+    "WEBHOOK_MAX_BACKOFF_SECONDS": env.float("JOBQUEUE_WEBHOOK_MAX_BACKOFF_SECONDS", 3600.0),
+    "WEBHOOK_TIMEOUT_SECONDS": env.float("JOBQUEUE_WEBHOOK_TIMEOUT_SECONDS", 10.0),
+    "WEBHOOK_LEASE_SECONDS": env.int("JOBQUEUE_WEBHOOK_LEASE_SECONDS", 60),
+    "WEBHOOK_BATCH_SIZE": env.int("JOBQUEUE_WEBHOOK_BATCH_SIZE", 50),
+    "WEBHOOK_INTERVAL_SECONDS": env.float("JOBQUEUE_WEBHOOK_INTERVAL_SECONDS", 1.0),
+    "WEBHOOK_RESPONSE_BYTES": env.int("JOBQUEUE_WEBHOOK_RESPONSE_BYTES", 4096),
+    "WEBHOOK_ALLOWED_NETWORKS": env.str("JOBQUEUE_WEBHOOK_ALLOWED_NETWORKS", ""),
     # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
     # keeps: a report over either is refused (400 validation_error) and changes nothing.
     "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),

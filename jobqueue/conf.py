@@ -27,6 +27,21 @@ DEFAULTS = {
     "MAX_EXPIRES_IN_SECONDS": 10**8,
     "MAX_MESSAGE_BYTES": 64 * 1024,
     "MAX_RESULT_BYTES": 1024 * 1024,
+    # Retention (prune_jobs): days a finished job is kept; 0 keeps it forever.
+    "RETENTION_DAYS": 14,  # successful and cancelled
+    "RETENTION_FAILED_DAYS": 30,  # failure and expired
+    "PRUNE_BATCH_SIZE": 1000,
+    "PRUNE_INTERVAL_SECONDS": 300.0,
+    # Webhooks (maintenance/webhooks.py).
+    "WEBHOOK_MAX_ATTEMPTS": 12,
+    "WEBHOOK_BACKOFF_SECONDS": 5.0,
+    "WEBHOOK_MAX_BACKOFF_SECONDS": 3600.0,
+    "WEBHOOK_TIMEOUT_SECONDS": 10.0,
+    "WEBHOOK_LEASE_SECONDS": 60,
+    "WEBHOOK_BATCH_SIZE": 50,
+    "WEBHOOK_INTERVAL_SECONDS": 1.0,
+    "WEBHOOK_RESPONSE_BYTES": 4096,
+    "WEBHOOK_ALLOWED_NETWORKS": "",
 }
 
 

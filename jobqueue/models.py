@@ -194,6 +194,13 @@ class Job(models.Model):
                 condition=Q(expires_at__isnull=False, status__in=["pending", "queued"]),
                 name="job_overdue_idx",
             ),
+            # Serves retention (prune_jobs): finished jobs by status, oldest first. Partial: a
+            # job enters it once, when it finishes.
+            models.Index(
+                fields=["status", "completed_at"],
+                condition=Q(completed_at__isnull=False),
+                name="job_finished_idx",
+            ),
         ]
 
     def __str__(self):
@@ -423,3 +430,122 @@ class ReaperRun(models.Model):
 
     def __str__(self):
         return f"reaper run {self.id}"
+
+
+class MaintenanceRun(models.Model):
+    """One run of a maintenance service (the pruner, ...), or a stretch of idle runs of one
+    looping process (`runs` counts them), like ReaperRun for the reaper. `counts` is what the
+    service's run_once returned (e.g. {"jobs": 120, "by_status": {...}})."""
+
+    id = models.BigAutoField(primary_key=True)
+    service = models.CharField(max_length=64)
+    started_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_seconds = models.FloatField(null=True, blank=True)
+    runs = models.PositiveIntegerField(default=1)
+    counts = models.JSONField(default=dict, blank=True)
+    dry_run = models.BooleanField(default=False)
+    error = models.TextField(blank=True, default="")
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "maintenance_run"
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["service", "-started_at"], name="maintenance_run_last_idx")]
+
+    def __str__(self):
+        return f"{self.service} run {self.id}"
+
+
+class WebhookEndpoint(models.Model):
+    """Where a workspace wants to hear of its jobs' completion. The secret signs every
+    delivery; it is shown once, when the endpoint is created, and never again (not by the API,
+    not in the admin): stored as is, because HMAC signing needs it."""
+
+    JOB_FINISHED = "job.finished"
+    GROUP_FINISHED = "group.finished"
+    EVENTS = (JOB_FINISHED, GROUP_FINISHED)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE,
+                                  related_name="webhook_endpoints")
+    url = models.CharField(max_length=2000)
+    # The events it wants; empty: all of them.
+    events = models.JSONField(default=list, blank=True)
+    secret = models.CharField(max_length=128, editable=False)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "webhook_endpoint"
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"webhook {self.id}"
+
+    def wants(self, event: str) -> bool:
+        return not self.events or event in self.events
+
+
+class WebhookDeliveryQuerySet(models.QuerySet):
+    def due(self):
+        return self.filter(status=WebhookDelivery.PENDING, next_attempt_at__lte=Now())
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint (the outbox row), written in the transaction of the
+    transition it tells of; sent, and retried, by the webhook sender (maintenance)."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    STATUSES = [(PENDING, "Pending"), (DELIVERED, "Delivered"), (FAILED, "Failed")]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE,
+                                 related_name="deliveries", db_index=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, null=True, blank=True,
+                            related_name="webhook_deliveries")
+    event = models.CharField(max_length=32, db_default=WebhookEndpoint.JOB_FINISHED)
+    status = models.CharField(max_length=16, choices=STATUSES, db_default=PENDING)
+    # The body, fixed at the first try so that every try sends the same bytes.
+    payload = models.JSONField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(db_default=0)
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    created_at = models.DateTimeField(db_default=Now())
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, db_default="")
+
+    objects = WebhookDeliveryQuerySet.as_manager()
+
+    class Meta:
+        db_table = "webhook_delivery"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["next_attempt_at"], condition=Q(status="pending"),
+                         name="webhook_delivery_due_idx"),
+            models.Index(fields=["endpoint", "-created_at"], name="webhook_delivery_recent_idx"),
+        ]
+
+    def __str__(self):
+        return f"delivery {self.id}"
+
+
+class WebhookAttempt(models.Model):
+    """One try of a delivery: when, how long, the answer's status code or the error."""
+
+    id = models.BigAutoField(primary_key=True)
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="tries")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField(db_default=Now())
+    duration_seconds = models.FloatField(null=True, blank=True)
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "webhook_attempt"
+        ordering = ["delivery", "started_at", "id"]
+
+    def __str__(self):
+        return f"try {self.number} of {self.delivery_id}"

@@ -9,5 +9,6 @@ from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
 from .tokens import TokenViewSet
+from .webhooks import WebhookViewSet
 
-__all__ = ["GroupViewSet", "JobAgentViewSet", "JobViewSet", "TokenViewSet"]
+__all__ = ["GroupViewSet", "JobAgentViewSet", "JobViewSet", "TokenViewSet", "WebhookViewSet"]

@@ -6,9 +6,10 @@ jobqueue.reaper, never `queryset.update`; each writes a job event naming the ope
 and events are read-only here: a job changes status only through those functions.
 
 One module per page family: `jobs` (the job list and page, the repair actions), `recovery`
-(the Recovery page and reap-now), `runs` (the reaper's record), `workspaces`; `common` holds
-what they share (the database's clock, how a span of time reads). Job agents and their
-credentials are administered by the edge (agents/admin.py): their health and tokens live there.
+(the Recovery page and reap-now), `runs` (the maintenance record), `webhooks` (endpoints, the
+delivery log, redeliver), `workspaces`; `common` holds what they share (the database's clock,
+how a span of time reads). Job agents and their credentials are administered by the edge
+(agents/admin.py): their health and tokens live there.
 """
 
-from . import jobs, runs, workspaces  # noqa: F401 - each registers its ModelAdmin
+from . import jobs, runs, webhooks, workspaces  # noqa: F401 - each registers its ModelAdmin

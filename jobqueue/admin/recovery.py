@@ -16,6 +16,8 @@ from django.urls import path, reverse
 
 from jobqueue import lifecycle, reaper, states
 from jobqueue.conf import jobqueue_settings
+from jobqueue.maintenance import loop as maintenance
+from jobqueue.maintenance.records import last_runs
 from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun
 
 from .common import describe_age, describe_lease, operator_actor, request_db_now, seconds_span
@@ -175,7 +177,36 @@ def recovery_context(request) -> dict:
             }
             for r in runs
         ],
+        "maintenance": maintenance_rows(now, last_run),
         "reaper_stale": reaper_stale,
         "reaper_last_run_ago": describe_age(last_run_at, now),
         "reaper_stale_after": seconds_span(stale_after),
     }
+
+
+def maintenance_rows(now, last_reaper_run) -> list[dict]:
+    """Each maintenance service: when it last ran and what it did (the reaper's from
+    reaper_run), and its last error when that came later."""
+    rows = []
+    for service in maintenance.SERVICES:
+        name = service.SERVICE
+        ok, failed = last_runs(name)
+        if name == "reaper":
+            ok = last_reaper_run
+        when = (ok.finished_at or ok.started_at) if ok else None
+        if ok is None:
+            did = "never ran"
+        elif name == "reaper":
+            did = f"requeued {ok.requeued}, expired {ok.expired}"
+        else:
+            did = ", ".join(f"{k} {v}" for k, v in ok.counts.items() if not isinstance(v, dict))
+        rows.append({
+            "service": name,
+            "ago": describe_age(when, now),
+            "did": did,
+            "runs": (ok.sweeps if name == "reaper" else ok.runs) if ok else 0,
+            "every": seconds_span(service.interval_seconds()),
+            "error": failed.error if failed and (when is None or failed.finished_at > when)
+            else "",
+        })
+    return rows

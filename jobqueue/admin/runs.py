@@ -1,8 +1,9 @@
-"""The reaper's record: one row per `reap_claims` run (or admin reap-now), read-only."""
+"""The maintenance record, read-only: the reaper's (one row per `reap_claims` run or admin
+reap-now) and the other services' (maintenance_run)."""
 
 from django.contrib import admin
 
-from jobqueue.models import ReaperRun
+from jobqueue.models import MaintenanceRun, ReaperRun
 
 
 def run_duration(run: ReaperRun) -> str:
@@ -40,6 +41,35 @@ class ReaperRunAdmin(admin.ModelAdmin):
         "host",
         "pid",
     ]
+    fields = readonly_fields
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="duration", ordering="duration_seconds")
+    def duration(self, obj):
+        return run_duration(obj)
+
+    @admin.display(description="error", boolean=True)
+    def has_error(self, obj):
+        return bool(obj.error)
+
+
+@admin.register(MaintenanceRun)
+class MaintenanceRunAdmin(admin.ModelAdmin):
+    """Runs of the other maintenance services (the pruner, ...), read-only."""
+
+    list_display = ["id", "service", "started_at", "finished_at", "runs", "duration", "counts",
+                    "dry_run", "host", "pid", "has_error"]
+    list_filter = ["service", "dry_run"]
+    readonly_fields = ["id", "service", "started_at", "finished_at", "duration_seconds", "runs",
+                       "counts", "dry_run", "error", "host", "pid"]
     fields = readonly_fields
 
     def has_add_permission(self, request):

@@ -16,6 +16,10 @@ and what they share:
 
     inputs.py    typed input values (ClaimRef, ReportItem) and one validator per rule
     refusals.py  explain_refusal: why a write with a claim_id changed nothing (every path)
+    finished.py  announce_finished: the webhook outbox rows (in the transition's transaction)
+                 and jobqueue.signals.job_finished on commit, once per job a transition
+                 ended (every path that ends jobs calls it)
+    prune.py     retention's batch: finished jobs and every row that refers to them
     results.py   what they answer (ClaimGrant, HeartbeatResult, outcomes of batches)
     records.py   jobs in a caller's scope, job events
     backends.py  the backend, chosen once per connection by its vendor:

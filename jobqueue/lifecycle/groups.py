@@ -31,6 +31,7 @@ from jobqueue.conf import jobqueue_settings
 from jobqueue.exceptions import GroupCancelled, NotFound
 from jobqueue.models import Job, JobClaim, JobEvent, JobGroup
 
+from .finished import announce_finished
 from .records import event
 from .results import GroupState
 
@@ -137,6 +138,9 @@ def _cancel_batch(workspace_id, name, size, actor, reason, *, skip_locked: bool)
                   superseded_claim=job_id in claims, group_cancelled=True)
             for job_id, attempt in rows
         ])
+        # The outbox rows and job_finished, as every path that ends a job (finished.py).
+        announce_finished([(job_id, workspace_id, states.CANCELLED) for job_id, _ in rows],
+                          actor=actor)
     for _ in range(n):
         observe.emit("cancelled")
     return n

@@ -20,6 +20,7 @@ from jobqueue import observe, states
 from jobqueue.exceptions import InvalidTransition, JobFinished
 from jobqueue.models import Job, JobClaim, JobEvent
 
+from .finished import announce_finished
 from .groups import hold_group
 from .records import event, fetch_job, scoped_jobs
 
@@ -97,6 +98,8 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
             event(job.id, transition.kind, attempt=job.attempt, actor=actor,
                   claim_id=superseded, reason=(reason or "")[:500],
                   superseded_claim=bool(superseded), **transition.detail(job)).save()
+            if job.status in states.TERMINAL:
+                announce_finished([(job.id, job.workspace_id, job.status)], actor=actor)
     if n != 1:
         return transition.unchanged(fetch_job(job_id, workspace_id=workspace_id))
     kind, data = transition.observed(job)

@@ -23,6 +23,7 @@ from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job, JobClaim, JobEvent
 
 from .checkpoints import checkpoints_for
+from .finished import write_outbox
 from .records import event, scoped_jobs
 
 
@@ -194,6 +195,8 @@ class OrmBackend:
                 extra["message"] = message[:MESSAGE_CHARS]
             event(job.id, kind, attempt=job.attempt, actor=actor, claim_id=claim_id,
                   status=status, has_result=result is not None, **extra).save()
+            if job.status in states.TERMINAL:
+                write_outbox([(job.id, job.workspace_id, job.status)])
             return job
 
     def report_many(self, items, job_agent_id, workspace_id, actor):
@@ -207,5 +210,5 @@ class OrmBackend:
                                   job_agent_id=job_agent_id, workspace_id=workspace_id,
                                   retry=r.retry)
                 if job is not None:
-                    done[job.id] = (job.status, job.completed_at)
+                    done[job.id] = (job.status, job.completed_at, job.workspace_id)
         return done

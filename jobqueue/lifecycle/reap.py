@@ -18,6 +18,7 @@ from jobqueue import observe, states
 from jobqueue.actors import REAPER
 from jobqueue.models import Job, JobClaim, JobEvent
 
+from .finished import announce_finished
 from .records import event
 from .results import ReapResult
 
@@ -46,7 +47,7 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
             .select_related("job")
             .annotate(db_now=Now())
             .only("job_id", "claim_id", "attempt", "deadline_at", "job__attempt",
-                  "job__max_attempts", "job__expires_at")
+                  "job__max_attempts", "job__expires_at", "job__workspace_id")
         )
         if not expired_claims:
             return ReapResult(batches=1)
@@ -76,6 +77,8 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
             events.append(event(c.job_id, kind, attempt=c.attempt, actor=actor,
                                 claim_id=c.claim_id, **detail))
         JobEvent.objects.bulk_create(events)
+        announce_finished(((c.job_id, c.job.workspace_id, states.EXPIRED) for c in expired_claims
+                           if c.job_id in expiring), actor=actor)
     observe.emit("reaped", requeued=requeued, expired=expired)
     return ReapResult(requeued=requeued, expired=expired, batches=1)
 
@@ -104,14 +107,15 @@ def expire_overdue_jobs_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
     Job rows are taken with SKIP LOCKED (a claim in flight wins: it re-checks expires_at in
     its own WHERE and never claims an overdue job); the update repeats the guards."""
     with transaction.atomic():
-        job_ids = list(
+        workspaces = dict(
             Job.objects.overdue()
             .order_by()
             .select_for_update(skip_locked=True, of=("self",))
-            .values_list("id", flat=True)[:batch_size]
+            .values_list("id", "workspace_id")[:batch_size]
         )
-        if not job_ids:
+        if not workspaces:
             return ReapResult()
+        job_ids = list(workspaces)
         n = Job.objects.overdue().filter(id__in=job_ids).update(
             status=states.EXPIRED, completed_at=Now(), updated_at=Now(),
             message=EXPIRES_AT_WAITING,
@@ -122,6 +126,8 @@ def expire_overdue_jobs_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
             event(job_id, JobEvent.DEADLINE_PASSED, actor=actor, clock="expires_at")
             for job_id in job_ids
         )
+        announce_finished(((job_id, workspaces[job_id], states.EXPIRED) for job_id in job_ids),
+                          actor=actor)
     observe.emit("reaped", requeued=0, expired=n)
     return ReapResult(expired=n, batches=1)
 

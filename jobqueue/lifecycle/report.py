@@ -23,6 +23,7 @@ from jobqueue.models import Job
 from . import inputs
 from .backends import backend
 from .checkpoints import save_checkpoint
+from .finished import announce_finished
 from .refusals import STATUS, Content, refuse, refuse_one
 from .results import BatchReportResult, ReportOutcome
 
@@ -73,6 +74,9 @@ def report_status(
         if status == states.IN_PROGRESS:
             observe.emit("progress", job_agent_id=job.job_agent_id)
         else:
+            if job.status in states.TERMINAL:
+                announce_finished([(job.id, job.workspace_id, job.status)], actor=actor,
+                                  outbox_written=True)
             observe.emit("reported", job_agent_id=job.job_agent_id, status=_counted(job.status))
         return job
     # Nothing changed: refused, or a retried terminal report after a lost answer.
@@ -98,6 +102,9 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     reports = inputs.report_batch(reports)
     actor = agent_actor(job_agent_id)
     done = backend().report_many(reports, job_agent_id, workspace_id, actor)
+    announce_finished(((job_id, workspace, status) for job_id, (status, _at, workspace)
+                       in done.items() if status in states.TERMINAL),
+                      actor=actor, outbox_written=True)
     rest = [(r.job_id, r.claim_id, r.status,
              Content(r.message, r.result, r.external_id, r.retry))
             for r in reports if r.job_id not in done]
@@ -110,7 +117,7 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
         if r.job_id in done:
             observe.emit("reported", job_agent_id=job_agent_id,
                          status=_counted(done[r.job_id][0]))
-            results.append(ReportOutcome(r.job_id, True, *done[r.job_id]))
+            results.append(ReportOutcome(r.job_id, True, *done[r.job_id][:2]))
         elif codes[r.job_id] is None:  # a retry of the job's final report
             f = facts[r.job_id]
             results.append(ReportOutcome(r.job_id, True, f.status, f.completed_at))

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobqueue', '0006_clocks_and_retries'),
+        ('jobqueue', '0009_maintenance_retention_webhooks'),
     ]
 
     operations = [

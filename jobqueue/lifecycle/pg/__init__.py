@@ -146,7 +146,8 @@ class PostgresBackend:
         if rows and rows[0][-1] != len(rows):  # pragma: no cover - would break invariant 2
             raise RuntimeError("batch report: a claim row changed under its job row's lock")
         tz = self.db.timezone
-        return {job_id: (status, done and done.astimezone(tz)) for job_id, status, done, _ in rows}
+        return {job_id: (status, done and done.astimezone(tz), workspace)
+                for job_id, status, done, workspace, _ in rows}
 
 
 def _backoff_params() -> dict:

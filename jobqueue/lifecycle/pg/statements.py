@@ -118,6 +118,16 @@ _REPORT_EVENT = """
     FROM done
 )"""
 
+# The webhook outbox (lifecycle/finished.py): one pending delivery per ended job and endpoint of
+# its workspace that wants job.finished (events empty: all), in the report's own statement.
+_OUTBOX = """
+    INSERT INTO webhook_delivery (id, endpoint_id, job_id)
+    SELECT gen_random_uuid(), e.id, done.id
+    FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
+    WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
+      AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))
+)"""
+
 # JobSetStateIfRunning: end the job with a terminal status if %(claim)s is still its claim.
 # The UPDATE locks the job row and requires the claim row (same claim_id) in its WHERE; the
 # claim row is then deleted from the UPDATE's rows (locked second). claims_deleted is 1.
@@ -132,7 +142,7 @@ WITH done AS (
 ), gone AS (
     DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
     RETURNING c.job_id
-), event AS (""" + _REPORT_EVENT + """
+), event AS (""" + _REPORT_EVENT + """, hook AS (""" + _OUTBOX + """
 SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
 """
 
@@ -169,7 +179,7 @@ WITH done AS (
            %(detail)s::jsonb || jsonb_build_object('requeued', status = 'queued'),
            STATEMENT_TIMESTAMP()
     FROM done
-)
+), hook AS (""" + _OUTBOX + """
 SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
 """
 
@@ -218,7 +228,8 @@ WITH req AS (
     FROM locked JOIN req ON req.job_id = locked.id
     WHERE job.id = locked.id AND job.status = 'in_progress' AND job.last_claim_id = req.claim_id
 """ + _WITHIN_DEADLINE.format(j="job") + """
-    RETURNING job.id, job.status, job.completed_at, job.attempt, job.last_claim_id
+    RETURNING job.id, job.status, job.completed_at, job.attempt, job.last_claim_id,
+        job.workspace_id
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = done.id AND c.claim_id = done.last_claim_id
@@ -233,8 +244,9 @@ WITH req AS (
                    left(req.message, """ + str(MESSAGE_CHARS) + """)) ELSE '{}'::jsonb END,
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
-)
-SELECT done.id, done.status, done.completed_at, (SELECT count(*) FROM gone) FROM done
+), hook AS (""" + _OUTBOX + """
+SELECT done.id, done.status, done.completed_at, done.workspace_id, (SELECT count(*) FROM gone)
+FROM done
 """
 
 # --- heartbeats (job_claim only, never job) ---------------------------------------------------

@@ -11,7 +11,8 @@ import pytest
 from agents import credentials
 from agents.models import AgentToken
 from jobqueue import lifecycle
-from jobqueue.models import Job, JobAgent, JobEvent, JobGroup
+from jobqueue.maintenance import webhooks
+from jobqueue.models import Job, JobAgent, JobEvent, JobGroup, WebhookEndpoint
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.django_db
 UNUSED_CLAIM = "00000000-0000-4000-8000-000000000000"
 
 
-def endpoints(agent_id, job_id, claim_id, token_id, group="run"):
+def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run"):
     """(name, method, path, body) for every endpoint, aimed at the given objects."""
     return [
         ("poll", "GET", f"job-agents/{agent_id}/jobs", None),
@@ -42,6 +43,10 @@ def endpoints(agent_id, job_id, claim_id, token_id, group="run"):
         ("revoke_token", "DELETE", f"job-agents/{agent_id}/tokens/{token_id}", None),
         ("get_group", "GET", f"groups/{group}", None),
         ("cancel_group", "POST", f"groups/{group}/cancel", None),
+        ("list_webhooks", "GET", "webhooks", None),
+        ("create_webhook", "POST", "webhooks", {"url": "http://127.0.0.1:9/intruder"}),
+        ("delete_webhook", "DELETE", f"webhooks/{webhook_id}", None),
+        ("webhook_deliveries", "GET", f"webhooks/{webhook_id}/deliveries", None),
     ]
 
 
@@ -49,9 +54,13 @@ ENDPOINT_NAMES = [e[0] for e in endpoints("a", "j", "c", "t")]
 AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "release",
                    "claim_state"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
-NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "list_agents", "create_agent"}
+NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "list_agents", "create_agent", "list_webhooks",
+                     "create_webhook"}
+# The workspace's own webhooks: only its key, an agent token gets 403 (it names no agent or job).
+WEBHOOK_OBJECTS = {"delete_webhook", "webhook_deliveries"}
 # A group belongs to the workspace, not to an agent: an agent token gets 403 on any group.
 GROUP_ENDPOINTS = {"get_group", "cancel_group"}
+CREATES = {"create_agent", "create_webhook"}
 
 
 def _claimed(agent, group):
@@ -68,6 +77,7 @@ def _snapshot():
         JobAgent.objects.count(),
         sorted(AgentToken.objects.values_list("id", "revoked_at")),
         sorted(JobGroup.objects.values_list("id", "cancelled_at")),
+        sorted(WebhookEndpoint.objects.values_list("id", flat=True)),
     )
 
 
@@ -83,10 +93,14 @@ def targets(world):
     token_y, _ = credentials.create_agent_token(world.other_workspace_agent)
     job_a, claim_a = _claimed(world.agent, "run-a")
     token_a = AgentToken.objects.filter(job_agent=world.agent).first()
+    hook_a, _ = webhooks.create_endpoint(world.workspace.id, "http://127.0.0.1:9/a")
+    hook_y, _ = webhooks.create_endpoint(world.other_workspace.id, "http://127.0.0.1:9/y")
     return {
-        "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id, "run-b"),
-        "y": endpoints(world.other_workspace_agent.id, job_y.id, claim_y, token_y.id, "run-y"),
-        "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id, "run-a"),
+        "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id, hook_a.id,
+                       "run-b"),
+        "y": endpoints(world.other_workspace_agent.id, job_y.id, claim_y, token_y.id,
+                       hook_y.id, "run-y"),
+        "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id, hook_a.id, "run-a"),
     }
 
 
@@ -95,7 +109,7 @@ def test_agent_token_cannot_reach_another_agent(world, targets, name):
     _, method, path, body = next(e for e in targets["b"] if e[0] == name)
     before = _snapshot()
     r = _call(world.agent_caller(), method, path, body)
-    expected = 403 if name in NO_OBJECT_IN_PATH | GROUP_ENDPOINTS else 404
+    expected = 403 if name in NO_OBJECT_IN_PATH | WEBHOOK_OBJECTS | GROUP_ENDPOINTS else 404
     assert r.status_code == expected, (name, r.status_code, r.content)
     assert r.json()["code"] == ("permission_denied" if expected == 403 else "not_found")
     assert _snapshot() == before
@@ -127,9 +141,10 @@ def test_workspace_key_cannot_reach_another_workspace(world, targets, name):
     elif name in NO_OBJECT_IN_PATH:
         assert r.status_code in (200, 201)
         assert str(targets["y"][0][2].split("/")[1]) not in r.content.decode()
+        assert "/y" not in r.content.decode()  # nor the other workspace's webhook
     else:
         assert r.status_code == 404 and r.json()["code"] == "not_found", (name, r.content)
-    if name != "create_agent":
+    if name not in CREATES:
         assert _snapshot() == before
 
 

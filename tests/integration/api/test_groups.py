@@ -164,3 +164,19 @@ def test_group_cancel_is_for_the_workspace_key_only(world):
         r = world.agent_caller().request(method, path)
         assert r.status_code == 403 and r.json()["code"] == "permission_denied"
     assert JobGroup.objects.get(name="run").cancelled_at is None
+
+
+def test_a_group_cancel_announces_each_job_it_ended(world):
+    from jobqueue.maintenance import webhooks
+    from jobqueue.models import WebhookDelivery
+
+    webhooks.create_endpoint(world.workspace.id, "http://127.0.0.1:9/hook")
+    producer = world.producer()
+    ids = [_create(producer, world.agent, "run").json()["id"] for _ in range(3)]
+    grant = lifecycle.claim_job(world.agent, ids[0])
+    lifecycle.report_status(ids[0], grant.claim_id, states.SUCCESSFUL)  # announced by itself
+    before = set(WebhookDelivery.objects.values_list("job_id", flat=True))
+    assert producer.post("groups/run/cancel").json() == {"cancelled": 2}
+    after = list(WebhookDelivery.objects.values_list("job_id", flat=True))
+    assert len(after) == len(before) + 2
+    assert {str(j) for j in set(after) - before} == set(ids[1:])

@@ -103,7 +103,8 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "jobs/{job_id}/requeue", "jobs/{job_id}/dispatch", "job-agents",
         "job-agents/{agent_id}", "job-agents/{agent_id}/tokens",
         "job-agents/{agent_id}/tokens/{token_id}", "groups/{group}", "groups/{group}/cancel",
-        "jobs/{job_id}/claims/{claim_id}",
+        "jobs/{job_id}/claims/{claim_id}", "webhooks", "webhooks/{webhook_id}",
+        "webhooks/{webhook_id}/deliveries",
     ]:
         assert base + path in paths, path
     schemes = doc["components"]["securitySchemes"]

@@ -1,0 +1,62 @@
+"""Webhooks in the admin: endpoints (never their secret) and the delivery log, every try with
+its status code, duration and error, and a "redeliver" action (the change permission)."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from jobqueue.maintenance import webhooks
+from jobqueue.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    list_display = ["id", "workspace", "url", "events", "created_at"]
+    list_filter = ["workspace"]
+    search_fields = ["url"]
+    fields = readonly_fields = ["id", "workspace", "url", "events", "created_at"]  # no secret
+
+    def has_add_permission(self, request):
+        return False  # the API creates endpoints: it shows the secret once
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class AttemptInline(admin.TabularInline):
+    model = WebhookAttempt
+    fields = readonly_fields = ["number", "started_at", "duration_seconds", "status_code",
+                                "error"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    list_display = ["id", "event", "status", "attempts", "last_status_code", "job_id",
+                    "endpoint", "created_at", "next_attempt_at"]
+    list_filter = ["status", "event"]
+    search_fields = ["=id", "=job__id"]
+    fields = readonly_fields = ["id", "endpoint", "job", "event", "status", "attempts",
+                                "created_at", "last_attempt_at", "next_attempt_at",
+                                "last_status_code", "last_error", "payload"]
+    inlines = [AttemptInline]
+    actions = ["redeliver"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Redeliver selected deliveries (now, with every try again)",
+                  permissions=["change"])
+    def redeliver(self, request, queryset):
+        n = webhooks.redeliver(queryset.values_list("id", flat=True))
+        self.message_user(request, f"{n} delivery(ies) will be sent again.", messages.SUCCESS)

@@ -1,0 +1,63 @@
+"""The one place a terminal transition announces itself: the webhook outbox and
+`jobqueue.signals.job_finished`.
+
+Every path that ends a job calls `announce_finished` once, with the jobs it ended, inside the
+transaction that ended them: it writes one `webhook_delivery` row per job and endpoint of the
+job's workspace that wants `job.finished` (the outbox: it commits or rolls back with the
+transition), and registers the signal with `transaction.on_commit` (sent when that transaction
+commits, never when it rolls back). Never for a write that changed nothing (a refused report,
+a retried final report, cancelling a cancelled job). A new path that ends jobs (clocks,
+retries, group cancel) calls it the same way.
+
+PostgreSQL's report statements (pg/statements.py) write their outbox rows in the statement
+itself (one autocommit statement is the whole transaction) and so pass outbox_written=True,
+as the ORM backend does, which writes them in its own transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from django.db import transaction
+
+from jobqueue import signals
+from jobqueue.models import Job, WebhookDelivery, WebhookEndpoint
+
+Ended = tuple[uuid.UUID, uuid.UUID, str]  # job_id, workspace_id, terminal status
+
+
+def announce_finished(ended: Iterable[Ended], *, actor: str = "",
+                      outbox_written: bool = False) -> None:
+    """Write the outbox rows (unless the caller's statement did) and send job_finished for
+    each (job_id, workspace_id, terminal status) once the current transaction commits."""
+    ended = list(ended)
+    if not ended:
+        return
+    if not outbox_written:
+        write_outbox(ended)
+    transaction.on_commit(lambda: _send(ended, actor))
+
+
+def write_outbox(ended: list[Ended]) -> int:
+    """One pending delivery per ended job and endpoint of its workspace that wants it."""
+    endpoints = [
+        e for e in WebhookEndpoint.objects.filter(
+            workspace_id__in={workspace_id for _, workspace_id, _ in ended}
+        ).only("id", "workspace_id", "events")
+        if e.wants(WebhookEndpoint.JOB_FINISHED)
+    ]
+    if not endpoints:
+        return 0
+    rows = [
+        WebhookDelivery(endpoint_id=e.id, job_id=job_id, event=WebhookEndpoint.JOB_FINISHED)
+        for job_id, workspace_id, _status in ended
+        for e in endpoints if e.workspace_id == workspace_id
+    ]
+    WebhookDelivery.objects.bulk_create(rows)
+    return len(rows)
+
+
+def _send(ended: list[Ended], actor: str) -> None:
+    for job_id, _workspace_id, status in ended:
+        signals.job_finished.send_robust(sender=Job, job_id=job_id, status=status, actor=actor)

@@ -1,0 +1,122 @@
+"""All maintenance services together: one pass runs each that is due, the loop repeats it.
+
+Each service is a module with SERVICE (its name), interval_seconds() (its named default, from
+settings.JOBQUEUE) and service_run(idle_run_id=) -> (counts, run id, idle). A pass runs every
+service that is due; a service that fails (the database is down, say) is logged, recorded
+when the database lets us, and tried again after a backoff, while the others go on. Several
+loops at once are safe: every service takes its rows with SKIP LOCKED. A new service (artifact
+clean-up) joins SERVICES.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from django.db import close_old_connections
+
+from . import pruner, records, webhooks
+from . import reaper as reaper_service
+
+log = logging.getLogger("jobqueue.maintenance")
+SERVICES = (reaper_service, webhooks, pruner)
+MAX_BACKOFF_SECONDS = 60.0
+
+
+@dataclass
+class Outcome:
+    service: str
+    counts: dict = field(default_factory=dict)
+    run_id: int | None = None
+    error: str = ""
+
+    def as_dict(self) -> dict:
+        out = {"service": self.service, **self.counts, "run_id": self.run_id}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+@dataclass
+class _State:
+    due_at: float = 0.0  # time.monotonic()
+    idle_run_id: int | None = None
+    backoff: float = 0.0
+
+
+@dataclass
+class Maintenance:
+    """The schedule of one process: when each service is due next, and its last idle row."""
+
+    services: tuple = SERVICES
+    interval: float | None = None  # one pause for every service (--interval); else each its own
+    state: dict = field(default_factory=dict)
+
+    def _interval(self, service) -> float:
+        return self.interval if self.interval is not None else service.interval_seconds()
+
+    def run_due(self, now: float | None = None) -> list[Outcome]:
+        now = time.monotonic() if now is None else now
+        outcomes = []
+        for service in self.services:
+            st = self.state.setdefault(service.SERVICE, _State())
+            if now < st.due_at:
+                continue
+            outcomes.append(self._run(service, st, now))
+        return outcomes
+
+    def _run(self, service, st: _State, now: float) -> Outcome:
+        close_old_connections()
+        try:
+            counts, run_id, idle = service.service_run(idle_run_id=st.idle_run_id)
+        except Exception as exc:  # noqa: BLE001 - one failure must not end the loop
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("maintenance %s failed (%s); retrying", service.SERVICE, error)
+            _drop_connection()
+            _record_error(service.SERVICE, error)
+            st.backoff = min(max(st.backoff * 2, self._interval(service)), MAX_BACKOFF_SECONDS)
+            st.due_at, st.idle_run_id = now + st.backoff, None
+            return Outcome(service.SERVICE, error=error)
+        st.backoff, st.due_at = 0.0, now + self._interval(service)
+        st.idle_run_id = run_id if idle else None
+        if not idle:
+            log.info("maintenance %s: %s", service.SERVICE, counts)
+        return Outcome(service.SERVICE, counts, run_id)
+
+    def next_due_in(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        due = [self.state.get(s.SERVICE, _State()).due_at for s in self.services]
+        return max(0.0, min(due) - now)
+
+
+def run_once(services=None) -> list[Outcome]:
+    """Every service once, now."""
+    return Maintenance(services=services or SERVICES).run_due()
+
+
+def run_forever(*, stop: threading.Event, on_outcome, interval: float | None = None,
+                services=None) -> None:
+    """Run each service when it is due until `stop` is set (which ends a pause at once)."""
+    schedule = Maintenance(services=services or SERVICES, interval=interval)
+    while not stop.is_set():
+        for outcome in schedule.run_due():
+            on_outcome(outcome)
+        stop.wait(schedule.next_due_in())
+
+
+def _record_error(service: str, error: str) -> None:
+    try:
+        records.record_error(service, error)
+    except Exception:  # noqa: BLE001 - the database is what failed; the log has it
+        _drop_connection()
+
+
+def _drop_connection():
+    from django.db import connection
+
+    try:
+        connection.close()
+    except Exception:  # noqa: BLE001 - it is already broken
+        connection.connection = None
