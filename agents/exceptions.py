@@ -27,6 +27,8 @@ DOMAIN_STATUS = {
     domain.InvalidInput: status.HTTP_400_BAD_REQUEST,
     domain.Conflict: status.HTTP_409_CONFLICT,
     domain.IdempotencyKeyReused: status.HTTP_422_UNPROCESSABLE_ENTITY,
+    domain.LogRangeGap: status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
+    domain.OutputTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
 }
 
 # DRF exception class -> stable code (the ones whose DRF default_code differs from ours).
@@ -133,7 +135,10 @@ def _domain_response(exc: domain.JobQueueError, sent: list[str]) -> Response:
         detail = _scrub(detail, sent)
         if exc.context.get("field"):
             fields = {exc.context["field"]: [detail]}
-    return Response(error_body(code, detail, fields), status=http_status)
+    headers = {}
+    if isinstance(exc, domain.LogRangeGap | domain.OutputTooLarge) and "length" in exc.context:
+        headers["Range"] = f"0-{exc.context['length']}"  # the log's length: resend from it
+    return Response(error_body(code, detail, fields), status=http_status, headers=headers)
 
 
 def _drf_code(exc: drf.APIException) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.core.handlers.wsgi import LimitedStream
@@ -37,12 +38,19 @@ def _too_large(cap: int) -> JsonResponse:
     return _error(413, "payload_too_large", f"The request body is larger than {cap} bytes.")
 
 
+# An artifact upload streams to storage under its own cap (JOBQUEUE_MAX_ARTIFACT_BYTES,
+# enforced by the view as it reads): this cap does not apply to it.
+ARTIFACT_UPLOAD = re.compile(r"/v1/workspaces/[^/]+/jobs/[^/]+/artifacts/[^/]+")
+
+
 class RequestSizeLimitMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
-        if request.path.startswith(API_PREFIX):
+        if request.path.startswith(API_PREFIX) and not (
+            request.method == "PUT" and ARTIFACT_UPLOAD.fullmatch(request.path)
+        ):
             refusal = self._check(request)
             if refusal is not None:
                 return refusal

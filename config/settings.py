@@ -155,6 +155,15 @@ STORAGES = {
         if not DEBUG
         else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
+    # Job artifacts (docs/outputs.md): the filesystem under var/artifacts by default; any
+    # Django storage backend, e.g. "storages.backends.s3.S3Storage" (django-storages, which
+    # then reads its AWS_* settings from the environment).
+    "artifacts": {
+        "BACKEND": env.str("JOBQUEUE_ARTIFACT_STORAGE",
+                           default="django.core.files.storage.FileSystemStorage"),
+        "OPTIONS": env.json("JOBQUEUE_ARTIFACT_STORAGE_OPTIONS",
+                            default={"location": str(VAR_DIR / "artifacts")}),
+    },
 }
 
 LOGGING = {
@@ -231,6 +240,14 @@ JOBQUEUE = {
     "WEBHOOK_INTERVAL_SECONDS": env.float("JOBQUEUE_WEBHOOK_INTERVAL_SECONDS", 1.0),
     "WEBHOOK_RESPONSE_BYTES": env.int("JOBQUEUE_WEBHOOK_RESPONSE_BYTES", 4096),
     "WEBHOOK_ALLOWED_NETWORKS": env.str("JOBQUEUE_WEBHOOK_ALLOWED_NETWORKS", ""),
+    # Job outputs (docs/outputs.md): each attempt's log is capped; a holder whose claim was
+    # just cancelled, reaped or superseded may still append for the grace period.
+    "MAX_LOG_BYTES": env.int("JOBQUEUE_MAX_LOG_BYTES", 16 * 1024 * 1024),
+    "LOG_GRACE_SECONDS": env.int("JOBQUEUE_LOG_GRACE_SECONDS", 30),
+    # Artifacts: per file (the JSON body cap does not apply), per attempt (bytes and files).
+    "MAX_ARTIFACT_BYTES": env.int("JOBQUEUE_MAX_ARTIFACT_BYTES", 100 * 1024 * 1024),
+    "MAX_ATTEMPT_ARTIFACT_BYTES": env.int("JOBQUEUE_MAX_ATTEMPT_ARTIFACT_BYTES", 1024 ** 3),
+    "MAX_ARTIFACTS_PER_ATTEMPT": env.int("JOBQUEUE_MAX_ARTIFACTS_PER_ATTEMPT", 100),
     # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
     # keeps: a report over either is refused (400 validation_error) and changes nothing.
     "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),

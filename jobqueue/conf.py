@@ -25,6 +25,11 @@ DEFAULTS = {
     "MIN_MAX_RUNTIME_SECONDS": 1,
     "MAX_MAX_RUNTIME_SECONDS": 7 * 86400,
     "MAX_EXPIRES_IN_SECONDS": 10**8,
+    "MAX_LOG_BYTES": 16 * 1024 * 1024,
+    "LOG_GRACE_SECONDS": 30,
+    "MAX_ARTIFACT_BYTES": 100 * 1024 * 1024,
+    "MAX_ATTEMPT_ARTIFACT_BYTES": 1024**3,
+    "MAX_ARTIFACTS_PER_ATTEMPT": 100,
     "MAX_MESSAGE_BYTES": 64 * 1024,
     "MAX_RESULT_BYTES": 1024 * 1024,
     # Retention (prune_jobs): days a finished job is kept; 0 keeps it forever.

@@ -74,3 +74,21 @@ class IdempotencyKeyReused(JobQueueError):
 class GroupCancelled(Conflict):
     code = "group_cancelled"
     default_detail = "The job's group was cancelled; it takes no new jobs and no requeues."
+
+
+class LogRangeGap(JobQueueError):
+    """A log chunk that starts past the log's end: the agent resends from `length`."""
+
+    code = "log_range_gap"
+    default_detail = "The chunk starts past the end of the log; resend from its length."
+
+    @property
+    def length(self) -> int:
+        return self.context["length"]
+
+
+class OutputTooLarge(JobQueueError):
+    """A log or artifact over its cap: nothing of it is kept."""
+
+    code = "output_too_large"
+    default_detail = "This output is over its size cap."

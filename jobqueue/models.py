@@ -549,3 +549,87 @@ class WebhookAttempt(models.Model):
 
     def __str__(self):
         return f"try {self.number} of {self.delivery_id}"
+
+
+class JobLog(models.Model):
+    """One attempt's log: its length. The bytes are in JobLogChunk rows, one per accepted
+    append, so an append is an insert and a one-row update, never a rewrite of the log."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="logs")
+    attempt = models.PositiveIntegerField()
+    length = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "job_log"
+        ordering = ["job", "attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt"], name="job_log_attempt_unique"),
+        ]
+
+    def __str__(self):
+        return f"log of {self.job_id} (attempt {self.attempt}, {self.length} bytes)"
+
+
+class JobLogChunk(models.Model):
+    """Bytes [offset, end) of one attempt's log."""
+
+    id = models.BigAutoField(primary_key=True)
+    log = models.ForeignKey(JobLog, on_delete=models.CASCADE, related_name="chunks",
+                            db_index=False)
+    offset = models.PositiveBigIntegerField()
+    end = models.PositiveBigIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        db_table = "job_log_chunk"
+        constraints = [
+            models.UniqueConstraint(fields=["log", "offset"], name="job_log_chunk_offset_unique"),
+        ]
+
+    def __str__(self):
+        return f"bytes {self.offset}-{self.end} of log {self.log_id}"
+
+
+class JobArtifact(models.Model):
+    """A file an attempt uploaded. `uploading` while its bytes stream to storage, `staged`
+    once complete (one per name per claim: a new upload of the name replaces it, and the old
+    one becomes `replaced`). The claim's accepted `successful` report publishes its staged
+    artifacts (published_at), in the report's own statement. Everything never published, or
+    of a claim no longer live, is deleted by `clean_artifacts` (docs/outputs.md)."""
+
+    UPLOADING, STAGED, REPLACED = "uploading", "staged", "replaced"
+    STATES = [(UPLOADING, "uploading"), (STAGED, "staged"), (REPLACED, "replaced")]
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifacts")
+    attempt = models.PositiveIntegerField()
+    claim_id = models.UUIDField()
+    name = models.CharField(max_length=200)
+    state = models.CharField(max_length=16, choices=STATES, default=UPLOADING)
+    storage_key = models.CharField(max_length=500)
+    size = models.PositiveBigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64, blank=True, default="")
+    content_type = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "job_artifact"
+        ordering = ["job", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "claim_id", "name"],
+                                    condition=Q(state="staged"),
+                                    name="job_artifact_staged_name_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["job", "claim_id"], name="job_artifact_claim_idx"),
+            # What clean-up looks at: the rows never published.
+            models.Index(fields=["id"], condition=Q(published_at__isnull=True),
+                         name="job_artifact_unpublished_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} of {self.job_id} (attempt {self.attempt}, {self.state})"

@@ -10,7 +10,7 @@ def pytest_report_header(config):
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _static_files_without_collectstatic():
+def _static_files_without_collectstatic(tmp_path_factory):
     """Deployments use whitenoise's manifest storage, which needs `collectstatic` before any
     page renders. Tests render the admin straight from the apps' static folders instead
     (tests/ops checks collectstatic and the manifest storage for real)."""
@@ -25,6 +25,9 @@ def _static_files_without_collectstatic():
         STORAGES={
             "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
             "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+            # Job artifacts in a directory of this test session's own.
+            "artifacts": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                          "OPTIONS": {"location": str(tmp_path_factory.mktemp("artifacts"))}},
         }
     ):
         yield

@@ -8,7 +8,9 @@ the others need the key.
 from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
+from .outputs import JobOutputViewSet
 from .tokens import TokenViewSet
 from .webhooks import WebhookViewSet
 
-__all__ = ["GroupViewSet", "JobAgentViewSet", "JobViewSet", "TokenViewSet", "WebhookViewSet"]
+__all__ = ["GroupViewSet", "JobAgentViewSet", "JobOutputViewSet", "JobViewSet", "TokenViewSet",
+           "WebhookViewSet"]

@@ -24,7 +24,8 @@ from django.utils.html import format_html, format_html_join
 from jobqueue import history, lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
-from jobqueue.models import Job, JobEvent, JobGroup
+from jobqueue.lifecycle import logs
+from jobqueue.models import Job, JobArtifact, JobEvent, JobGroup
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
 from .recovery import RecoveryViews
@@ -144,6 +145,8 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "result_display",
         "claim_display",
         "attempt_history",
+        "logs_display",
+        "artifacts_display",
         "timeline",
     ]
     readonly_fields = fields
@@ -273,6 +276,39 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
             format_html_join("", "<tr>" + "<td>{}</td>" * 6 + "</tr>", rows),
         )
 
+    @admin.display(description="logs (each attempt's tail)")
+    def logs_display(self, obj):
+        tails = logs.log_tails(obj.pk, LOG_TAIL_BYTES)
+        if not tails:
+            return "No log."
+        secrets = _secret_strings(
+            Job.objects.filter(pk=obj.pk).values_list("dispatch_context", flat=True).first())
+        items = []
+        for tail in tails:
+            text = tail.data.decode("utf-8", errors="replace")
+            for secret in secrets:  # an agent that echoes its secrets: not on this page
+                text = text.replace(secret, "[redacted]")
+            cut = "…" if tail.offset else ""
+            items.append((tail.attempt, tail.length, cut + text))
+        return format_html_join(
+            "", '<p>attempt {} ({} bytes)</p><pre class="jq-log">{}</pre>', items)
+
+    @admin.display(description="artifacts")
+    def artifacts_display(self, obj):
+        rows = [
+            (a.name, a.attempt, "published" if a.published_at else a.state, a.size,
+             a.sha256[:16] or "—")
+            for a in JobArtifact.objects.filter(job_id=obj.pk).order_by("-attempt", "name")
+        ]
+        if not rows:
+            return "No artifacts."
+        return format_html(
+            '<table class="jq-artifacts"><thead><tr><th>name</th><th>attempt</th><th>state'
+            "</th><th>bytes</th><th>sha256</th></tr></thead><tbody>{}</tbody></table>",
+            format_html_join(
+                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows),
+        )
+
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)
         if obj is not None:
@@ -394,6 +430,22 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
     def cancel_groups(self, request, queryset):
         return confirm_cancel_groups(self, request, queryset)
 
+
+LOG_TAIL_BYTES = 4096
+
+
+def _secret_strings(value, found=None) -> list[str]:
+    """The strings (of 4 characters or more) in a dispatch_context, longest first."""
+    found = [] if found is None else found
+    if isinstance(value, str) and len(value) >= 4:
+        found.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _secret_strings(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _secret_strings(item, found)
+    return sorted(set(found), key=len, reverse=True)
 
 TIMELINE_PAGE_SIZE = 100
 TIMELINE_PARAM = "timeline_before"

@@ -11,6 +11,10 @@ One function per transition, each in the module that names it:
     groups.py    group_state, cancel_group (bounded batches), hold_group (create, requeue)
     reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
                  (jobqueue.reaper loops them)
+    logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
+    artifacts.py upload_artifact, publish (the ORM report's), published_artifacts,
+                 open_artifact, clean_artifacts: files staged per claim, published by its
+                 successful report
 
 and what they share:
 

@@ -22,6 +22,7 @@ from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
 from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job, JobClaim, JobEvent
 
+from .artifacts import publish
 from .checkpoints import checkpoints_for
 from .finished import write_outbox
 from .records import event, scoped_jobs
@@ -186,6 +187,8 @@ class OrmBackend:
                     deleted, _ = JobClaim.objects.filter(job_id=job_id, claim_id=claim_id).delete()
                     if deleted != 1:  # pragma: no cover - would break invariant 2
                         raise ClaimSuperseded()
+                    if status == states.SUCCESSFUL:
+                        publish(job_id, claim_id)  # the claim's staged artifacts
                 kind = JobEvent.STATUS_REPORTED
             if n != 1:
                 return None

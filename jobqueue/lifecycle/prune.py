@@ -9,7 +9,9 @@ is one BEGIN IMMEDIATE transaction, serialized against every other writer.
 
 Every table that refers to a job (events, the claim, and whatever a later table adds: attempts,
 logs, artifacts, deliveries) is emptied of the batch's rows first, in the same transaction:
-such a relation must be on_delete=CASCADE (a test checks that every one is).
+such a relation must be on_delete=CASCADE (a test checks that every one is). The files of the
+batch's artifacts are deleted from their storage once the batch has committed (a crash in
+between leaves orphaned files, never a row without its file).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from django.db import transaction
 
 from jobqueue import states
 from jobqueue.db import NowPlusSeconds
-from jobqueue.models import Job
+from jobqueue.models import Job, JobArtifact
+
+from .artifacts import artifact_storage
 
 
 def prunable(statuses: Iterable[str], older_than_seconds: int):
@@ -45,6 +49,8 @@ def prune_finished_once(statuses: Iterable[str], older_than_seconds: int,
         if not rows:
             return Counter()
         ids = [job_id for job_id, _status in rows]
+        files = list(JobArtifact.objects.filter(job_id__in=ids)
+                     .values_list("storage_key", flat=True))
         for relation in Job._meta.related_objects:
             relation.related_model._base_manager.filter(
                 **{f"{relation.field.name}__in": ids}).delete()
@@ -52,4 +58,12 @@ def prune_finished_once(statuses: Iterable[str], older_than_seconds: int,
                                      completed_at__isnull=False)._raw_delete(Job.objects.db)
         if deleted != len(ids):  # pragma: no cover - the rows are locked
             raise RuntimeError("prune: job rows changed under their locks")
+        if files:
+            transaction.on_commit(lambda: _delete_files(files))
     return Counter(status for _job_id, status in rows)
+
+
+def _delete_files(keys: list[str]) -> None:
+    storage = artifact_storage()
+    for key in keys:
+        storage.delete(key)

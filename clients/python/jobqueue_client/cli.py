@@ -36,6 +36,7 @@ ENV = {
     "kill_grace": "JOBQUEUE_KILL_GRACE",
     "idle_max": "JOBQUEUE_IDLE_MAX",
     "log_level": "JOBQUEUE_LOG_LEVEL",
+    "log_interval": "JOBQUEUE_LOG_INTERVAL",
 }
 
 
@@ -56,6 +57,13 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
     return value
 
 
@@ -92,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longest pause between claim attempts while no job is due; the "
                              "pause grows with jitter from 0.2 s up to this (default 5) "
                              "[JOBQUEUE_IDLE_MAX]")
+    parser.add_argument("--log-interval", type=_positive_float,
+                        default=env.get(ENV["log_interval"], "3"),
+                        help="seconds between two sends of the job's output to its log on "
+                             "the server (default 3; and at the end) [JOBQUEUE_LOG_INTERVAL]")
     parser.add_argument("--log-level", default=env.get(ENV["log_level"], "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="default INFO [JOBQUEUE_LOG_LEVEL]")
@@ -144,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         kill_grace=args.kill_grace,
         idle_min=min(0.2, args.idle_max) or 0.05,
         idle_max=max(args.idle_max, 0.05),
+        log_interval=args.log_interval,
     ))
     for _ in early:
         agent.request_stop()

@@ -34,12 +34,13 @@ class ApiError(Exception):
     transient = False
 
     def __init__(self, status: int, code: str, detail: str = "", *, fields=None,
-                 retry_after: float | None = None):
+                 retry_after: float | None = None, length: int | None = None):
         self.status = status
         self.code = code
         self.detail = detail
         self.fields = fields or {}
         self.retry_after = retry_after
+        self.length = length  # a log's length (the Range header of a log append's refusal)
         super().__init__(f"{status} {code}: {detail}" if status else f"{code}: {detail}")
 
 
@@ -95,7 +96,11 @@ class Conflict(ApiError):
 
 
 class InvalidRequest(ApiError):
-    """400, 413, 415, 422: the request itself is wrong; retrying it cannot help."""
+    """400, 413, 415, 416, 422: the request itself is wrong; retrying it cannot help."""
+
+
+class LogGap(InvalidRequest):
+    """416 log_range_gap: the chunk started past the log's end; `length` is the log's."""
 
 
 def error_from_response(response: httpx.Response) -> ApiError:
@@ -110,6 +115,7 @@ def error_from_response(response: httpx.Response) -> ApiError:
     detail = str(body.get("detail") or response.reason_phrase or "")
     fields = body.get("fields") if isinstance(body.get("fields"), dict) else None
     retry_after = _retry_after(response.headers.get("Retry-After"))
+    length = _range_length(response.headers.get("Range"))
     if status >= 500:
         cls = ServerError
     elif status == 429:
@@ -131,7 +137,14 @@ def error_from_response(response: httpx.Response) -> ApiError:
         cls = ServerError
     else:
         cls = InvalidRequest
-    return cls(status, code, detail, fields=fields, retry_after=retry_after)
+    return cls(status, code, detail, fields=fields, retry_after=retry_after, length=length)
+
+
+def _range_length(value: str | None) -> int | None:
+    """`0-<length>` (a log's length, on 416 and 413 answers to a log append)."""
+    if not value or not value.startswith("0-") or not value[2:].isdigit():
+        return None
+    return int(value[2:])
 
 
 def _default_code(status: int) -> str:
@@ -274,12 +287,16 @@ class AgentClient:
     # -- plumbing --
 
     def _request(self, method: str, path: str, *, json: Any = None, params=None,
-                 timeout: float | None = None, headers=None) -> httpx.Response:
+                 timeout: float | None = None, content=None, headers=None) -> httpx.Response:
         kwargs: dict[str, Any] = {"params": params}
         if headers:
             kwargs["headers"] = headers
         if json is not None:
             kwargs["json"] = json
+        if content is not None:
+            kwargs["content"] = content
+        if headers:
+            kwargs["headers"] = headers
         if timeout is not None:
             kwargs["timeout"] = timeout
         try:
@@ -463,6 +480,31 @@ class AgentClient:
         {"current": True, "lease_state", ...} or {"current": False, "code", "final_status"?}
         (final_status: how the job ended, when this claim's own report ended it)."""
         return self._json(self._request("GET", f"jobs/{job_id}/claims/{claim_id}"))
+
+    def append_log(self, job_id: str, claim_id: str, data: bytes, start: int) -> int:
+        """Append `data` at byte `start` of the claim's attempt's log (GitLab's trace
+        protocol: a resent chunk is accepted unchanged). Returns the log's length now; a
+        chunk past the log's end is not kept and LogGap carries the server's length."""
+        headers = {"X-Claim-Id": claim_id, "Content-Type": "text/plain; charset=utf-8"}
+        if data:
+            headers["Content-Range"] = f"bytes {start}-{start + len(data) - 1}/*"
+        try:
+            response = self._request("PATCH", f"jobs/{job_id}/log", content=data,
+                                     headers=headers)
+        except InvalidRequest as exc:
+            if exc.status == 416:
+                raise LogGap(exc.status, exc.code, exc.detail, length=exc.length) from None
+            raise
+        return int(self._json(response)["length"])
+
+    def upload_artifact(self, job_id: str, claim_id: str, name: str, chunks, size: int, *,
+                        timeout: float | None = None) -> dict:
+        """PUT one file (`size` bytes from the iterable `chunks`), staged for the claim's
+        attempt; the successful report publishes it. Returns {name, size, sha256, ...}."""
+        headers = {"X-Claim-Id": claim_id, "Content-Type": "application/octet-stream",
+                   "Content-Length": str(size)}
+        return self._json(self._request("PUT", f"jobs/{job_id}/artifacts/{name}",
+                                        content=chunks, headers=headers, timeout=timeout))
 
     def release(self, job_id: str, claim_id: str, *, reason: str | None = None,
                 retry_after_seconds: int | None = None) -> dict:

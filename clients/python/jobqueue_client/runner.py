@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -43,12 +44,13 @@ from .client import (
     Claim,
     InvalidRequest,
     LeaseLost,
+    LogGap,
     NotFound,
     ServerError,
     TransportError,
     Unsupported,
 )
-from .workdir import ChildFileError, JobDir, base_dir, remove_stale_dirs
+from .workdir import ARTIFACTS_DIR, ChildFileError, JobDir, base_dir, remove_stale_dirs
 
 log = logging.getLogger("jobqueue.agent")
 
@@ -79,6 +81,18 @@ BATCH_REPORT_ITEM_BYTES = 16 * 1024
 BATCH_REPORT_BYTES = 512 * 1024
 # Job directories left by dead agents are removed at start and this often afterwards.
 STALE_DIR_SWEEP_SECONDS = 900.0
+# The job's log (PATCH jobs/{id}/log): what the child writes is sent this often and at its
+# end, at most LOG_CHUNK_BYTES a request (under the server's 1 MiB body cap); while the server
+# cannot be reached at most LOG_BUFFER_BYTES wait (the oldest are dropped, with a marker).
+LOG_INTERVAL_SECONDS = 3.0
+LOG_CHUNK_BYTES = 256 * 1024
+LOG_BUFFER_BYTES = 8 * 1024 * 1024
+LOG_FINAL_FLUSH_SECONDS = 10.0
+# Artifacts: the files the child leaves in JOB_ARTIFACTS_DIR, uploaded before a successful
+# report (the server's defaults: JOBQUEUE_MAX_ARTIFACT_BYTES, ..._ARTIFACTS_PER_ATTEMPT).
+ARTIFACT_MAX_BYTES = 100 * 1024 * 1024
+ARTIFACT_MAX_FILES = 100
+ARTIFACT_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
 def log_event(event: str, *, level: int = logging.INFO, job: str | None = None,
@@ -176,6 +190,7 @@ class ChildOutcome:
     output_tail: str = ""
     result: Any = None
     result_error: str = ""
+    artifact_error: str = ""  # why the job's artifacts could not all be uploaded
 
     @property
     def transient(self) -> bool:
@@ -186,7 +201,7 @@ class ChildOutcome:
     @property
     def succeeded(self) -> bool:
         return (self.returncode == 0 and not self.timed_out and not self.stopped
-                and not self.start_error and not self.result_error)
+                and not self.start_error and not self.result_error and not self.artifact_error)
 
     def message(self) -> str:
         tail = self.output_tail
@@ -196,6 +211,8 @@ class ChildOutcome:
             head = "timed out"
         elif self.result_error:
             head = self.result_error
+        elif self.artifact_error:
+            head = self.artifact_error
         elif self.returncode not in (0, None):
             head = (f"killed by signal {-self.returncode}" if self.returncode < 0
                     else f"exit status {self.returncode}")
@@ -250,17 +267,20 @@ def stop_process_group(proc: subprocess.Popen, grace: float) -> None:
 
 def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
               stop: threading.Event, kill_grace: float = 5.0,
-              on_start=None, checkpoint: Any = None, on_jobdir=None) -> ChildOutcome:
+              on_start=None, on_output=None, on_exit=None, checkpoint: Any = None,
+              on_jobdir=None) -> ChildOutcome:
     """Run the job's command to completion, timeout, or until `stop` is set.
 
     The child runs in its own process group (so that stopping it stops what it started) with
     stdin closed and stdout+stderr merged; the last OUTPUT_TAIL_CHARS of it are kept. The
     dispatch_context is written to a 0600 file in a private 0700 directory (JOB_CONTEXT_FILE;
     see workdir.JobDir); a JSON file the command writes to JOB_RESULT_FILE becomes the result,
-    read by the one safe reader (workdir.read_child_file). The previous attempt's
-    `checkpoint`, if any, is in JOB_CHECKPOINT_FILE; the child may write a new one to
-    JOB_CHECKPOINT_OUT (`on_jobdir(jobdir)` lets the caller watch it). The directory is
-    removed afterwards, whatever happened.
+    read by the one safe reader (workdir.read_child_file). `on_output(bytes)` gets all the
+    output as it comes (the job's log); `on_exit(jobdir, outcome)` runs once the child is
+    done. The previous attempt's `checkpoint`, if any, is in JOB_CHECKPOINT_FILE; the child
+    may write a new one to JOB_CHECKPOINT_OUT (`on_jobdir(jobdir)` lets the caller watch
+    it). The directory (and JOB_ARTIFACTS_DIR in it) is removed afterwards, whatever
+    happened.
     """
     outcome = ChildOutcome()
     jobdir = JobDir()
@@ -272,6 +292,7 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
             "JOB_ATTEMPT": str(attempt),
             "JOB_CONTEXT_FILE": context_path,
             "JOB_RESULT_FILE": jobdir.file(RESULT_FILE),
+            "JOB_ARTIFACTS_DIR": jobdir.file(ARTIFACTS_DIR),
             "JOB_CHECKPOINT_OUT": jobdir.file(CHECKPOINT_OUT_FILE),
         }
         if checkpoint is not None:
@@ -294,7 +315,7 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
             return outcome
         if on_start is not None:
             on_start(proc)
-        output = _Tail()
+        output = _Tail(on_output)
         reader = threading.Thread(target=output.drain, args=(proc.stdout,),
                                   name=f"output-{job_id}", daemon=True)
         reader.start()
@@ -317,6 +338,8 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
         reader.join(timeout=5)
         outcome.output_tail = output.text()[-OUTPUT_TAIL_CHARS:]
         outcome.result, outcome.result_error = _read_result(jobdir)
+        if on_exit is not None:
+            on_exit(jobdir, outcome)
         return outcome
     finally:
         jobdir.close()
@@ -326,10 +349,11 @@ class _Tail:
     """The last OUTPUT_BUFFER_BYTES of the child's output, filled by one reader thread and
     read by another (which may not wait for the pipe to close)."""
 
-    def __init__(self):
+    def __init__(self, on_output=None):
         self._chunks: deque[bytes] = deque()
         self._size = 0
         self._lock = threading.Lock()
+        self._on_output = on_output
 
     def drain(self, pipe) -> None:
         with pipe:
@@ -337,6 +361,8 @@ class _Tail:
                 data = pipe.read1(65536) if hasattr(pipe, "read1") else pipe.read(65536)
                 if not data:
                     return
+                if self._on_output is not None:
+                    self._on_output(data)
                 with self._lock:
                     self._chunks.append(data)
                     self._size += len(data)
@@ -361,6 +387,105 @@ def _read_result(jobdir: JobDir) -> tuple[Any, str]:
         return json.loads(raw.decode("utf-8")), ""
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         return None, f"JOB_RESULT_FILE is not valid JSON ({type(exc).__name__})"
+
+
+# --- the job's log ---------------------------------------------------------------------------
+
+
+class LogStream:
+    """The child's output, appended to the attempt's log on the server every
+    LOG_INTERVAL_SECONDS and at the end (GitLab's trace protocol: each chunk names its start,
+    so a chunk resent after a lost answer is accepted unchanged).
+
+    It never holds the job up: a transient failure is retried at the next tick; a refusal
+    (the claim is gone for good, the log is at its cap) stops the sending, logged once. While
+    the server cannot be reached, at most LOG_BUFFER_BYTES wait; older output is dropped and
+    a marker line says how much. `offset` is what the server holds."""
+
+    def __init__(self, client: AgentClient, job_id: str, claim_id: str, attempt: int,
+                 interval: float = LOG_INTERVAL_SECONDS):
+        self.client, self.job_id, self.claim_id, self.attempt = client, job_id, claim_id, attempt
+        self.interval = interval
+        self.offset = 0
+        self.stopped = ""  # why sending stopped, if it did
+        self._pending = bytearray()
+        self._dropped = 0
+        self._lock = threading.Lock()
+        self._send = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"log-{job_id}", daemon=True)
+        self._thread.start()
+
+    def feed(self, data: bytes) -> None:
+        with self._lock:
+            if self.stopped:
+                return
+            self._pending += data
+            over = len(self._pending) - LOG_BUFFER_BYTES
+            if over > 0:
+                del self._pending[:over]
+                self._dropped += over
+
+    def _run(self) -> None:
+        while not self._done.wait(self.interval):
+            self.flush_once()
+
+    def flush_once(self) -> bool:
+        """Send what waits (one chunk). True when nothing is left to send (or sending
+        stopped), False after a transient failure."""
+        with self._send:
+            with self._lock:
+                if self.stopped:
+                    return True
+                if self._dropped:
+                    marker = f"\n[jobqueue-agent: {self._dropped} bytes of output dropped]\n"
+                    self._pending[0:0] = marker.encode()
+                    self._dropped = 0
+                data = bytes(self._pending[:LOG_CHUNK_BYTES])
+            if not data:
+                return True
+            try:
+                length = self.client.append_log(self.job_id, self.claim_id, data, self.offset)
+            except LogGap as exc:
+                # The server holds less than we thought: go on from its end.
+                if exc.length is None:
+                    return self._stop(exc.code)
+                self.offset = exc.length
+                return False
+            except (LeaseLost, InvalidRequest, AuthError, NotFound) as exc:
+                return self._stop(exc.code)
+            except ApiError as exc:
+                log_event("log_retry", level=logging.DEBUG, job=self.job_id, code=exc.code)
+                return False
+            except Exception:  # noqa: BLE001 - the log must never take the job down
+                log.exception("event=log_error job=%s", self.job_id)
+                return self._stop("agent_error")
+            sent = max(0, min(len(data), length - self.offset))
+            self.offset = length
+            with self._lock:
+                del self._pending[:sent]
+                return not self._pending
+
+    def _stop(self, code: str) -> bool:
+        with self._lock:
+            self.stopped = code
+            self._pending.clear()
+        log_event("log_stopped", level=logging.WARNING, job=self.job_id, attempt=self.attempt,
+                  code=code, length=self.offset)
+        return True
+
+    def close(self, timeout: float = LOG_FINAL_FLUSH_SECONDS) -> None:
+        """Stop the ticks, then send what is left (until done or `timeout`)."""
+        self._done.set()
+        self._thread.join(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        backoff = Backoff(0.1, 1.0)
+        while not self.flush_once():
+            if time.monotonic() >= deadline:
+                log_event("log_unsent", level=logging.WARNING, job=self.job_id,
+                          attempt=self.attempt, length=self.offset)
+                return
+            time.sleep(min(backoff.next(), max(0.0, deadline - time.monotonic())))
 
 
 # --- leases --------------------------------------------------------------------------------
@@ -726,6 +851,9 @@ class AgentOptions:
     idle_min: float = 0.2  # first wait when no job is claimable
     idle_max: float = 5.0  # longest wait when no job is claimable
     release_timeout: float = 10.0  # how long to keep trying to release on shutdown
+    log_interval: float = LOG_INTERVAL_SECONDS  # how often the child's output is sent
+    artifact_max_bytes: int = ARTIFACT_MAX_BYTES
+    artifact_max_files: int = ARTIFACT_MAX_FILES
 
 
 @dataclass
@@ -888,15 +1016,26 @@ class Agent:
             started = time.monotonic()
             log_event("started_child", job=claim.job_id, attempt=claim.attempt,
                       program=os.path.basename(spec.command[0]))
+            stream = LogStream(self.client, claim.job_id, claim.claim_id, claim.attempt,
+                               interval=self.options.log_interval)
+
+            def on_exit(jobdir, outcome):
+                stream.close()  # the last lines, even when the lease is lost (grace period)
+                if outcome.succeeded and not lease.lost:
+                    outcome.artifact_error = self._upload_artifacts(run, jobdir)
+
             if claim.checkpoint is not None:
                 log_event("resuming", job=claim.job_id, attempt=claim.attempt)
-            outcome = run_child(
-                spec, job_id=claim.job_id, attempt=claim.attempt,
-                context=claim.job.get("dispatch_context"), stop=lease.stop_child,
-                kill_grace=self.options.kill_grace, checkpoint=claim.checkpoint,
-                on_jobdir=lease.watch,
-            )
-            lease.watch(None)
+            try:
+                outcome = run_child(
+                    spec, job_id=claim.job_id, attempt=claim.attempt,
+                    context=claim.job.get("dispatch_context"), stop=lease.stop_child,
+                    kill_grace=self.options.kill_grace, on_output=stream.feed,
+                    on_exit=on_exit, checkpoint=claim.checkpoint, on_jobdir=lease.watch,
+                )
+            finally:
+                stream.close(timeout=0)
+                lease.watch(None)
             took = time.monotonic() - started
             if lease.lost:
                 log_event("abandoned", level=logging.WARNING, job=claim.job_id,
@@ -919,6 +1058,45 @@ class Agent:
             log.exception("event=job_thread_error job=%s attempt=%s", claim.job_id, claim.attempt)
         finally:
             self._finish(run)
+
+    def _upload_artifacts(self, run: _Run, jobdir: JobDir) -> str:
+        """Upload every file the child left in JOB_ARTIFACTS_DIR (staged for this attempt;
+        the successful report publishes them). Returns "" when all went up, else why not
+        (the job then reports failure); a lost lease is marked, and nothing is published."""
+        claim, lease = run.claim, run.lease
+        names = jobdir.artifact_names()
+        if len(names) > self.options.artifact_max_files:
+            return (f"JOB_ARTIFACTS_DIR holds {len(names)} entries; at most "
+                    f"{self.options.artifact_max_files} are uploaded")
+        for name in names:
+            if not ARTIFACT_NAME.fullmatch(name) or name in (".", ".."):
+                return "JOB_ARTIFACTS_DIR: a file name is not 1-200 of A-Z a-z 0-9 . _ -"
+            backoff = Backoff(0.2, 5.0)
+            while True:
+                try:
+                    with jobdir.open_artifact(name, self.options.artifact_max_bytes) as fh:
+                        info = self.client.upload_artifact(
+                            claim.job_id, claim.claim_id, name, fh.chunks(), fh.size,
+                            timeout=max(self.client.timeout, 300.0))
+                except ChildFileError as exc:
+                    return f"artifact {name} {exc}"
+                except LeaseLost as exc:
+                    lease.mark_lost(exc.code)
+                    log_event("upload_refused", level=logging.WARNING, job=claim.job_id,
+                              attempt=claim.attempt, code=exc.code, published="nothing")
+                    return f"artifact upload refused ({exc.code})"
+                except ApiError as exc:
+                    if exc.transient and time.monotonic() < lease.deadline and not lease.lost:
+                        delay = exc.retry_after if exc.retry_after is not None else backoff.next()
+                        log_event("upload_retry", level=logging.WARNING, job=claim.job_id,
+                                  attempt=claim.attempt, code=exc.code, retry_in=delay)
+                        time.sleep(delay)
+                        continue
+                    return f"artifact {name} was not uploaded ({exc.code})"
+                log_event("artifact_uploaded", job=claim.job_id, attempt=claim.attempt,
+                          name=name, size=info.get("size"))
+                break
+        return ""
 
     def _report(self, run: _Run, status: str, *, message: str, result: Any = None,
                 retry: bool = False) -> None:

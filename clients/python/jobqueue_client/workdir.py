@@ -6,6 +6,7 @@ Each job runs in its own directory under the temporary directory (TMPDIR, else /
         .lock                              flock()ed while the job's processes live
         context.json                       dispatch_context, mode 0600
         result.json                        written by the child, if it likes
+        artifacts/                         JOB_ARTIFACTS_DIR: files uploaded on success
 
 The agent removes the directory when the job ends. If the agent dies first (SIGKILL, a power
 cut), the directory would stay behind with the secret in it, so every agent, when it starts
@@ -17,7 +18,9 @@ or a still-running orphaned child's directory is never touched, nor another user
 Files the child leaves are read by `read_child_file` only: no link is followed
 (O_NOFOLLOW), nothing blocks (O_NONBLOCK: a fifo cannot wedge the agent), only a regular file
 is read, and never more than its cap + 1 byte (so /dev/zero or a huge file cannot exhaust
-memory). Whatever is wrong comes back as ChildFileError with a one-line reason.
+memory). Artifacts (files in JOB_ARTIFACTS_DIR) are opened by the same rules (ChildFile)
+and streamed, never read whole. Whatever is wrong comes back as ChildFileError with a
+one-line reason.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import tempfile
 
 PREFIX = "jobqueue-job-"
 LOCK_NAME = ".lock"
+ARTIFACTS_DIR = "artifacts"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-(\d+)-[A-Za-z0-9_-]+$")
 _KINDS = {
     stat.S_IFDIR: "a directory",
@@ -52,11 +56,9 @@ def _kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
-def read_child_file(dir_fd: int, name: str, max_bytes: int) -> bytes | None:
-    """The content of `name` in the directory `dir_fd`, None when there is no such file.
-
-    Raises ChildFileError when it is not a regular file (a symbolic link, a fifo, a device,
-    a directory...), is larger than `max_bytes`, or cannot be read."""
+def _open_child_file(dir_fd: int, name: str, max_bytes: int) -> tuple[int, int] | None:
+    """(an fd opened for reading, its size) of the regular file `name` in `dir_fd`, None when
+    there is no such file; ChildFileError for anything else (see read_child_file)."""
     try:
         before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -81,6 +83,22 @@ def read_child_file(dir_fd: int, name: str, max_bytes: int) -> bytes | None:
             raise ChildFileError(f"is {_kind(st.st_mode)}, not a regular file")
         if st.st_size > max_bytes:
             raise ChildFileError(f"is larger than {max_bytes} bytes")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_child_file(dir_fd: int, name: str, max_bytes: int) -> bytes | None:
+    """The content of `name` in the directory `dir_fd`, None when there is no such file.
+
+    Raises ChildFileError when it is not a regular file (a symbolic link, a fifo, a device,
+    a directory...), is larger than `max_bytes`, or cannot be read."""
+    opened = _open_child_file(dir_fd, name, max_bytes)
+    if opened is None:
+        return None
+    fd, _size = opened
+    try:
         chunks, size = [], 0
         while size <= max_bytes:  # a file still growing is read up to the cap + 1 byte
             chunk = os.read(fd, min(65536, max_bytes + 1 - size))
@@ -95,6 +113,41 @@ def read_child_file(dir_fd: int, name: str, max_bytes: int) -> bytes | None:
         raise ChildFileError(f"could not be read ({exc.strerror})") from None
     finally:
         os.close(fd)
+
+
+class ChildFile:
+    """A regular file the child left, opened by the same rules as read_child_file, read as
+    `size` bytes in pieces (what it grows by after it was opened is not read)."""
+
+    def __init__(self, dir_fd: int, name: str, max_bytes: int):
+        opened = _open_child_file(dir_fd, name, max_bytes)
+        if opened is None:
+            raise ChildFileError("is gone")
+        self.name = name
+        self.fd, self.size = opened
+
+    def chunks(self, piece: int = 65536):
+        left = self.size
+        while left > 0:
+            try:
+                data = os.read(self.fd, min(piece, left))
+            except OSError as exc:
+                raise ChildFileError(f"could not be read ({exc.strerror})") from None
+            if not data:  # shrunk since it was opened: the upload's length no longer holds
+                raise ChildFileError("shrank while it was read")
+            left -= len(data)
+            yield data
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> ChildFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def base_dir() -> str:
@@ -113,12 +166,18 @@ class JobDir:
         self.path = tempfile.mkdtemp(prefix=f"{PREFIX}{uid}-{pid}-", dir=base)
         self.dir_fd = -1
         self.lock_fd = -1
+        self.artifacts_fd = -1
         try:
             self.dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
                                   | os.O_CLOEXEC)
             self.lock_fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL
                                    | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # JOB_ARTIFACTS_DIR: opened now, so that what the agent lists later is this
+            # directory even if the child puts something else (a link) at its name.
+            os.mkdir(ARTIFACTS_DIR, 0o700, dir_fd=self.dir_fd)
+            self.artifacts_fd = os.open(ARTIFACTS_DIR, os.O_RDONLY | os.O_DIRECTORY
+                                        | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
         except BaseException:
             self.close()
             raise
@@ -137,14 +196,22 @@ class JobDir:
     def read(self, name: str, max_bytes: int) -> bytes | None:
         return read_child_file(self.dir_fd, name, max_bytes)
 
+    def artifact_names(self) -> list[str]:
+        """What the child left in JOB_ARTIFACTS_DIR, by name (each one is then opened with
+        open_artifact, which refuses all but regular files)."""
+        return sorted(os.listdir(self.artifacts_fd))
+
+    def open_artifact(self, name: str, max_bytes: int) -> ChildFile:
+        return ChildFile(self.artifacts_fd, name, max_bytes)
+
     def close(self) -> None:
         """Remove the directory and everything in it, then let go of the lock."""
         if self.path:
             _rmtree(self.path)
-        for fd in (self.dir_fd, self.lock_fd):
+        for fd in (self.artifacts_fd, self.dir_fd, self.lock_fd):
             if fd >= 0:
                 os.close(fd)
-        self.dir_fd = self.lock_fd = -1
+        self.dir_fd = self.lock_fd = self.artifacts_fd = -1
         self.path = ""
 
     def __enter__(self) -> JobDir:

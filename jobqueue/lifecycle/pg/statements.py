@@ -128,6 +128,14 @@ _OUTBOX = """
       AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))
 )"""
 
+# A successful report publishes its claim's staged artifacts (jobqueue/lifecycle/artifacts.py)
+# in its own statement, and unpublishes an earlier set (a job requeued after a success).
+_PUBLISH = """
+    UPDATE job_artifact a SET published_at = CASE
+        WHEN a.claim_id = %(CLAIM)s AND a.state = 'staged' THEN STATEMENT_TIMESTAMP() END
+    FROM done WHERE a.job_id = done.id AND done.status = 'successful'
+      AND ((a.claim_id = %(CLAIM)s AND a.state = 'staged') OR a.published_at IS NOT NULL)"""
+
 # JobSetStateIfRunning: end the job with a terminal status if %(claim)s is still its claim.
 # The UPDATE locks the job row and requires the claim row (same claim_id) in its WHERE; the
 # claim row is then deleted from the UPDATE's rows (locked second). claims_deleted is 1.
@@ -142,6 +150,7 @@ WITH done AS (
 ), gone AS (
     DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
     RETURNING c.job_id
+), published AS (""" + _PUBLISH.replace("%(CLAIM)s", "%(claim)s") + """
 ), event AS (""" + _REPORT_EVENT + """, hook AS (""" + _OUTBOX + """
 SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted FROM done
 """
@@ -234,6 +243,7 @@ WITH req AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = done.id AND c.claim_id = done.last_claim_id
     RETURNING c.job_id
+), published AS (""" + _PUBLISH.replace("%(CLAIM)s", "done.last_claim_id") + """
 ), events AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT done.id, %(kind)s, done.attempt, %(actor)s, done.last_claim_id,

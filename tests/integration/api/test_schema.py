@@ -104,7 +104,8 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "job-agents/{agent_id}", "job-agents/{agent_id}/tokens",
         "job-agents/{agent_id}/tokens/{token_id}", "groups/{group}", "groups/{group}/cancel",
         "jobs/{job_id}/claims/{claim_id}", "webhooks", "webhooks/{webhook_id}",
-        "webhooks/{webhook_id}/deliveries",
+        "webhooks/{webhook_id}/deliveries", "jobs/{job_id}/log",
+        "jobs/{job_id}/artifacts", "jobs/{job_id}/artifacts/{name}",
     ]:
         assert base + path in paths, path
     schemes = doc["components"]["securitySchemes"]

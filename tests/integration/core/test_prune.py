@@ -2,6 +2,7 @@
 events and claims, in bounded batches, by the database's clock; never a job that is not
 finished, also when requeues and claims race the pruner (threads with their own connections)."""
 
+import io
 import json
 import random
 
@@ -13,8 +14,9 @@ from django.db import models
 from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobNotClaimable, NotFound
+from jobqueue.lifecycle import artifacts
 from jobqueue.maintenance import pruner
-from jobqueue.models import Job, JobClaim, JobEvent, MaintenanceRun
+from jobqueue.models import Job, JobArtifact, JobClaim, JobEvent, MaintenanceRun
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
 from tests.utils import run_threads
 
@@ -64,6 +66,23 @@ def test_default_retention_per_status_deletes_jobs_with_their_rows_and_nothing_e
     assert JobEvent.objects.filter(job_id__in=kept).count() >= len(kept)
     assert JobClaim.objects.count() == 1  # the running job's claim
     assert pruner.run_once().jobs == 0
+
+
+def test_pruning_a_job_deletes_its_artifacts_files_from_the_storage():
+    agent = JobAgentFactory()
+    old, grant = claimed_job(job_agent=agent)
+    artifacts.upload_artifact(old.id, grant.claim_id, "out.bin", io.BytesIO(b"payload"))
+    lifecycle.report_status(old.id, grant.claim_id, states.SUCCESSFUL)
+    Job.objects.filter(id=old.id).update(completed_at=NowPlusSeconds(-15 * DAY))
+    young, grant = claimed_job(job_agent=agent)
+    artifacts.upload_artifact(young.id, grant.claim_id, "out.bin", io.BytesIO(b"kept"))
+    lifecycle.report_status(young.id, grant.claim_id, states.SUCCESSFUL)
+    keys = dict(JobArtifact.objects.values_list("job_id", "storage_key"))
+    storage = artifacts.artifact_storage()
+    assert all(storage.exists(key) for key in keys.values())
+    assert pruner.run_once().jobs == 1
+    assert not storage.exists(keys[old.id]) and storage.exists(keys[young.id])
+    assert list(JobArtifact.objects.values_list("job_id", flat=True)) == [young.id]
 
 
 def test_dry_run_counts_and_deletes_nothing_and_older_than_applies_to_every_status():

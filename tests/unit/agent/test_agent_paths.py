@@ -24,6 +24,8 @@ REPORTS = re.compile(r"/job-agents/ag/reports$")
 HEARTBEAT = re.compile(r"/jobs/([^/]+)/heartbeat$")
 STATUS = re.compile(r"/jobs/([^/]+)/status$")
 RELEASE = re.compile(r"/jobs/([^/]+)/release$")
+LOG = re.compile(r"/jobs/([^/]+)/log$")
+ARTIFACT = re.compile(r"/jobs/([^/]+)/artifacts/([^/]+)$")
 
 
 def stamp(seconds_from_now=0.0):
@@ -61,7 +63,10 @@ class Api:
 
     def __call__(self, request):
         raw = request.read()
-        body = json.loads(raw) if raw else None
+        if request.headers.get("Content-Type", "").startswith("application/json"):
+            body = json.loads(raw) if raw else None
+        else:  # a log chunk or an artifact: raw bytes
+            body = raw or None
         method, path = request.method, request.url.path
         with self.lock:
             self.seen.append((method, path, body))
@@ -100,7 +105,16 @@ class Api:
             return httpx.Response(200, json={"id": m[1], "status": body["status"]})
         if m := RELEASE.search(path):
             return httpx.Response(200, json={"id": m[1], "status": "queued"})
+        if LOG.search(path):
+            return httpx.Response(202, json={"attempt": 1, "length": self._log_end(path, body)})
+        if m := ARTIFACT.search(path):
+            return httpx.Response(201, json={"name": m[2], "size": len(body or b""),
+                                             "attempt": 1})
         return httpx.Response(404, json={"code": "not_found", "detail": path})
+
+    def _log_end(self, path, body):
+        """A log's length after an append (the length of all bytes sent to `path`)."""
+        return sum(len(b or b"") for m, p, b in self.seen if p == path and m == "PATCH")
 
     def requests(self, pattern, method=None):
         with self.lock:
@@ -627,3 +641,204 @@ def test_a_heartbeat_answered_deadline_exceeded_kills_the_child_and_publishes_no
     assert "child_stopped=True" in caplog.text
     assert run.stop() == 0
     assert server.requests(STATUS) == [] and server.requests(REPORTS) == []
+
+
+# --- the job's log and its artifacts ----------------------------------------------------------
+
+
+def log_bytes(server, job="job1"):
+    """What the agent sent to the job's log, checked to be contiguous chunks from byte 0."""
+    data, offset = b"", 0
+    for _m, _p, body in server.requests(re.compile(f"/jobs/{job}/log$"), "PATCH"):
+        data += body or b""
+    for (_m, _p, _b), rng in zip(server.requests(re.compile(f"/jobs/{job}/log$"), "PATCH"),
+                                 server.log_ranges, strict=True):
+        start, end = (int(x) for x in rng.removeprefix("bytes ").removesuffix("/*").split("-"))
+        assert start == offset, (start, offset)
+        offset = end + 1
+    return data
+
+
+def test_the_childs_output_streams_to_the_log_while_it_runs_and_at_the_end(start, caplog):
+    script = "echo first; sleep 0.6; echo second >&2; sleep 0.6; printf last"
+    server = Api(["sh", "-c", script])
+    server.log_ranges = []
+    original = server.__call__
+
+    def call(request):
+        if request.method == "PATCH":
+            server.log_ranges.append(request.headers.get("Content-Range"))
+        return original(request)
+
+    run = start(call, log_interval=0.2)
+    logged(caplog, "event=reported job=job1 attempt=1 status=successful")
+    assert run.stop() == 0
+    assert log_bytes(server) == b"first\nsecond\nlast"
+    patches = server.requests(LOG, "PATCH")
+    assert len(patches) >= 3  # live: while the child ran, not only at its end
+    assert patches[0][2] == b"first\n"
+    # The log went up before the report.
+    order = [p for m, p, b in server.seen if LOG.search(p) or STATUS.search(p)]
+    assert STATUS.search(order[-1]) and all(LOG.search(p) for p in order[:-1])
+    # The report still carries the output's tail as its message.
+    assert server.requests(STATUS)[0][2]["message"] == "first\nsecond\nlast"
+
+
+def test_a_gap_answer_resends_from_the_servers_length(start, caplog):
+    server = Api(["sh", "-c", "printf abc; sleep 0.5; printf def"])
+    server.rules.append(answer_once(LOG, 416, {"code": "log_range_gap", "detail": "x"},
+                                    headers={"Range": "0-0"}))
+    run = start(server, log_interval=0.1)
+    logged(caplog, "event=reported job=job1 attempt=1 status=successful")
+    assert run.stop() == 0
+    bodies = [b for _m, _p, b in server.requests(LOG, "PATCH")]
+    assert bodies[0] == b"abc" and b"".join(bodies[1:]) == b"abcdef"
+
+
+@pytest.mark.parametrize("status, code", [(413, "output_too_large"), (409, "job_cancelled")])
+def test_a_refused_log_stops_the_sending_but_not_the_job(start, caplog, status, code):
+    server = Api(["sh", "-c", "echo one; sleep 0.5; echo two"])
+    server.rules.append(always(LOG, status, {"code": code, "detail": "x"}))
+    run = start(server, log_interval=0.1)
+    logged(caplog, f"event=log_stopped job=job1 attempt=1 code={code}")
+    logged(caplog, "event=reported job=job1 attempt=1 status=successful")
+    assert run.stop() == 0
+    assert len(server.requests(LOG)) == 1
+
+
+def test_an_unreachable_log_is_retried_and_the_job_goes_on(start, caplog):
+    server = Api(["sh", "-c", "echo one"])
+    server.rules.append(answer_once(LOG, 503, {"code": "server_error", "detail": "x"}))
+    run = start(server, log_interval=0.1)
+    logged(caplog, "event=reported job=job1 attempt=1 status=successful")
+    assert run.stop() == 0
+    bodies = [b for _m, _p, b in server.requests(LOG, "PATCH")]
+    assert bodies == [b"one\n", b"one\n"]
+
+
+def test_output_beyond_the_log_buffer_is_dropped_with_a_marker(monkeypatch, tmp_path):
+    sent = []
+
+    class Client:
+        def append_log(self, job_id, claim_id, data, start):
+            sent.append((start, data))
+            return start + len(data)
+
+    monkeypatch.setattr(runner, "LOG_BUFFER_BYTES", 10)
+    stream = runner.LogStream(Client(), "j", "c", 1, interval=60)
+    stream.feed(b"0123456789abcdef")
+    stream.close(timeout=5)
+    assert sent == [(0, b"\n[jobqueue-agent: 6 bytes of output dropped]\n6789abcdef")]
+    stream.feed(b"after")  # nothing is lost once closed: it is sent by the next close
+    stream.close(timeout=5)
+    assert sent[-1][1] == b"after"
+
+
+def test_a_gap_without_a_length_and_an_agent_bug_stop_the_log(caplog):
+    class Client:
+        def __init__(self, error):
+            self.error = error
+
+        def append_log(self, job_id, claim_id, data, start):
+            raise self.error
+
+    caplog.set_level(logging.DEBUG, logger="jobqueue.agent")
+    for error, code in [(api.LogGap(416, "log_range_gap"), "log_range_gap"),
+                        (RuntimeError("bug"), "agent_error")]:
+        stream = runner.LogStream(Client(error), "j", "c", 1, interval=60)
+        stream.feed(b"x")
+        stream.close(timeout=5)
+        assert stream.stopped == code
+        stream.feed(b"more")  # ignored once stopped
+        assert stream.flush_once() is True
+
+
+def test_a_log_that_cannot_be_sent_in_time_is_given_up(caplog):
+    class Client:
+        def append_log(self, job_id, claim_id, data, start):
+            raise api.ServerError(503, "server_error", "down")
+
+    caplog.set_level(logging.DEBUG, logger="jobqueue.agent")
+    stream = runner.LogStream(Client(), "j", "c", 1, interval=60)
+    stream.feed(b"x")
+    stream.close(timeout=0.3)
+    assert "event=log_unsent job=j attempt=1 length=0" in caplog.text
+
+
+ARTIFACTS = re.compile(r"/jobs/job1/artifacts/([^/]+)$")
+
+
+def test_the_childs_artifacts_are_uploaded_before_its_successful_report(start, caplog):
+    script = ('printf hello > "$JOB_ARTIFACTS_DIR/a.txt"; '
+              'head -c 200000 /dev/zero > "$JOB_ARTIFACTS_DIR/zeros.bin"')
+    server = Api(["sh", "-c", script])
+    run = start(server)
+    logged(caplog, "event=reported job=job1 attempt=1 status=successful")
+    assert run.stop() == 0
+    puts = server.requests(ARTIFACTS, "PUT")
+    assert [(p.rsplit("/", 1)[1], len(b)) for _m, p, b in puts] == [("a.txt", 5),
+                                                                  ("zeros.bin", 200000)]
+    assert puts[0][2] == b"hello"
+    order = [p for m, p, b in server.seen if ARTIFACTS.search(p) or STATUS.search(p)]
+    assert STATUS.search(order[-1])
+    assert "event=artifact_uploaded job=job1 attempt=1 name=zeros.bin size=200000" in caplog.text
+
+
+def test_a_failed_job_uploads_nothing(start, caplog):
+    server = Api(["sh", "-c", 'printf x > "$JOB_ARTIFACTS_DIR/a.txt"; exit 3'])
+    run = start(server)
+    logged(caplog, "event=reported job=job1 attempt=1 status=failure")
+    assert run.stop() == 0
+    assert server.requests(ARTIFACTS) == []
+
+
+def test_a_lease_lost_mid_upload_publishes_nothing(start, caplog):
+    script = 'printf a > "$JOB_ARTIFACTS_DIR/a.txt"; printf b > "$JOB_ARTIFACTS_DIR/b.txt"'
+    server = Api(["sh", "-c", script])
+    server.rules.append(lambda m, p, b: (409, {"code": "claim_superseded", "detail": "x"})
+                        if p.endswith("/artifacts/b.txt") else None)
+    run = start(server)
+    logged(caplog, "event=upload_refused job=job1 attempt=1 code=claim_superseded "
+                   "published=nothing")
+    logged(caplog, "event=abandoned")
+    assert run.stop() == 0
+    assert server.requests(STATUS) == [] and server.requests(REPORTS) == []
+    assert len(server.requests(ARTIFACTS, "PUT")) == 2
+
+
+@pytest.mark.parametrize("script, first", [
+    ('ln -s /etc/passwd "$JOB_ARTIFACTS_DIR/link"',
+     "artifact link is a symbolic link, not a regular file"),
+    ('mkdir "$JOB_ARTIFACTS_DIR/sub"', "artifact sub is a directory, not a regular file"),
+    ('touch "$JOB_ARTIFACTS_DIR/bad name"',
+     "JOB_ARTIFACTS_DIR: a file name is not 1-200 of A-Z a-z 0-9 . _ -"),
+    ('head -c 2000 /dev/zero > "$JOB_ARTIFACTS_DIR/big"', "artifact big is larger than 1000 bytes"),
+    ('for i in 1 2 3 4; do touch "$JOB_ARTIFACTS_DIR/f$i"; done',
+     "JOB_ARTIFACTS_DIR holds 4 entries; at most 3 are uploaded"),
+])
+def test_artifacts_the_agent_refuses_fail_the_job(start, caplog, script, first):
+    server = Api(["sh", "-c", script])
+    run = start(server, artifact_max_bytes=1000, artifact_max_files=3)
+    logged(caplog, "event=reported job=job1 attempt=1 status=failure")
+    assert run.stop() == 0
+    assert server.requests(STATUS)[0][2]["message"].splitlines()[0] == first
+
+
+def test_an_upload_is_retried_after_a_transient_error_and_refused_for_good_on_a_4xx(start,
+                                                                                   caplog):
+    server = Api(["sh", "-c", 'printf abc > "$JOB_ARTIFACTS_DIR/a.txt"'],
+                 ["sh", "-c", 'printf abc > "$JOB_ARTIFACTS_DIR/b.txt"'])
+    server.rules.append(answer_once(ARTIFACTS, 503, {"code": "server_error", "detail": "x"}))
+    server.rules.append(lambda m, p, b: (413, {"code": "output_too_large", "detail": "x"})
+                        if p.endswith("/artifacts/b.txt") else None)
+    run = start(server)
+    logged(caplog, "event=upload_retry job=job1 attempt=1 code=server_error")
+    logged(caplog, "event=reported job=job2 attempt=1 status=failure")
+    assert run.stop() == 0
+    puts = server.requests(re.compile(r"/artifacts/"), "PUT")
+    assert [p.rsplit("/", 1)[1] for _m, p, _b in puts] == ["a.txt", "a.txt", "b.txt"]
+    assert [b for _m, _p, b in puts[:2]] == [b"abc", b"abc"]  # resent whole
+    statuses = {p.split("/")[-2]: b["status"] for _m, p, b in server.requests(STATUS)}
+    assert statuses == {"job1": "successful", "job2": "failure"}
+    assert server.requests(STATUS)[1][2]["message"].startswith(
+        "artifact b.txt was not uploaded (output_too_large)")

@@ -396,3 +396,21 @@ def test_claim_state_and_a_heartbeat_with_a_checkpoint():
     client.heartbeat("j1", "c1", checkpoint={"offset": 10})
     assert server.seen[0][:2] == ("GET", "/v1/workspaces/ws/jobs/j1/claims/c1")
     assert server.seen[1][2] == {"claim_id": "c1", "checkpoint": {"offset": 10}}
+
+
+def test_an_empty_log_append_sends_no_range_and_answers_the_length():
+    import httpx
+    from jobqueue_client.client import AgentClient
+
+    seen = []
+
+    def server(request):
+        seen.append(request)
+        return httpx.Response(202, json={"attempt": 1, "length": 7})
+
+    client = AgentClient("http://jq.test", "ws", "ag", "jqa_0123456789ab_s",
+                         transport=httpx.MockTransport(server))
+    assert client.append_log("j", "c", b"", 7) == 7
+    assert "Content-Range" not in seen[0].headers
+    assert seen[0].headers["X-Claim-Id"] == "c"
+    client.close()

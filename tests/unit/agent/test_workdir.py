@@ -291,3 +291,33 @@ def test_live_and_foreign_dirs_are_kept(tmp_path):
     assert not os.path.exists(live)  # closed by its agent
     assert remove_stale_dirs(str(tmp_path)) == 1  # its pid is gone now
     assert not setting_up.exists()
+
+
+def test_an_artifact_is_read_as_the_size_it_had_when_opened(tmp_path, monkeypatch):
+    import errno as errno_mod
+
+    from jobqueue_client.workdir import ChildFileError, JobDir
+
+    with JobDir(str(tmp_path)) as jobdir:
+        path = os.path.join(jobdir.file("artifacts"), "a.bin")
+        with open(path, "wb") as fh:
+            fh.write(b"x" * 100_000)
+        assert jobdir.artifact_names() == ["a.bin"]
+        with jobdir.open_artifact("a.bin", 200_000) as f:
+            with open(path, "ab") as fh:
+                fh.write(b"grown")  # after it was opened: not read
+            assert b"".join(f.chunks(30_000)) == b"x" * 100_000
+        f.close()  # twice is fine
+        with jobdir.open_artifact("a.bin", 200_000) as f:
+            os.truncate(path, 10)
+            with pytest.raises(ChildFileError, match="shrank while it was read"):
+                b"".join(f.chunks())
+        with pytest.raises(ChildFileError, match="is gone"):
+            jobdir.open_artifact("missing", 10)
+        with jobdir.open_artifact("a.bin", 200_000) as f:
+            def fail(fd, n):
+                raise OSError(errno_mod.EIO, "Input/output error")
+
+            monkeypatch.setattr(os, "read", fail)
+            with pytest.raises(ChildFileError, match="could not be read"):
+                next(f.chunks())

@@ -1,0 +1,23 @@
+"""Response shapes of the job outputs endpoints (logs; docs/api.md, "Job outputs")."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+
+class LogAppendSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(help_text="The attempt whose log this is.")
+    length = serializers.IntegerField(help_text="The log's length in bytes, after this chunk.")
+
+
+class ArtifactSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    size = serializers.IntegerField(help_text="Bytes.")
+    sha256 = serializers.CharField(help_text="Hex SHA-256 of the bytes (the download's ETag).")
+    attempt = serializers.IntegerField(help_text="The attempt that uploaded it.")
+    content_type = serializers.CharField(
+        help_text="As uploaded; metadata only (downloads are application/octet-stream).")
+
+
+class ArtifactListSerializer(serializers.Serializer):
+    results = ArtifactSerializer(many=True)

@@ -1,0 +1,288 @@
+"""Job outputs: the attempt's log (agent appends, producer reads) and its artifacts (agent
+uploads, producer lists and downloads). The bodies are not JSON: a log chunk or a file is
+raw bytes, read from the request as they came; an upload streams, never held in memory."""
+
+from __future__ import annotations
+
+import re
+
+from django.http import FileResponse, HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from jobqueue.lifecycle import artifacts, logs
+
+from .. import output_serializers as os_
+from ..exceptions import PayloadTooLarge
+from ..schema import COMMON, ErrorSerializer, errors
+from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet, parse_uuid
+
+# GitLab's runner sends "0-99"; RFC 9110 writes "bytes 0-99/*" (or a total for the last).
+CONTENT_RANGE = re.compile(r"(?:bytes[ =])?(\d{1,15})-(\d{1,15})(?:/(?:\d{1,15}|\*))?")
+MAX_READ_BYTES = 16 * 1024 * 1024
+
+CLAIM_HEADER = OpenApiParameter(
+    "X-Claim-Id", OpenApiTypes.UUID, OpenApiParameter.HEADER, required=True,
+    description="The claim_id of the claim that writes.",
+)
+
+
+def claim_header(request):
+    claim_id = parse_uuid(request.headers.get("X-Claim-Id"))
+    if claim_id is None:
+        raise ValidationError({"X-Claim-Id": ["This header is required and must be a UUID."]})
+    return claim_id
+
+
+def content_range(request, size: int) -> int | None:
+    """The chunk's start from Content-Range (None without one: append at the end)."""
+    raw = request.headers.get("Content-Range")
+    if raw is None:
+        return None
+    match = CONTENT_RANGE.fullmatch(raw.strip())
+    if match is None:
+        raise ValidationError({"Content-Range": ["Must be `bytes <start>-<end>/*`."]})
+    start, end = int(match[1]), int(match[2])
+    if end - start + 1 != size:
+        raise ValidationError({"Content-Range": [
+            "Must name the body's bytes: <end> - <start> + 1 is the body's length."]})
+    return start
+
+
+def non_negative_int(request, name):
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 15:
+        raise ValidationError({name: ["Must be a non-negative integer."]})
+    return int(raw)
+
+
+class JobOutputViewSet(ApiViewSet):
+    # workspaces/{workspace_id}/jobs/{job_id}/log
+    def initial(self, request, *args, **kwargs):
+        # Not ApiViewSet's: a log chunk is raw bytes of any media type, never parsed.
+        super(ApiViewSet, self).initial(request, *args, **kwargs)
+
+    @extend_schema(
+        methods=["GET"],
+        tags=[*AGENT_TAGS, *PRODUCER_TAGS],
+        operation_id="read_log",
+        summary="An attempt's log from a byte offset (text/plain), live while it runs",
+        parameters=[
+            OpenApiParameter("attempt", OpenApiTypes.INT, required=False,
+                             description="Default: the latest attempt with a log."),
+            OpenApiParameter("offset", OpenApiTypes.INT, required=False,
+                             description="The first byte to return (default 0)."),
+        ],
+        responses={
+            (200, "text/plain"): OpenApiResponse(
+                OpenApiTypes.STR, description="The log's bytes from `offset`; headers "
+                "X-Log-Attempt and X-Log-Length say whose log and how long it is now."),
+            **errors(400, *COMMON),
+        },
+    )
+    @extend_schema(
+        methods=["PATCH"],
+        tags=AGENT_TAGS,
+        operation_id="append_log",
+        summary="Append to the claim's attempt's log (GitLab's trace protocol)",
+        parameters=[
+            CLAIM_HEADER,
+            OpenApiParameter(
+                "Content-Range", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                description="`bytes <start>-<end>/*` (end inclusive). Bytes before the log's "
+                "end are accepted unchanged; a start past it is 416. Without it: append.",
+            ),
+        ],
+        request={"text/plain": OpenApiTypes.BINARY,
+                 "application/octet-stream": OpenApiTypes.BINARY},
+        responses={
+            202: OpenApiResponse(os_.LogAppendSerializer,
+                                 description="Appended (or a repeat, accepted unchanged); "
+                                 "the Range header is `0-<length>`."),
+            416: OpenApiResponse(ErrorSerializer,
+                                 description="log_range_gap: resend from the Range header's "
+                                 "length"),
+            **errors(400, 409, 411, 413, *COMMON),
+        },
+    )
+    @action(detail=False, methods=["get", "patch"], url_path="log", url_name="log",
+            permission_classes=AGENT, name="Log")
+    def log(self, request, workspace_id, job_id):
+        job_id = self.path_uuid("job_id")
+        if request.method == "GET":
+            return self._read_log(job_id)
+        claim_id = claim_header(request)
+        data = request._request.body  # bounded by RequestSizeLimitMiddleware
+        state = logs.append_log(job_id, claim_id, data, start=content_range(request, len(data)),
+                                **self.job_scope())
+        return Response(os_.LogAppendSerializer(state).data, status=status.HTTP_202_ACCEPTED,
+                        headers={"Range": f"0-{state.length}"})
+
+    def _read_log(self, job_id):
+        attempt = non_negative_int(self.request, "attempt")
+        offset = non_negative_int(self.request, "offset") or 0
+        piece = logs.read_log(job_id, attempt=attempt, offset=offset, limit=MAX_READ_BYTES,
+                              **self.job_scope())
+        response = HttpResponse(piece.data, content_type="text/plain; charset=utf-8")
+        response["X-Log-Attempt"] = str(piece.attempt)
+        response["X-Log-Length"] = str(piece.length)
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    # --- artifacts
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="list_artifacts",
+        summary="The job's published artifact set",
+        responses={200: os_.ArtifactListSerializer, **errors(*COMMON)},
+    )
+    @action(detail=False, methods=["get"], url_path="artifacts", url_name="artifacts",
+            permission_classes=PRODUCER, name="Artifacts")
+    def artifacts(self, request, workspace_id, job_id):
+        rows = artifacts.published_artifacts(self.path_uuid("job_id"),
+                                             workspace_id=self.principal.workspace_id)
+        return Response({"results": os_.ArtifactSerializer(rows, many=True).data})
+
+    @extend_schema(
+        methods=["GET"],
+        tags=PRODUCER_TAGS,
+        operation_id="download_artifact",
+        summary="Download a published artifact (attachment, ETag = its sha256)",
+        parameters=[OpenApiParameter(
+            "Range", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+            description="`bytes=<start>-<end>` (or `<start>-`, `-<n>`): one range.")],
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="The file, streamed, with Content-Length, "
+                "ETag (its sha256), Content-Disposition: attachment and nosniff."),
+            (206, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="One range (`Range: bytes=a-b`), with "
+                "Content-Range."),
+            304: OpenApiResponse(description="If-None-Match named its ETag."),
+            416: OpenApiResponse(description="The range starts past the end (Content-Range "
+                                 "`bytes */<size>`)."),
+            **errors(*COMMON),
+        },
+    )
+    @extend_schema(
+        methods=["PUT"],
+        tags=AGENT_TAGS,
+        operation_id="upload_artifact",
+        summary="Upload a file, staged for the claim's attempt (published by its successful "
+        "report)",
+        parameters=[CLAIM_HEADER],
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={201: os_.ArtifactSerializer, **errors(400, 409, 411, 413, *COMMON)},
+    )
+    @action(detail=False, methods=["get", "put"], url_path="artifacts/<anyid:name>",
+            url_name="artifact", permission_classes=AGENT, name="Artifact")
+    def artifact(self, request, workspace_id, job_id, name):
+        job_id = self.path_uuid("job_id")
+        if request.method == "GET":
+            return self._download(job_id, name)
+        claim_id = claim_header(request)
+        stream, size = upload_stream(request._request)
+        info = artifacts.upload_artifact(
+            job_id, claim_id, name, stream, content_type=request.content_type,
+            declared_size=size, **self.job_scope())
+        return Response(os_.ArtifactSerializer(info).data, status=status.HTTP_201_CREATED)
+
+    def _download(self, job_id, name):
+        if self.principal.is_agent:
+            artifacts.fetch_job(job_id, job_agent_id=self.principal.job_agent_id)  # else 404
+            self.permission_denied(self.request)
+        row, handle = artifacts.open_artifact(job_id, name,
+                                              workspace_id=self.principal.workspace_id)
+        etag = f'"{row.sha256}"'
+        if self.request.headers.get("If-None-Match") == etag:
+            handle.close()
+            return HttpResponse(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+        wanted = byte_range(self.request.headers.get("Range"), row.size)
+        if wanted == "unsatisfiable":
+            handle.close()
+            return HttpResponse(status=status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
+                                headers={"Content-Range": f"bytes */{row.size}"})
+        if wanted is None:
+            response = FileResponse(handle, as_attachment=True, filename=row.name,
+                                    content_type="application/octet-stream")
+            response["Content-Length"] = str(row.size)
+        else:
+            start, end = wanted
+            handle.seek(start)
+            response = FileResponse(LimitedReader(handle, end - start + 1),
+                                    as_attachment=True, filename=row.name,
+                                    content_type="application/octet-stream",
+                                    status=status.HTTP_206_PARTIAL_CONTENT)
+            response["Content-Length"] = str(end - start + 1)
+            response["Content-Range"] = f"bytes {start}-{end}/{row.size}"
+        response["Accept-Ranges"] = "bytes"
+        response["ETag"] = etag
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Cache-Control"] = "private, no-transform"
+        return response
+
+
+BYTE_RANGE = re.compile(r"bytes=(\d{0,15})-(\d{0,15})")
+
+
+def byte_range(header: str | None, size: int):
+    """One range of RFC 9110 `Range: bytes=a-b` (also `a-` and the suffix `-n`): (start, end)
+    inclusive, "unsatisfiable", or None (no header, several ranges or a malformed one: the
+    whole file, as the RFC lets a server answer)."""
+    match = BYTE_RANGE.fullmatch((header or "").strip())
+    if match is None or match[1] == match[2] == "":
+        return None
+    if match[1] == "":  # the last n bytes
+        n = int(match[2])
+        return (max(0, size - n), size - 1) if n and size else "unsatisfiable"
+    start = int(match[1])
+    end = min(int(match[2]), size - 1) if match[2] else size - 1
+    if start >= size or (match[2] and int(match[2]) < start):
+        return "unsatisfiable"
+    return start, end
+
+
+class LimitedReader:
+    """The next `left` bytes of an open file, for a 206 answer."""
+
+    def __init__(self, handle, left: int):
+        self.handle, self.left = handle, left
+
+    def read(self, n=-1):
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.handle.read(n) if n else b""
+        self.left -= len(data)
+        return data
+
+    def close(self):
+        self.handle.close()
+
+
+def upload_stream(request):
+    """The request body as a stream, and its declared length (None for a chunked body). A
+    chunked body is read from the server's input when the server marks where it ends
+    (gunicorn does); elsewhere it is a 411, as for every other body (agents/middleware.py)."""
+    meta = request.META
+    raw = meta.get("CONTENT_LENGTH")
+    if raw not in (None, ""):
+        if not raw.isdigit():
+            raise ValidationError({"Content-Length": ["Must be an integer."]})
+        return request, int(raw)
+    if "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower():
+        if not meta.get("wsgi.input_terminated"):
+            raise LengthRequired()
+        return meta["wsgi.input"], None
+    return request, 0
+
+
+class LengthRequired(PayloadTooLarge):
+    status_code = status.HTTP_411_LENGTH_REQUIRED
+    default_detail = "Send a Content-Length header with the request body."
+    default_code = "length_required"

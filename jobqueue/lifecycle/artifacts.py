@@ -1,0 +1,250 @@
+"""Job artifacts: files an attempt uploads while it holds its claim, staged per claim, and
+published as the job's artifact set by that claim's accepted `successful` report, in the
+report's own statement (pg/statements.py; orm.py on SQLite). Nothing else ever publishes.
+
+An upload is three short steps, none of them holding a transaction across the transfer:
+
+1. `uploading` row: the claim must be current (the job row is locked and checked, as the
+   report checks it); the row names the storage key before a byte is written, so a crash
+   during the transfer leaves a row that clean-up finds.
+2. the body streams to the artifact storage (Django's storage API, `STORAGES["artifacts"]`)
+   in 64 KiB pieces, hashed and counted on the way, refused past MAX_ARTIFACT_BYTES.
+3. `staged`: the claim is checked again under the job row's lock, with the attempt's caps
+   (MAX_ARTIFACTS_PER_ATTEMPT files, MAX_ATTEMPT_ARTIFACT_BYTES bytes); a staged artifact of
+   the same name becomes `replaced`. A claim that ended meanwhile keeps nothing it sent.
+
+`clean_artifacts` deletes, in bounded batches, the files and rows of everything unpublished
+whose claim is no longer live (abandoned, reaped, superseded, failed attempts, crashed
+uploads) and every replaced file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from dataclasses import dataclass
+
+from django.core.files import File
+from django.core.files.storage import storages
+from django.db import transaction
+from django.db.models import Case, Count, Exists, OuterRef, Q, Sum, When
+from django.db.models.functions import Now
+
+from jobqueue import states
+from jobqueue.conf import jobqueue_settings
+from jobqueue.exceptions import InvalidInput, NotFound, OutputTooLarge
+from jobqueue.models import JobArtifact, JobClaim
+
+from .records import fetch_job, scoped_jobs
+from .refusals import refuse_one
+
+ARTIFACT = "artifact"
+NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+MEDIA_TYPE = re.compile(r"[A-Za-z0-9!#$&^_.+-]{1,100}/[A-Za-z0-9!#$&^_.+-]{1,99}")
+PIECE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    name: str
+    size: int
+    sha256: str
+    attempt: int
+    content_type: str
+
+
+@dataclass(frozen=True)
+class CleanResult:
+    deleted: int = 0
+    batches: int = 0
+
+
+def artifact_storage():
+    return storages["artifacts"]
+
+
+def artifact_name(name) -> str:
+    """A file name: 1-200 of [A-Za-z0-9._-], not `.` or `..` (never a path)."""
+    if not isinstance(name, str) or not NAME.fullmatch(name) or name in (".", ".."):
+        raise InvalidInput("Must be 1-200 characters of A-Z a-z 0-9 . _ - (no paths).",
+                           field="name")
+    return name
+
+
+def media_type(value) -> str:
+    """The media type sent with an upload (kept as metadata, never used to render), or
+    application/octet-stream for anything that is not a plain `type/subtype`."""
+    value = (value or "").split(";")[0].strip().lower()
+    return value if MEDIA_TYPE.fullmatch(value) else "application/octet-stream"
+
+
+class _Counted:
+    """A read-only, non-seekable stream over the request body that hashes and counts what
+    it hands out and refuses to go past `cap` bytes. read(n) answers n bytes unless the body
+    ends first (a storage that uploads in parts, S3's multipart, needs full parts), fetched
+    PIECE bytes at a time; read() without n answers one PIECE, never the whole body."""
+
+    closed = False
+
+    def __init__(self, stream, cap: int):
+        self.stream, self.cap = stream, cap
+        self.size = 0
+        self.hash = hashlib.sha256()
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, n=-1):
+        want = PIECE if n is None or n < 0 else n
+        parts, got = [], 0
+        while got < want:
+            data = self.stream.read(min(want - got, PIECE))
+            if not data:
+                break
+            self.size += len(data)
+            if self.size > self.cap:
+                raise OutputTooLarge(f"An artifact holds at most {self.cap} bytes.")
+            self.hash.update(data)
+            parts.append(data)
+            got += len(data)
+        return b"".join(parts)
+
+
+def _locked_job(job_id, claim_id, scope):
+    """The job, locked, if `claim_id` is its current claim; else None."""
+    return (
+        scoped_jobs(**scope)
+        .filter(id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_id)
+        .select_for_update(no_key=True, of=("self",))
+        .only("id", "attempt")
+        .first()
+    )
+
+
+def _discard(row: JobArtifact) -> None:
+    artifact_storage().delete(row.storage_key)
+    JobArtifact.objects.filter(pk=row.pk).delete()
+
+
+def upload_artifact(job_id: uuid.UUID, claim_id: uuid.UUID, name: str, stream, *,
+                    content_type: str = "", declared_size: int | None = None,
+                    workspace_id=None, job_agent_id=None) -> ArtifactInfo:
+    """Stage the body read from `stream` as the claim's artifact `name` (see the module)."""
+    name = artifact_name(name)
+    limits = jobqueue_settings()
+    cap = limits["MAX_ARTIFACT_BYTES"]
+    if declared_size is not None and declared_size > cap:
+        raise OutputTooLarge(f"An artifact holds at most {cap} bytes.")
+    scope = {"workspace_id": workspace_id, "job_agent_id": job_agent_id}
+    with transaction.atomic():
+        job = _locked_job(job_id, claim_id, scope)
+        row = None
+        if job is not None:
+            row = JobArtifact.objects.create(
+                job_id=job.id, attempt=job.attempt, claim_id=claim_id, name=name,
+                content_type=media_type(content_type),
+                storage_key=f"{job.id}/{job.attempt}/{uuid.uuid4().hex}/{name}",
+            )
+    if row is None:
+        refuse_one(job_id, claim_id, ARTIFACT, **scope)
+    body = _Counted(stream, cap)
+    try:
+        saved = artifact_storage().save(row.storage_key, File(body, name=name))
+    except BaseException:
+        _discard(row)
+        raise
+    if saved != row.storage_key:  # pragma: no cover - keys are unique; a storage may rename
+        row.storage_key = saved
+        JobArtifact.objects.filter(pk=row.pk).update(storage_key=saved)
+    try:
+        return _stage(row, claim_id, body.size, body.hash.hexdigest(), limits, scope)
+    except BaseException:
+        _discard(row)
+        raise
+
+
+def _stage(row, claim_id, size, sha256, limits, scope) -> ArtifactInfo:
+    with transaction.atomic():
+        job = _locked_job(row.job_id, claim_id, scope)
+        if job is not None:
+            others = JobArtifact.objects.filter(
+                job_id=row.job_id, claim_id=claim_id, state=JobArtifact.STAGED
+            ).exclude(name=row.name)
+            totals = others.aggregate(files=Count("id"), size=Sum("size"))
+            if (totals["files"] or 0) + 1 > limits["MAX_ARTIFACTS_PER_ATTEMPT"]:
+                raise OutputTooLarge(
+                    f"An attempt stages at most {limits['MAX_ARTIFACTS_PER_ATTEMPT']} artifacts.")
+            if (totals["size"] or 0) + size > limits["MAX_ATTEMPT_ARTIFACT_BYTES"]:
+                raise OutputTooLarge(
+                    f"An attempt stages at most {limits['MAX_ATTEMPT_ARTIFACT_BYTES']} bytes.")
+            JobArtifact.objects.filter(job_id=row.job_id, claim_id=claim_id, name=row.name,
+                                       state=JobArtifact.STAGED).update(
+                state=JobArtifact.REPLACED)
+            JobArtifact.objects.filter(pk=row.pk).update(state=JobArtifact.STAGED, size=size,
+                                                         sha256=sha256)
+            return ArtifactInfo(row.name, size, sha256, row.attempt, row.content_type)
+    refuse_one(row.job_id, claim_id, ARTIFACT, **scope)
+    raise NotFound("No such job.")  # pragma: no cover - refuse_one raises for an upload
+
+
+def publish(job_id: uuid.UUID, claim_id: uuid.UUID) -> None:
+    """Make the claim's staged artifacts the job's artifact set (the ORM path of an accepted
+    successful report, inside its transaction; PostgreSQL does it in the report's
+    statement). An earlier published set (a job requeued after success) is unpublished."""
+    mine = Q(claim_id=claim_id, state=JobArtifact.STAGED)
+    JobArtifact.objects.filter(Q(job_id=job_id) & (mine | Q(published_at__isnull=False))).update(
+        published_at=Case(When(mine, then=Now()), default=None))
+
+
+def published_artifacts(job_id: uuid.UUID, *, workspace_id=None):
+    """The job's published artifact set, by name."""
+    job = fetch_job(job_id, workspace_id=workspace_id)
+    return list(JobArtifact.objects.filter(job_id=job.id, published_at__isnull=False)
+                .order_by("name"))
+
+
+def open_artifact(job_id: uuid.UUID, name: str, *, workspace_id=None):
+    """(the published artifact `name`, its file opened for reading), or NotFound."""
+    job = fetch_job(job_id, workspace_id=workspace_id)
+    row = None
+    if NAME.fullmatch(name):
+        row = JobArtifact.objects.filter(job_id=job.id, name=name,
+                                         published_at__isnull=False).first()
+    if row is None:
+        raise NotFound("No such artifact.")
+    return row, artifact_storage().open(row.storage_key, "rb")
+
+
+def unpublished_garbage():
+    """Artifacts that can never be published: replaced, or of a claim no longer live."""
+    live = JobClaim.objects.filter(job_id=OuterRef("job_id"), claim_id=OuterRef("claim_id"))
+    return JobArtifact.objects.filter(published_at__isnull=True).filter(
+        Q(state=JobArtifact.REPLACED) | ~Exists(live))
+
+
+def clean_artifacts(batch_size: int, *, max_batches: int | None = None,
+                    dry_run: bool = False) -> CleanResult:
+    """Delete the files, then the rows, of unpublished_garbage(), `batch_size` at a time.
+
+    No transaction is held across the storage: a row found here can never become published
+    (its claim is gone), so it is read, its file deleted, then the row deleted. A crash in
+    between leaves the row, and the next run deletes the (missing) file again."""
+    if dry_run:
+        return CleanResult(deleted=unpublished_garbage().count())
+    deleted = batches = 0
+    storage = artifact_storage()
+    while max_batches is None or batches < max_batches:
+        rows = list(unpublished_garbage().order_by("id").values_list("id", "storage_key")
+                    [:batch_size])
+        if not rows:
+            break
+        batches += 1
+        for _id, key in rows:
+            storage.delete(key)
+        n, _ = JobArtifact.objects.filter(id__in=[r[0] for r in rows],
+                                          published_at__isnull=True).delete()
+        deleted += n
+        if len(rows) < batch_size:
+            break
+    return CleanResult(deleted=deleted, batches=batches)

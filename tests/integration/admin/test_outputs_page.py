@@ -1,0 +1,60 @@
+"""The admin job page shows each attempt's log tail, latest first, without the secrets of
+the job's dispatch_context even when the agent printed them."""
+
+import pytest
+from django.urls import reverse
+
+from jobqueue import lifecycle
+from jobqueue.admin import jobs as job_admin
+from jobqueue.lifecycle import logs
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_job_page_shows_each_attempts_log_tail(op_client, agent, monkeypatch):
+    job = JobFactory(job_agent=agent, dispatch_context={"env": {"TOKEN": "hunter2-secret"},
+                                                        "list": ["tok-in-list"], "n": 5})
+    grant = lifecycle.claim_job(agent, job.id)
+    logs.append_log(job.id, grant.claim_id, b"first attempt <b>bold</b>\n")
+    lifecycle.release_job(job.id, grant.claim_id)
+    grant = lifecycle.claim_job(agent, job.id)
+    monkeypatch.setattr(job_admin, "LOG_TAIL_BYTES", 40)
+    logs.append_log(job.id, grant.claim_id,
+                    b"x" * 100 + b" using hunter2-secret and tok-in-list, done\n")
+    page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "attempt 2 (144 bytes)" in page and "attempt 1 (26 bytes)" in page
+    assert page.index("attempt 2 (144") < page.index("attempt 1 (")
+    assert "…" in page  # the second attempt's log is cut to its tail
+    assert "x" * 50 not in page
+    assert "&lt;b&gt;bold&lt;/b&gt;" in page  # escaped, never rendered
+    assert "hunter2-secret" not in page and "tok-in-list" not in page
+    assert "[redacted]" in page
+
+
+def test_a_job_without_a_log_says_so(op_client, agent):
+    job = JobFactory(job_agent=agent)
+    page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "No log." in page and "No artifacts." in page
+
+
+def test_the_job_page_lists_its_artifacts_by_attempt_and_state(op_client, agent, settings,
+                                                               tmp_path):
+    import io
+
+    from jobqueue import states
+    from jobqueue.lifecycle import artifacts
+
+    settings.STORAGES = {**settings.STORAGES, "artifacts": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(tmp_path)}}}
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id)
+    artifacts.upload_artifact(job.id, grant.claim_id, "stale.txt", io.BytesIO(b"1"))
+    lifecycle.release_job(job.id, grant.claim_id)
+    grant = lifecycle.claim_job(agent, job.id)
+    artifacts.upload_artifact(job.id, grant.claim_id, "win.txt", io.BytesIO(b"22"))
+    lifecycle.report_status(job.id, grant.claim_id, states.SUCCESSFUL)
+    page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "<td>win.txt</td><td>2</td><td>published</td><td>2</td>" in page
+    assert "<td>stale.txt</td><td>1</td><td>staged</td><td>1</td>" in page
