@@ -107,6 +107,7 @@ class BatchReportItem(StatusInput):
 
     job_id = StrictUUIDField()
     status = StrictChoiceField(choices=sorted(lifecycle.BATCH_REPORT_STATUSES))
+    checkpoint = None  # final statuses only: a checkpoint rides on progress reports
 
     class Meta:
         ref_name = "BatchReportItem"

@@ -35,6 +35,15 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class StrictCharField(serializers.CharField):
+    """Text given as a string (DRF's field would also take a number)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class StrictBooleanField(serializers.BooleanField):
     """true or false, as JSON booleans only (DRF's field also takes "yes", 1, "on"...)."""
 
@@ -85,6 +94,7 @@ class JobSummarySerializer(serializers.Serializer):
     job_agent_id = serializers.UUIDField()
     status = serializers.ChoiceField(choices=states.CHOICES)
     external_id = serializers.CharField(allow_blank=True)
+    group = serializers.CharField(allow_null=True)
     attempt = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     priority = serializers.IntegerField()
@@ -244,6 +254,9 @@ class ClaimInfoSerializer(serializers.Serializer):
         help_text="Suggested heartbeat interval (lease_seconds / 3 by default)."
     )
     server_time = serializers.DateTimeField(help_text="The database's clock at the claim.")
+    checkpoint = serializers.JSONField(
+        allow_null=True, help_text="The latest checkpoint an earlier attempt saved (null: none)."
+    )
 
     class Meta:
         ref_name = "ClaimInfo"
@@ -264,6 +277,23 @@ class BatchClaimResponseSerializer(serializers.Serializer):
         ref_name = "BatchClaimResponse"
 
 
+HOLDER_HELP = ("The agent process claiming (e.g. host and pid), up to 200 printable "
+               "characters. Kept on the claim for operators (the admin); never in an answer.")
+
+
+class ClaimInput(serializers.Serializer):
+    holder = StrictCharField(required=False, allow_blank=True, max_length=200,
+                             trim_whitespace=False, help_text=HOLDER_HELP)
+    expected_attempt = serializers.IntegerField(
+        required=False, min_value=0, max_value=INT32_MAX,
+        help_text="Claim only while the job's `attempt` still equals this (else 409 "
+        "job_not_claimable).",
+    )
+
+    class Meta:
+        ref_name = "Claim"  # the request body: ClaimRequest
+
+
 class ClaimNextInput(serializers.Serializer):
     limit = serializers.IntegerField(
         required=False,
@@ -281,16 +311,63 @@ class ClaimNextInput(serializers.Serializer):
         "becomes claimable for this agent, then claim it; after the wait, 204 (or "
         "{\"claims\": []}). A server holding its maximum of waits answers at once.",
     )
+    holder = StrictCharField(required=False, allow_blank=True, max_length=200,
+                             trim_whitespace=False, help_text=HOLDER_HELP)
 
     class Meta:
         ref_name = "ClaimNext"
 
 
+class ClaimCheckSerializer(serializers.Serializer):
+    """A claim's state, read-only. Current claims carry attempt, lease_state and
+    claim_expires_at; others carry code (and final_status when the claim ended the job)."""
+
+    current = serializers.BooleanField()
+    server_time = serializers.DateTimeField(help_text="The database's clock.")
+    attempt = serializers.IntegerField(required=False)
+    lease_state = serializers.ChoiceField(
+        choices=["active", "expired"], required=False,
+        help_text="`expired`: past its expiry, not yet reaped (a terminal report or a release "
+        "is still accepted; a heartbeat is not).",
+    )
+    claim_expires_at = serializers.DateTimeField(required=False)
+    code = serializers.ChoiceField(
+        choices=["claim_superseded", "deadline_exceeded", "job_cancelled", "job_finished"],
+        required=False,
+        help_text="The 409 code a write with this claim_id would get.",
+    )
+    final_status = serializers.ChoiceField(
+        choices=sorted(states.TERMINAL), required=False,
+        help_text="The job's final status, when this claim's own report ended it.",
+    )
+
+    class Meta:
+        ref_name = "ClaimCheck"
+
+    def to_representation(self, check):
+        body = {"current": check.current, "server_time": check.server_time}
+        if check.current:
+            body.update(attempt=check.attempt, lease_state=check.lease_state,
+                        claim_expires_at=check.claim_expires_at)
+        else:
+            body["code"] = check.code
+            if check.final_status is not None:
+                body["final_status"] = check.final_status
+        return {k: (self.fields[k].to_representation(v) if v is not None else v)
+                for k, v in body.items()}
+
+
 # --- agent writes ------------------------------------------------------------------------
+
+
+CHECKPOINT_HELP = ("Any JSON (not null), up to JOBQUEUE_MAX_CHECKPOINT_BYTES (64 KiB): "
+                   "saved for the next attempt, which gets it as `claim.checkpoint`.")
 
 
 class HeartbeatInput(serializers.Serializer):
     claim_id = StrictUUIDField()
+    checkpoint = serializers.JSONField(required=False, allow_null=True,
+                                       help_text=CHECKPOINT_HELP)
 
     class Meta:
         ref_name = "Heartbeat"
@@ -321,6 +398,8 @@ class StatusInput(serializers.Serializer):
     external_id = serializers.CharField(
         required=False, allow_blank=True, max_length=255, trim_whitespace=False
     )
+    checkpoint = serializers.JSONField(required=False, allow_null=True,
+                                       help_text="Progress reports only. " + CHECKPOINT_HELP)
     retry = StrictBooleanField(
         required=False, default=False,
         help_text="With status `failure`: a retryable failure. While attempts remain the job "
@@ -389,6 +468,11 @@ class JobCreateInput(serializers.Serializer):
     hold = serializers.BooleanField(
         required=False, default=False, help_text="Create as `pending`: dispatch it later."
     )
+    group = StrictCharField(
+        required=False, allow_null=True, min_length=1, max_length=200, trim_whitespace=False,
+        help_text='The job\'s group (a run): 1 to 200 printable characters without "/". '
+        "A cancelled group takes no new jobs (409 group_cancelled).",
+    )
 
     class Meta:
         ref_name = "JobCreate"
@@ -399,6 +483,26 @@ class ReasonInput(serializers.Serializer):
 
     class Meta:
         ref_name = "Reason"
+
+
+class GroupSerializer(serializers.Serializer):
+    group = serializers.CharField()
+    counts = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Jobs of the group by status (every status)."
+    )
+    finished = serializers.BooleanField(help_text="No job of the group is pending, queued or "
+                                        "in progress.")
+    cancelled_at = serializers.DateTimeField(allow_null=True)
+
+    class Meta:
+        ref_name = "Group"
+
+
+class GroupCancelSerializer(serializers.Serializer):
+    cancelled = serializers.IntegerField(help_text="Jobs this call cancelled.")
+
+    class Meta:
+        ref_name = "GroupCancelResponse"
 
 
 class HealthSerializer(serializers.Serializer):
@@ -501,7 +605,7 @@ JobListItemPage = page_of(JobListItemSerializer, "JobListItemPage")
 JobAgentPage = page_of(JobAgentSerializer, "JobAgentPage")
 
 # The producer list loads only what it shows (never the bulky columns).
-JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", "attempt",
+JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", "group", "attempt",
                  "max_attempts", "priority", "available_at", "created_at", "started_at",
                  "completed_at", "updated_at", "idempotency_key"]
 

@@ -13,7 +13,14 @@ from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
-from .views import JobAgentViewSet, JobOutputViewSet, JobViewSet, TokenViewSet, WebhookViewSet
+from .views import (
+    GroupViewSet,
+    JobAgentViewSet,
+    JobOutputViewSet,
+    JobViewSet,
+    TokenViewSet,
+    WebhookViewSet,
+)
 
 
 class AnyId:
@@ -52,6 +59,7 @@ router = WorkspaceRouter()
 router.register(W + "job-agents", JobAgentViewSet, basename="agent")
 router.register(W + "job-agents/<anyid:agent_id>/tokens", TokenViewSet, basename="agent-token")
 router.register(W + "jobs", JobViewSet, basename="job")
+router.register(W + "groups", GroupViewSet, basename="group")
 router.register(W + "webhooks", WebhookViewSet, basename="webhook")
 router.register(W + "jobs/<anyid:job_id>", JobOutputViewSet, basename="job-output")
 

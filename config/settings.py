@@ -228,6 +228,10 @@ JOBQUEUE = {
     # PostgreSQL: the listener's own connection (LISTEN needs a session: behind PgBouncer
     # in transaction mode, name a direct connection). Default: DATABASE_URL's database.
     "LISTEN_DATABASE_URL": env.str("JOBQUEUE_LISTEN_DATABASE_URL", default=""),
+    # A group's cancel runs in transactions of at most this many jobs.
+    "GROUP_CANCEL_BATCH": env.int("JOBQUEUE_GROUP_CANCEL_BATCH", 500),
+    # Largest checkpoint (its JSON text, bytes) a heartbeat or progress report may carry.
+    "MAX_CHECKPOINT_BYTES": env.int("JOBQUEUE_MAX_CHECKPOINT_BYTES", 64 * 1024),
     # Retryable failures ({"status": "failure", "retry": true}): the job waits
     # retry_backoff_seconds (this default unless the job sets its own) doubled per attempt,
     # at most MAX_RETRY_BACKOFF_SECONDS (also the bound of a job's retry_backoff_seconds),

@@ -20,6 +20,10 @@ DEFAULTS = {
     "WAIT_RECHECK_SECONDS": 2.0,
     "WAKE_FILE_POLL_SECONDS": 0.02,
     "LISTEN_DATABASE_URL": "",
+    # A group's cancel: how many jobs each of its transactions cancels.
+    "GROUP_CANCEL_BATCH": 500,
+    # Largest checkpoint (its JSON text, in bytes) a heartbeat or progress report may carry.
+    "MAX_CHECKPOINT_BYTES": 64 * 1024,
     "RETRY_BACKOFF_SECONDS": 10,
     "MAX_RETRY_BACKOFF_SECONDS": 3600,
     "RETRY_JITTER": 0.0,

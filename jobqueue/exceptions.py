@@ -76,6 +76,11 @@ class IdempotencyKeyReused(JobQueueError):
     default_detail = "This Idempotency-Key was already used with a different request body."
 
 
+class GroupCancelled(Conflict):
+    code = "group_cancelled"
+    default_detail = "The job's group was cancelled; it takes no new jobs and no requeues."
+
+
 class LogRangeGap(JobQueueError):
     """A log chunk that starts past the log's end: the agent resends from `length`."""
 

@@ -118,6 +118,9 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     message = models.TextField(blank=True, default="")
     external_id = models.CharField(max_length=255, blank=True, default="")
+    # The producer's group (a run, a pipeline): None when the job belongs to none. Never
+    # changes once the job exists. Its cancelled mark lives on JobGroup.
+    group = models.CharField(max_length=200, null=True, blank=True, db_column="group_name")
     # attempt counts claims; never goes down. max_attempts is the reaper's limit.
     attempt = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()
@@ -183,6 +186,13 @@ class Job(models.Model):
                 condition=~Q(external_id=""),
                 name="job_external_id_idx",
             ),
+            # GET jobs?group=, a group's counts and its cancel. Partial: ungrouped jobs (and
+            # their updates) stay out of it.
+            models.Index(
+                fields=["workspace", "group", "status"],
+                condition=Q(group__isnull=False),
+                name="job_group_idx",
+            ),
             # The reaper's sweep of jobs that expired before they ran. Partial: a job without
             # expires_at never enters it, and one leaves it when it is claimed.
             models.Index(
@@ -215,6 +225,33 @@ class Job(models.Model):
         return jobqueue_settings()["RETRY_BACKOFF_SECONDS"]
 
 
+class JobGroup(models.Model):
+    """A group of jobs as a whole: written when its first job is created, and once more when
+    it is cancelled. Its row is the lock that orders a group's cancel against the creates and
+    requeues into it (jobqueue/lifecycle/groups.py): they hold it FOR SHARE, the cancel
+    marks it with an UPDATE."""
+
+    id = models.BigAutoField(primary_key=True)
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.CASCADE, related_name="job_groups", db_index=False
+    )
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.CharField(max_length=200, blank=True, default="")
+    cancel_reason = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        db_table = "job_group"
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="job_group_name_unique"),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
 class JobClaimQuerySet(models.QuerySet):
     def expired(self):
         """Claims whose lease has expired and that the reaper has not taken yet."""
@@ -242,6 +279,12 @@ class JobClaim(models.Model):
     claimed_at = models.DateTimeField(db_default=Now())
     claim_expires_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The agent process that holds the claim, as it named itself (e.g. host and pid). For
+    # operators (the admin) only: no API answer shows it.
+    holder = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # The agent's Idempotency-Key of the claim-next that made this claim: a retry with the
+    # same key by the same agent gets this claim back. It lives (and ends) with the claim.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # When a clock ends this attempt: the earlier of claimed_at + the job's
     # max_runtime_seconds and its expires_at (None: neither). The lease never runs past it
     # (claims and heartbeats cap claim_expires_at), so the reaper finds the attempt then.
@@ -251,9 +294,42 @@ class JobClaim(models.Model):
 
     class Meta:
         db_table = "job_claim"
+        indexes = [
+            # A keyed claim-next's replay lookup. Partial: claims without a key stay out, and
+            # no column a heartbeat writes is indexed (heartbeats stay HOT updates).
+            models.Index(
+                fields=["job_agent", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_claim_idempotency_idx",
+            ),
+        ]
 
     def __str__(self):
         return f"claim on {self.job_id} (attempt {self.attempt})"
+
+
+class JobCheckpoint(models.Model):
+    """The latest checkpoint an attempt saved (a heartbeat or a progress report carrying
+    `checkpoint`, with the current claim_id), handed to the claim of every later attempt.
+
+    Its own table, so that a heartbeat still writes only claim-side rows (never `job`) and
+    the claim's end (report, release, reap, cancel, requeue, any clock) needs no copy: the
+    row outlives the claim. One row per job, replaced only by an attempt at least as recent
+    as the one that wrote it. claim_id is never shown."""
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="checkpoint"
+    )
+    claim_id = models.UUIDField()
+    attempt = models.PositiveIntegerField()
+    data = models.JSONField()
+    saved_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "job_checkpoint"
+
+    def __str__(self):
+        return f"checkpoint of {self.job_id} (attempt {self.attempt})"
 
 
 class JobEvent(models.Model):
@@ -300,6 +376,9 @@ class JobEvent(models.Model):
     # The claim this event concerns, for audits of fencing (never exposed over the API).
     claim_id = models.UUIDField(null=True, blank=True)
     detail = models.JSONField(default=dict, blank=True)
+    # The claim's holder (the agent process) on the events of a claim that named one. Kept
+    # out of `detail`: the public timeline (GET jobs/{id}) never shows it; the admin does.
+    holder = models.CharField(max_length=200, blank=True, default="", db_default="")
     created_at = models.DateTimeField(db_default=Now())
     # Refused writes are recorded once per job, attempt, operation and code: `refusal` is
     # "<operation>:<code>" on those events (NULL on every other), `count` how many refusals

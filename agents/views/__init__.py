@@ -5,10 +5,12 @@ Agent actions accept an agent token (its own agent and jobs only) or the workspa
 the others need the key.
 """
 
+from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
 from .outputs import JobOutputViewSet
 from .tokens import TokenViewSet
 from .webhooks import WebhookViewSet
 
-__all__ = ["JobAgentViewSet", "JobOutputViewSet", "JobViewSet", "TokenViewSet", "WebhookViewSet"]
+__all__ = ["GroupViewSet", "JobAgentViewSet", "JobOutputViewSet", "JobViewSet", "TokenViewSet",
+           "WebhookViewSet"]

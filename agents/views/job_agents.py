@@ -4,7 +4,13 @@ many jobs at once (agent token or workspace key)."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -140,23 +146,33 @@ class JobAgentViewSet(ApiViewSet):
         tags=AGENT_TAGS,
         operation_id="claim_job",
         summary="Claim this job (at most once)",
-        request=None,
+        request=s.ClaimInput,
         responses={
             200: s.ClaimResponseSerializer,
-            **errors(409, 411, 413, 415, *COMMON),
+            **errors(409, *WITH_BODY, *COMMON),
         },
     )
     @action(detail=True, methods=["post"], url_path="jobs/<anyid:job_id>/claim",
             url_name="claim", permission_classes=AGENT, name="Claim Job")
     def claim(self, request, workspace_id, agent_id, job_id):
+        body = request.data
+        data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimInput)
         agent = self.agent_in_path()
-        grant = lifecycle.claim_job(agent, self.path_uuid("job_id"))
+        grant = lifecycle.claim_job(agent, self.path_uuid("job_id"), holder=data.get("holder"),
+                                    expected_attempt=data.get("expected_attempt"))
         return Response(claim_body(grant))
 
     @extend_schema(
         tags=AGENT_TAGS,
         operation_id="claim_next_job",
         summary="Claim the next job (SKIP LOCKED), or a batch with {\"limit\": N}",
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                description="1-255 printable characters. A retry with the same key by the same "
+                "agent gets the claim(s) the key made back while they are current.",
+            )
+        ],
         request=s.ClaimNextInput,
         responses={
             200: PolymorphicProxySerializer(
@@ -175,13 +191,17 @@ class JobAgentViewSet(ApiViewSet):
         body = request.data
         data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimNextInput)
         agent = self.agent_in_path()
+        holder = data.get("holder")
+        key = request.headers.get("Idempotency-Key")
         if data.get("wait_seconds"):
             grants = lifecycle.claim_next_waiting(agent, data.get("limit"), data["wait_seconds"],
-                                                  gone=client_gone(request))
+                                                  gone=client_gone(request), holder=holder,
+                                                  idempotency_key=key)
         elif "limit" in data:
-            grants = lifecycle.claim_next_jobs(agent, data["limit"])
+            grants = lifecycle.claim_next_jobs(agent, data["limit"], holder=holder,
+                                               idempotency_key=key)
         else:
-            grant = lifecycle.claim_next_job(agent)
+            grant = lifecycle.claim_next_job(agent, holder=holder, idempotency_key=key)
             grants = [grant] if grant else []
         if "limit" in data:
             return Response({"claims": [claim_body(g) for g in grants]})

@@ -50,6 +50,8 @@ class JobViewSet(ApiViewSet):
         parameters=[
             STATUS_PARAM,
             OpenApiParameter("job_agent_id", OpenApiTypes.UUID, required=False),
+            OpenApiParameter("group", OpenApiTypes.STR, required=False,
+                             description="Only the jobs of this group."),
             *PAGE_PARAMS,
         ],
         responses={200: s.JobPage, **errors(400, *COMMON)},
@@ -65,6 +67,9 @@ class JobViewSet(ApiViewSet):
             if agent_id is None:
                 raise ValidationError({"job_agent_id": ["Must be a valid UUID."]})
             jobs = jobs.filter(job_agent_id=agent_id)
+        group = request.query_params.get("group")
+        if group is not None:
+            jobs = jobs.filter(group=group)
         return self.paginated(NewestFirst, jobs.only(*s.JOB_LIST_ONLY), s.JobSummarySerializer)
 
     @extend_schema(
@@ -84,7 +89,7 @@ class JobViewSet(ApiViewSet):
         responses={
             201: s.JobSerializer,
             200: OpenApiResponse(s.JobSerializer, description="Idempotent replay."),
-            **errors(422, *WITH_BODY, *COMMON),
+            **errors(409, 422, *WITH_BODY, *COMMON),
         },
     )
     def create(self, request, workspace_id):
@@ -109,6 +114,7 @@ class JobViewSet(ApiViewSet):
             expires_at=data.get("expires_at"),
             external_id=data["external_id"],
             idempotency_key=request.headers.get("Idempotency-Key"),
+            group=data.get("group"),
             hold=data["hold"],
             actor=self.principal.actor,
         )
@@ -190,14 +196,29 @@ class JobViewSet(ApiViewSet):
         )
         return Response(s.represent(s.JobSerializer, job))
 
-    # --- the claim holder's writes
+    # --- the claim holder's reads and writes
+
+    @extend_schema(
+        tags=AGENT_TAGS,
+        operation_id="get_claim_state",
+        summary="Is this claim current? Read-only: never extends the lease, writes nothing",
+        parameters=[OpenApiParameter("claim_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+        responses={200: s.ClaimCheckSerializer, **errors(*COMMON)},
+    )
+    @action(detail=True, methods=["get"], url_path="claims/<anyid:claim_id>",
+            url_name="claim-state", permission_classes=AGENT, name="Claim State")
+    def claim_state(self, request, workspace_id, job_id, claim_id):
+        check = lifecycle.claim_state(self.path_uuid("job_id"), self.path_uuid("claim_id"),
+                                      **self.job_scope())
+        return Response(s.represent(s.ClaimCheckSerializer, check))
 
     @write_schema(AGENT_TAGS, "heartbeat", "Extend the lease (never revives an expired one)",
                   s.HeartbeatInput, s.HeartbeatResponseSerializer, 409)
     @action(detail=True, methods=["post"], permission_classes=AGENT, name="Heartbeat")
     def heartbeat(self, request, workspace_id, job_id):
         data = self.validated(s.HeartbeatInput)
-        result = lifecycle.heartbeat(self.path_uuid("job_id"), data["claim_id"], **self.job_scope())
+        result = lifecycle.heartbeat(self.path_uuid("job_id"), data["claim_id"],
+                                     checkpoint=data.get("checkpoint"), **self.job_scope())
         return Response(s.represent(s.HeartbeatResponseSerializer, result))
 
     @write_schema(AGENT_TAGS, "report_status",
@@ -215,6 +236,7 @@ class JobViewSet(ApiViewSet):
             result=data.get("result"),
             external_id=data.get("external_id"),
             retry=data["retry"],
+            checkpoint=data.get("checkpoint"),
             **self.job_scope(),
         )
         return Response(s.represent(s.JobSerializer, job))

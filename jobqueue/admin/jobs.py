@@ -9,12 +9,15 @@ tokens) are never rendered either, nor filterable from the query string.
 from __future__ import annotations
 
 import json
+import logging
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import F, Q
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Now
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
@@ -22,10 +25,13 @@ from jobqueue import history, lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
 from jobqueue.lifecycle import logs
-from jobqueue.models import Job, JobArtifact, JobEvent
+from jobqueue.models import Job, JobArtifact, JobEvent, JobGroup
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
 from .recovery import RecoveryViews
+
+log = logging.getLogger("jobqueue.admin")
+RECENT_GROUPS = 20
 
 
 def expiring_soon_cutoff():
@@ -62,6 +68,22 @@ class LeaseStateFilter(admin.SimpleListFilter):
         return queryset
 
 
+class GroupFilter(admin.SimpleListFilter):
+    """By group: the most recent groups are offered; any group works as `?group=<name>`."""
+
+    title = "group"
+    parameter_name = "group"
+
+    def lookups(self, request, model_admin):
+        names = JobGroup.objects.order_by("-created_at").values_list("name", flat=True)
+        recent = list(dict.fromkeys(names[: RECENT_GROUPS * 2]))[:RECENT_GROUPS]
+        return [(name, name) for name in recent]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        return queryset.filter(group=value) if value else queryset
+
+
 # The job list shows none of the columns a job may hold in bulk (result and message up to
 # their caps, the producer's job_agent_config): it never loads them.
 LIST_DEFERRED = ("result", "message", "job_agent_config")
@@ -78,16 +100,17 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "id",
         "job_agent",
         "status",
+        "group",
         "attempts",
         "lease",
         "last_heartbeat",
         "created_at",
     ]
-    list_filter = ["status", "job_agent", "workspace", LeaseStateFilter]
+    list_filter = ["status", "job_agent", "workspace", GroupFilter, LeaseStateFilter]
     list_select_related = ["job_agent", "claim"]
     search_fields = ["=id", "=idempotency_key", "=external_id"]
     search_help_text = "Search by job id, idempotency key or external id (exact)."
-    actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed"]
+    actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed", "cancel_groups"]
     show_full_result_count = False
     # Never filterable from the query string: a `?dispatch_context__key__startswith=` would
     # be a character-by-character oracle on a secret (and the same for the fencing token).
@@ -103,6 +126,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         "workspace",
         "job_agent",
         "status",
+        "group",
         "attempts",
         "priority",
         "retry_backoff",
@@ -228,6 +252,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
                   "expires_at: the lease never runs past it)"),
             ("last heartbeat", describe_age(claim.heartbeat_at, now, never="none yet")),
             ("agent", claim.job_agent_id),
+            ("holder", claim.holder or "—"),
         ]
         return format_html(
             '<table class="jq-claim">{}</table>',
@@ -297,7 +322,8 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         time order, with links to older and newer pages (keyset on the event id)."""
         before = getattr(obj, "timeline_before", None)
         events = JobEvent.objects.filter(job_id=obj.pk).only(
-            "id", "created_at", "kind", "attempt", "actor", "detail", "count", "last_at"
+            "id", "created_at", "kind", "attempt", "actor", "detail", "count", "last_at",
+            "holder",
         )
         total = events.count()
         page = events.filter(id__lt=before) if before else events
@@ -310,6 +336,7 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
                 e.get_kind_display(),
                 e.attempt,
                 e.actor or "—",
+                e.holder or "—",
                 _format_detail(e.detail),
                 _format_count(e),
             )
@@ -327,14 +354,15 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         return format_html(
             '<p class="jq-timeline-page">{} of {} events{}</p>'
             '<table class="jq-timeline"><thead><tr><th>time (UTC)</th><th>event</th>'
-            "<th>attempt</th><th>actor</th><th>detail</th><th>times</th></tr></thead>"
-            "<tbody>{}</tbody></table>",
+            "<th>attempt</th><th>actor</th><th>holder</th><th>detail</th><th>times</th></tr>"
+            "</thead><tbody>{}</tbody></table>",
             len(page),
             total,
             format_html(" · {}", format_html_join(" · ", "{}", ((link,) for link in links)))
             if links else "",
             format_html_join(
-                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                "<td>{}</td></tr>",
                 rows,
             ),
         )
@@ -397,6 +425,11 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         self._run_action(request, queryset, lifecycle.mark_failed, "Marked failed",
                          "Marked failed from the admin.")
 
+    @admin.action(description="Cancel the groups of the selected jobs (asks first)",
+                  permissions=["change"])
+    def cancel_groups(self, request, queryset):
+        return confirm_cancel_groups(self, request, queryset)
+
 
 LOG_TAIL_BYTES = 4096
 
@@ -435,4 +468,52 @@ def _format_detail(detail) -> str:
     if not isinstance(detail, dict) or not detail:
         return ""
     return ", ".join(f"{k}={v}" for k, v in sorted(detail.items()))
+
+
+
+def _cancel_groups_confirmed(model_admin, request, groups):
+    actor = operator_actor(request)
+    total = 0
+    for group in groups:
+        n = lifecycle.cancel_group(group.workspace_id, group.name, actor=actor,
+                                   reason="Cancelled from the admin.")
+        total += n
+        model_admin.log_change(request, group,
+                               f"Group {group.name} cancelled by {actor}: {n} job(s) cancelled.")
+        log.info("group cancelled from the admin: workspace=%s group=%s actor=%s jobs=%d",
+                 group.workspace_id, group.name, actor, n)
+    model_admin.message_user(
+        request, f"Cancelled {len(groups)} group(s): {total} job(s) cancelled.", messages.SUCCESS
+    )
+
+
+def confirm_cancel_groups(model_admin, request, queryset):
+    """A confirmation page listing the groups and their live jobs, then each group's cancel
+    through the lifecycle (logged: an admin LogEntry per group, and the jobqueue.admin log)."""
+    keys = set(queryset.exclude(group=None).values_list("workspace_id", "group"))
+    if not keys:
+        model_admin.message_user(request, "None of the selected jobs belongs to a group.",
+                                 messages.WARNING)
+        return None
+    q = Q()
+    for workspace_id, name in keys:
+        q |= Q(workspace_id=workspace_id, name=name)
+    groups = list(JobGroup.objects.filter(q).select_related("workspace").order_by("name"))
+    if request.POST.get("confirm") == "yes":
+        _cancel_groups_confirmed(model_admin, request, groups)
+        return None
+    for group in groups:
+        group.live_jobs = Job.objects.filter(
+            workspace_id=group.workspace_id, group=group.name, status__in=states.ACTIVE
+        ).count()
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Cancel these groups?",
+        "opts": model_admin.opts,
+        "groups": groups,
+        "queryset": queryset,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "changelist_url": reverse("admin:jobqueue_job_changelist"),
+    }
+    return TemplateResponse(request, "admin/jobqueue/cancel_groups_confirm.html", context)
 

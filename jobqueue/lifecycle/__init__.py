@@ -10,6 +10,8 @@ One function per transition, each in the module that names it:
     report.py    report_status, report_many
     operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
     pause.py     pause_job_agent, resume_job_agent (claims hand out nothing while paused)
+    reconcile.py claim_state (read-only: is a claim_id current, and if not, why)
+    groups.py    group_state, cancel_group (bounded batches), hold_group (create, requeue)
     reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
                  (jobqueue.reaper loops them)
     logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
@@ -58,6 +60,7 @@ from .claim import (
     wait_for_job_end,
 )
 from .create import create_job, create_job_agent, dispatch_job
+from .groups import cancel_group, group_state
 from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
 from .inputs import lease_seconds as validate_lease_seconds
 from .inputs import max_attempts as validate_max_attempts
@@ -68,11 +71,14 @@ from .operator import cancel_job, mark_failed, requeue_job
 from .orm import claim_candidates
 from .pause import is_paused, pause_job_agent, resume_job_agent
 from .reap import count_expired_claims, expire_overdue_jobs_once, reap_expired_claims_once
+from .reconcile import claim_state
 from .report import report_many, report_status
 from .results import (
     BatchHeartbeatResult,
     BatchReportResult,
+    ClaimCheck,
     ClaimGrant,
+    GroupState,
     HeartbeatOutcome,
     HeartbeatResult,
     ReapResult,
@@ -83,7 +89,9 @@ __all__ = [
     "BATCH_REPORT_STATUSES",
     "BatchHeartbeatResult",
     "BatchReportResult",
+    "ClaimCheck",
     "ClaimGrant",
+    "GroupState",
     "ClaimRef",
     "HeartbeatOutcome",
     "HeartbeatResult",
@@ -91,17 +99,20 @@ __all__ = [
     "ReportItem",
     "ReportOutcome",
     "agent_actor",
+    "cancel_group",
     "cancel_job",
     "claim_candidates",
     "claim_job",
     "claim_next_job",
     "claim_next_jobs",
     "claim_next_waiting",
+    "claim_state",
     "count_expired_claims",
     "create_job",
     "create_job_agent",
     "dispatch_job",
     "expire_overdue_jobs_once",
+    "group_state",
     "heartbeat",
     "heartbeat_interval_for",
     "heartbeat_many",

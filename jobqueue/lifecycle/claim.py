@@ -10,14 +10,18 @@ import datetime as dt
 import uuid
 from collections.abc import Callable
 
+from django.db import connection, transaction
+from django.db.models.functions import Now
+
 from jobqueue import observe, states, wakeups
 from jobqueue.actors import agent_actor
 from jobqueue.conf import jobqueue_settings
 from jobqueue.exceptions import AgentPaused, JobNotClaimable
-from jobqueue.models import Job, JobAgent
+from jobqueue.models import CLAIM_ORDER, Job, JobAgent, JobClaim
 
 from . import inputs
 from .backends import backend
+from .checkpoints import checkpoints_for
 from .orm import attempt_deadline, lease_end
 from .pause import is_paused
 from .records import fetch_job, scoped_jobs
@@ -35,13 +39,64 @@ def heartbeat_interval_for(lease_seconds: int) -> int:
     return max(1, lease_seconds // max(1, jobqueue_settings()["HEARTBEAT_DIVISOR"]))
 
 
-def _claim(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None) -> list[ClaimGrant]:
+def _claim(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None, *,
+           holder: str | None = None, expected_attempt: int | None = None,
+           idempotency_key: str | None = None) -> list[ClaimGrant]:
+    holder = inputs.holder(holder)
+    expected_attempt = inputs.expected_attempt(expected_attempt)
+    key = inputs.idempotency_key(idempotency_key)
     lease = lease_for(job_agent)
-    jobs, now = backend().claim(job_agent, lease, limit, agent_actor(job_agent.id), job_id)
+    if key is None:
+        jobs, now = backend().claim(job_agent, lease, limit, agent_actor(job_agent.id), job_id,
+                                    holder=holder, expected_attempt=expected_attempt)
+    else:
+        with transaction.atomic():
+            _lock_key(job_agent.id, key)
+            replayed = _replay(job_agent.id, key, limit)
+            if replayed:
+                return replayed
+            jobs, now = backend().claim(job_agent, lease, limit, agent_actor(job_agent.id),
+                                        holder=holder, idempotency_key=key)
     if not jobs:
         return []
     observe.emit("claimed", job_agent_id=job_agent.id, count=len(jobs))
     return grants(jobs, lease, now)
+
+
+def _lock_key(job_agent_id: uuid.UUID, key: str) -> None:
+    """Serialize the keyed claims of one agent and key until the caller commits, so that a
+    retry racing its own first request finds the first's claims. (SQLite's writers are
+    serialized already: the transaction is BEGIN IMMEDIATE.)"""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                           [f"jobqueue.claim:{job_agent_id}:{key}"])
+
+
+def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
+    """The agent's current claims made with this key (a retry after a lost answer)."""
+    claims = list(
+        JobClaim.objects.filter(job_agent_id=job_agent_id, idempotency_key=key)
+        .select_related("job")
+        .annotate(db_now=Now())
+        .order_by(*(f"-job__{f[1:]}" if f.startswith("-") else f"job__{f}"
+                    for f in CLAIM_ORDER))[:limit]
+    )
+    saved = checkpoints_for(claim.job_id for claim in claims)
+    return [
+        ClaimGrant(
+            job=claim.job,
+            claim_id=claim.claim_id,
+            attempt=claim.attempt,
+            lease_seconds=claim.lease_seconds,
+            claimed_at=claim.claimed_at,
+            claim_expires_at=claim.claim_expires_at,
+            heartbeat_interval_seconds=heartbeat_interval_for(claim.lease_seconds),
+            server_time=claim.db_now,
+            checkpoint=saved.get(claim.job_id),
+        )
+        for claim in claims
+    ]
 
 
 def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
@@ -58,14 +113,18 @@ def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
             claim_expires_at=lease_end(now, lease, attempt_deadline(job, now)),
             heartbeat_interval_seconds=interval,
             server_time=now,
+            checkpoint=getattr(job, "claim_checkpoint", None),
         )
         for job in jobs
     ]
 
 
-def claim_job(job_agent: JobAgent, job_id: uuid.UUID) -> ClaimGrant:
-    """Claim the named job for this agent: at most once, whoever races for it."""
-    claimed = _claim(job_agent, 1, job_id)
+def claim_job(job_agent: JobAgent, job_id: uuid.UUID, *, holder: str | None = None,
+              expected_attempt: int | None = None) -> ClaimGrant:
+    """Claim the named job for this agent: at most once, whoever races for it; with
+    `expected_attempt`, only while the job's attempt still equals it. `holder` names the
+    agent process (kept on the claim and its event, for operators only)."""
+    claimed = _claim(job_agent, 1, job_id, holder=holder, expected_attempt=expected_attempt)
     if claimed:
         return claimed[0]
     # Tell "not yours / not there" (404) from "paused" and "not claimable now" (409).
@@ -75,26 +134,35 @@ def claim_job(job_agent: JobAgent, job_id: uuid.UUID) -> ClaimGrant:
     raise JobNotClaimable()
 
 
-def claim_next_jobs(job_agent: JobAgent, limit: int = 1) -> list[ClaimGrant]:
-    """Claim up to `limit` of this agent's claimable jobs, in claim order (SKIP LOCKED)."""
-    return _claim(job_agent, inputs.claim_limit(limit))
+def claim_next_jobs(job_agent: JobAgent, limit: int = 1, *, holder: str | None = None,
+                    idempotency_key: str | None = None) -> list[ClaimGrant]:
+    """Claim up to `limit` of this agent's claimable jobs, in claim order (SKIP LOCKED).
+    With `idempotency_key`, a retry by the same agent gets the claims the key made back, as
+    long as they are current, instead of new ones."""
+    return _claim(job_agent, inputs.claim_limit(limit), holder=holder,
+                  idempotency_key=idempotency_key)
 
 
-def claim_next_job(job_agent: JobAgent) -> ClaimGrant | None:
-    claimed = _claim(job_agent, 1)
+def claim_next_job(job_agent: JobAgent, *, holder: str | None = None,
+                   idempotency_key: str | None = None) -> ClaimGrant | None:
+    claimed = _claim(job_agent, 1, holder=holder, idempotency_key=idempotency_key)
     return claimed[0] if claimed else None
 
 
 def claim_next_waiting(job_agent: JobAgent, limit: int | None, wait_seconds: int | None, *,
-                       gone: Callable[[], bool] | None = None) -> list[ClaimGrant]:
+                       gone: Callable[[], bool] | None = None, holder: str | None = None,
+                       idempotency_key: str | None = None) -> list[ClaimGrant]:
     """Claim the next job (limit None) or up to `limit`, waiting up to `wait_seconds` for
     one to become claimable for this agent (jobqueue.wakeups): the claims, or [] once the
     wait is over, or when `gone()` says the caller left (then nothing is claimed).
-    Past this process's cap on held waits it answers at once."""
+    Past this process's cap on held waits it answers at once. `holder` and
+    `idempotency_key` as on claim_next_jobs (a retry with the key gets the key's claims)."""
     wait = inputs.wait_seconds(wait_seconds)
     count = 1 if limit is None else inputs.claim_limit(limit)
     claimed = wakeups.wait_until(wakeups.agent_key(job_agent.id), wait,
-                                 lambda: _claim(job_agent, count), gone=gone)
+                                 lambda: _claim(job_agent, count, holder=holder,
+                                                idempotency_key=idempotency_key),
+                                 gone=gone)
     return claimed or []
 
 

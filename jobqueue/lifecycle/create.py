@@ -14,6 +14,7 @@ from jobqueue.exceptions import IdempotencyKeyReused, InvalidInput, InvalidTrans
 from jobqueue.models import Job, JobAgent, JobEvent
 
 from . import inputs
+from .groups import hold_group
 from .records import event, fetch_job, scoped_jobs
 
 
@@ -80,6 +81,7 @@ def create_job(
     expires_at=None,
     external_id: str = "",
     idempotency_key: str | None = None,
+    group: str | None = None,
     hold: bool = False,
     actor: str = "",
 ) -> tuple[Job, bool]:
@@ -87,12 +89,14 @@ def create_job(
 
     With an idempotency key, a replay of the same request returns the first job and
     created=False; the same key with different content raises IdempotencyKeyReused.
+    A job joins `group` only while the group is not cancelled (else GroupCancelled).
     """
     if job_agent.workspace_id != workspace.id:
         raise NotFound("No such job agent.")
     sent_max_attempts = inputs.max_attempts(max_attempts)
     max_attempts = sent_max_attempts or job_agent.effective_max_attempts
     delay_seconds = inputs.delay_seconds(delay_seconds)
+    group = inputs.group_name(group)
     retry_backoff_seconds = inputs.retry_backoff_seconds(retry_backoff_seconds)
     max_runtime_seconds = inputs.max_runtime_seconds(max_runtime_seconds)
     expires_at = inputs.expires_at(expires_at)
@@ -100,7 +104,8 @@ def create_job(
     # made before they existed still matches its job.
     later = {"retry_backoff_seconds": retry_backoff_seconds,
              "max_runtime_seconds": max_runtime_seconds,
-             "expires_at": None if expires_at is None else expires_at.isoformat()}
+             "expires_at": None if expires_at is None else expires_at.isoformat(),
+             "group": group}
     fingerprint = ""
     payload: dict = {}
     if inputs.idempotency_key(idempotency_key) is not None:
@@ -127,6 +132,7 @@ def create_job(
         max_runtime_seconds=max_runtime_seconds or job_agent.max_runtime_seconds,
         expires_at=expires_at,
         external_id=external_id or "",
+        group=group,
         idempotency_key=idempotency_key,
         idempotency_fingerprint=fingerprint,
     )
@@ -134,6 +140,8 @@ def create_job(
         job.available_at = NowPlusSeconds(delay_seconds)
     try:
         with transaction.atomic():
+            if group is not None:
+                hold_group(workspace.id, group, create=True)
             job.save(force_insert=True)
             event(job.id, JobEvent.CREATED, actor=actor, status=job.status).save()
             if not hold:

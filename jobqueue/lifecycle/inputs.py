@@ -169,6 +169,59 @@ def idempotency_key(value: str | None) -> str | None:
     return value
 
 
+MAX_GROUP_LENGTH = 200
+MAX_HOLDER_LENGTH = 200
+INT32_MAX = 2**31 - 1
+
+
+def holder(value: str | None) -> str:
+    """The agent process that claims (e.g. "host:pid"): up to 200 printable characters
+    ("" or None: not named)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > MAX_HOLDER_LENGTH or not value.isprintable():
+        raise InvalidInput(f"Must be up to {MAX_HOLDER_LENGTH} printable characters.",
+                           field="holder")
+    return value
+
+
+def checkpoint(value) -> str | None:
+    """A checkpoint (any JSON value but null: None means "not given"), as its JSON text, of
+    at most MAX_CHECKPOINT_BYTES."""
+    if value is None:
+        return None
+    limit = jobqueue_settings()["MAX_CHECKPOINT_BYTES"]
+    try:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput("Must be JSON.", field="checkpoint") from exc
+    if len(text.encode()) > limit:
+        raise InvalidInput(f"Must be at most {limit} bytes of JSON.",
+                           field="checkpoint")
+    return text
+
+
+def expected_attempt(value: int | None) -> int | None:
+    """The attempt a named claim expects the job to be at (None: any)."""
+    if value is None:
+        return None
+    return bounded_int(value, "expected_attempt", 0, INT32_MAX)
+
+
+def group_name(value: str | None) -> str | None:
+    """A job's group: 1 to 200 printable characters without "/" (it is a path segment of
+    groups/{group}); None: no group."""
+    if value is not None and (
+        not isinstance(value, str) or not 1 <= len(value) <= MAX_GROUP_LENGTH
+        or not value.isprintable() or "/" in value
+    ):
+        raise InvalidInput(
+            f'Must be 1 to {MAX_GROUP_LENGTH} printable characters without "/".',
+            field="group",
+        )
+    return value
+
+
 def agent_name(value: str) -> str:
     name = (value or "").strip()
     if not name:

@@ -22,6 +22,7 @@ from jobqueue.models import Job, JobClaim, JobEvent
 
 from . import inputs
 from .backends import backend
+from .checkpoints import save_checkpoint
 from .orm import within_deadline
 from .records import event, scoped_jobs
 from .refusals import HEARTBEAT, RELEASE, refuse, refuse_one
@@ -33,16 +34,36 @@ def _actor(job_agent_id) -> str:
 
 
 def heartbeat(job_id: uuid.UUID, claim_id: uuid.UUID, *, job_agent_id: uuid.UUID | None = None,
-              workspace_id: uuid.UUID | None = None) -> HeartbeatResult:
+              workspace_id: uuid.UUID | None = None, checkpoint=None) -> HeartbeatResult:
     """Extend the lease to now() + lease_seconds; refused (nothing written) unless claim_id
-    is current and its lease has not expired."""
-    renewed = backend().heartbeat(job_id, claim_id, job_agent_id, workspace_id)
+    is current and its lease has not expired. With `checkpoint` (any JSON but null), the
+    checkpoint is saved in the same transaction, under the same guards (job_checkpoint: the
+    job table is never written)."""
+    data = inputs.checkpoint(checkpoint)
+    if data is None:
+        renewed = backend().heartbeat(job_id, claim_id, job_agent_id, workspace_id)
+    else:
+        renewed = _heartbeat_with_checkpoint(job_id, claim_id, data, job_agent_id, workspace_id)
     if renewed is None:
         refuse_one(job_id, claim_id, HEARTBEAT, actor=_actor(job_agent_id),
                    workspace_id=workspace_id, job_agent_id=job_agent_id)
     expires, now = renewed
     observe.emit("heartbeat", job_agent_id=job_agent_id)
     return HeartbeatResult(job_id=job_id, claim_expires_at=expires, server_time=now)
+
+
+def _heartbeat_with_checkpoint(job_id, claim_id, data, job_agent_id, workspace_id):
+    # The renewal first: its UPDATE (guards: current, unexpired, within its deadline) locks
+    # the claim row until the checkpoint is saved beside it in the same transaction; the
+    # save needs no guard of its own on the time (the renewal just passed them).
+    with transaction.atomic():
+        renewed = backend().heartbeat(job_id, claim_id, job_agent_id, workspace_id)
+        if renewed is not None and not save_checkpoint(
+            job_id, claim_id, data, job_agent_id=job_agent_id,
+            workspace_id=workspace_id,
+        ):  # pragma: no cover - impossible while the claim row is locked
+            raise ClaimSuperseded()
+        return renewed
 
 
 def heartbeat_many(job_agent_id: uuid.UUID, claims: Sequence[inputs.ClaimRef], *,

@@ -21,6 +21,7 @@ from jobqueue.exceptions import InvalidTransition, JobFinished
 from jobqueue.models import Job, JobClaim, JobEvent
 
 from .finished import announce_finished
+from .groups import hold_group
 from .records import event, fetch_job, scoped_jobs
 
 
@@ -33,6 +34,7 @@ class Transition:
     observed: Callable[[Job], tuple[str, dict]]  # what it emits
     unchanged: Callable[[Job], Job]  # nothing changed: the answer, or raise
     wakes: Callable[[Job], str]  # the waits it may end (jobqueue.wakeups)
+    revives: bool = False  # it makes a job live again: refused in a cancelled group
 
 
 def _finished(job: Job) -> Job:
@@ -66,6 +68,7 @@ REQUEUE = Transition(
     observed=lambda job: ("requeued", {}),
     unchanged=_not_pending,
     wakes=lambda job: wakeups.agent_key(job.job_agent_id),
+    revives=True,
 )
 MARK_FAILED = Transition(
     allowed=Q(status__in=states.ACTIVE),
@@ -86,6 +89,8 @@ MARK_FAILED = Transition(
 def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason: str = "",
           workspace_id: uuid.UUID | None = None) -> Job:
     with transaction.atomic():
+        if transition.revives:
+            _hold_group_of(job_id, workspace_id)
         n = (
             scoped_jobs(workspace_id)
             .filter(transition.allowed, id=job_id)
@@ -107,6 +112,14 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
     return job
 
 
+def _hold_group_of(job_id: uuid.UUID, workspace_id: uuid.UUID | None) -> None:
+    """A job's group (it never changes) stays uncancelled until the caller commits, or
+    GroupCancelled."""
+    row = scoped_jobs(workspace_id).filter(id=job_id).values_list("workspace_id", "group").first()
+    if row is not None and row[1] is not None:
+        hold_group(row[0], row[1], create=False)
+
+
 def _supersede_claim(job_id: uuid.UUID) -> uuid.UUID | None:
     """Remove the job's claim, if any, and return its claim_id. The caller has locked
     (updated) the job row and cleared last_claim_id there."""
@@ -126,7 +139,8 @@ def cancel_job(job_id: uuid.UUID, *, actor: str = "", reason: str = "",
 def requeue_job(job_id: uuid.UUID, *, actor: str = "", reason: str = "",
                 workspace_id: uuid.UUID | None = None) -> Job:
     """Any non-pending job -> queued now, with as many further attempts as it was created
-    with. Supersedes a live claim: the old holder's claim_id stops working."""
+    with. Supersedes a live claim: the old holder's claim_id stops working. A job of a
+    cancelled group is never requeued (GroupCancelled)."""
     return apply(REQUEUE, job_id, actor=actor, reason=reason, workspace_id=workspace_id)
 
 

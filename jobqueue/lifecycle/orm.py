@@ -23,6 +23,7 @@ from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 
 from .artifacts import publish
+from .checkpoints import checkpoints_for
 from .finished import write_outbox
 from .records import event, scoped_jobs
 
@@ -103,10 +104,14 @@ class OrmBackend:
     def __init__(self, db):
         self.db = db
 
-    def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None):
-        """Lock up to `limit` claimable jobs (or the one named) and claim them:
-        (jobs, the database's time)."""
+    def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None, *,
+              holder: str = "", expected_attempt: int | None = None,
+              idempotency_key: str | None = None):
+        """Lock up to `limit` claimable jobs (or the one named, at `expected_attempt` if
+        given) and claim them: (jobs, the database's time)."""
         candidates = None if job_id is None else Job.objects.filter(id=job_id)
+        if candidates is not None and expected_attempt is not None:
+            candidates = candidates.filter(attempt=expected_attempt)
         with transaction.atomic():
             locked = list(claim_candidates(job_agent, candidates)[:limit])
             if not locked:
@@ -116,11 +121,14 @@ class OrmBackend:
             if JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=False).exists():
                 return [], None
             now = locked[0].db_now
-            self._claim_locked(job_agent, locked, lease, now, actor)
+            self._claim_locked(job_agent, locked, lease, now, actor, holder, idempotency_key)
+            saved = checkpoints_for(job.id for job in locked)
+        for job in locked:
+            job.claim_checkpoint = saved.get(job.id)
         return locked, now
 
     @staticmethod
-    def _claim_locked(job_agent, locked, lease, now, actor):
+    def _claim_locked(job_agent, locked, lease, now, actor, holder="", idempotency_key=None):
         claim_ids = {job.id: uuid.uuid4() for job in locked}
         # The rows are locked (PostgreSQL) or the database is write-locked (SQLite), so these
         # values are current; the guard still goes in the WHERE of the one write for the batch.
@@ -152,9 +160,12 @@ class OrmBackend:
                 job_id=job.id, job_agent_id=job_agent.id, claim_id=job.last_claim_id,
                 attempt=job.attempt, lease_seconds=lease, claimed_at=now,
                 claim_expires_at=lease_end(now, lease, deadline), deadline_at=deadline,
+                holder=holder, idempotency_key=idempotency_key,
             ))
-            events.append(event(job.id, JobEvent.CLAIMED, attempt=job.attempt, actor=actor,
-                                claim_id=job.last_claim_id, lease_seconds=lease))
+            claimed = event(job.id, JobEvent.CLAIMED, attempt=job.attempt, actor=actor,
+                            claim_id=job.last_claim_id, lease_seconds=lease)
+            claimed.holder = holder
+            events.append(claimed)
         JobClaim.objects.bulk_create(claims)
         JobEvent.objects.bulk_create(events)
 

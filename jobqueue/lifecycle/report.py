@@ -13,12 +13,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from django.db import transaction
+
 from jobqueue import observe, states, wakeups
 from jobqueue.actors import agent_actor
+from jobqueue.exceptions import ClaimSuperseded, InvalidInput
 from jobqueue.models import Job
 
 from . import inputs
 from .backends import backend
+from .checkpoints import save_checkpoint
 from .finished import announce_finished
 from .refusals import STATUS, Content, refuse, refuse_one
 from .results import BatchReportResult, ReportOutcome
@@ -35,9 +39,11 @@ def report_status(
     retry: bool = False,
     job_agent_id: uuid.UUID | None = None,
     workspace_id: uuid.UUID | None = None,
+    checkpoint=None,
 ) -> Job:
     """Record progress (status in_progress) or end the job (a terminal status). None for
-    message, result or external_id keeps the job's value.
+    message, result or external_id keeps the job's value. A progress report may carry a
+    `checkpoint` (saved with it, under its guards, for the next attempt).
 
     `retry` (with status failure) is a retryable failure: while attempts remain the job goes
     back to queued, claimable after the backoff (docs/clocks.md); on the last attempt it
@@ -45,10 +51,25 @@ def report_status(
     inputs.reportable_status(status)
     inputs.report_retry(status, retry)
     inputs.report_content(message, result)
+    data = inputs.checkpoint(checkpoint)
+    if data is not None and status != states.IN_PROGRESS:
+        raise InvalidInput("Only a progress report (in_progress) carries a checkpoint.",
+                           field="checkpoint")
     actor = agent_actor(job_agent_id) if job_agent_id else ""
-    job = backend().report(job_id, claim_id, status, actor, message=message, result=result,
-                           external_id=external_id, job_agent_id=job_agent_id,
-                           workspace_id=workspace_id, retry=retry)
+    kwargs = {"message": message, "result": result, "external_id": external_id,
+              "job_agent_id": job_agent_id, "workspace_id": workspace_id, "retry": retry}
+    if data is None:
+        job = backend().report(job_id, claim_id, status, actor, **kwargs)
+    else:
+        # The report first: it locks the job row, then the checkpoint the claim row (the
+        # lifecycle's lock order). While the job row is held nobody can end the claim.
+        with transaction.atomic():
+            job = backend().report(job_id, claim_id, status, actor, **kwargs)
+            if job is not None and not save_checkpoint(
+                job_id, claim_id, data, job_agent_id=job_agent_id,
+                workspace_id=workspace_id,
+            ):  # pragma: no cover - impossible while the job row is locked
+                raise ClaimSuperseded()
     if job is not None:
         if status == states.IN_PROGRESS:
             observe.emit("progress", job_agent_id=job.job_agent_id)

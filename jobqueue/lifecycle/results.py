@@ -21,6 +21,7 @@ class ClaimGrant:
     claim_expires_at: dt.datetime
     heartbeat_interval_seconds: int
     server_time: dt.datetime
+    checkpoint: object = None  # what an earlier attempt saved (None: nothing)
 
 
 @dataclass(frozen=True)
@@ -74,3 +75,26 @@ class ReapResult:
     @property
     def reaped(self) -> int:
         return self.requeued + self.expired
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """A group of jobs: how many of its jobs are in each status."""
+
+    group: str
+    counts: dict
+    finished: bool
+    cancelled_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class ClaimCheck:
+    """A claim's state, read without writing (GET jobs/{job_id}/claims/{claim_id})."""
+
+    current: bool
+    server_time: dt.datetime
+    attempt: int | None = None
+    claim_expires_at: dt.datetime | None = None
+    lease_state: str | None = None  # "active" or "expired" (current claims only)
+    code: str | None = None  # what a write with this claim_id would get (others)
+    final_status: str | None = None  # the job's final status, when this claim ended it

@@ -10,6 +10,7 @@ drops a response after the server processed it (a lost response).
 
 import json
 import logging
+import os
 import re
 import signal
 import threading
@@ -31,6 +32,7 @@ JOB_HEARTBEAT = re.compile(r"/jobs/[^/]+/heartbeat$")
 CLAIM_NEXT = re.compile(r"/job-agents/[^/]+/jobs/claim$")
 STATUS = re.compile(r"/jobs/[^/]+/status$")
 REPORTS = re.compile(r"/job-agents/[^/]+/reports$")
+CLAIM_STATE = re.compile(r"/jobs/[^/]+/claims/[^/]+$")
 
 
 class Shim(httpx.BaseTransport):
@@ -184,7 +186,7 @@ def test_concurrency_one_uses_only_the_single_paths(stack, make_agent, make_jobs
     in_process(agent, token, shim, concurrency=1)
     all_done([j.id for j in jobs], stack)
     claims = shim.paths(CLAIM_NEXT)
-    assert claims and all(body in (None, {}) for _, body in claims)
+    assert claims and all("limit" not in (body or {}) for _, body in claims)
     assert len(shim.paths(JOB_HEARTBEAT)) >= 2
     assert shim.paths(AGENT_HEARTBEAT) == []
     assert set(Job.objects.values_list("status", flat=True)) == {states.SUCCESSFUL}
@@ -198,7 +200,7 @@ def test_concurrency_above_one_uses_the_batch_paths(stack, make_agent, make_jobs
     all_done([j.id for j in jobs], stack)
     claims = shim.paths(CLAIM_NEXT)
     assert claims and all(isinstance(b, dict) and 1 <= b.get("limit", 0) <= 3 for _, b in claims)
-    assert claims[0][1] == {"limit": 3}
+    assert claims[0][1]["limit"] == 3 and claims[0][1]["holder"].endswith(f":{os.getpid()}")
     beats = shim.paths(AGENT_HEARTBEAT)
     assert beats and all(len(b["claims"]) >= 1 for _, b in beats)
     assert shim.paths(JOB_HEARTBEAT) == []
@@ -221,7 +223,7 @@ def test_falls_back_to_single_paths_when_the_batch_ones_are_missing(
     all_done([j.id for j in jobs], stack)
     assert set(Job.objects.values_list("status", flat=True)) == {states.SUCCESSFUL}
     claims = shim.paths(CLAIM_NEXT)
-    assert claims[0][1] == {"limit": 3}
+    assert claims[0][1]["limit"] == 3 and claims[0][1]["holder"].endswith(f":{os.getpid()}")
     assert [b for _, b in claims[1:] if b and "limit" in b] == []
     assert len(shim.paths(AGENT_HEARTBEAT)) == 1
     assert len(shim.paths(JOB_HEARTBEAT)) >= 2
@@ -263,8 +265,10 @@ def test_a_lost_batch_report_response_is_retried(
     in_process(agent, token, shim, concurrency=6)
     all_done([j.id for j in jobs], stack)
     wait_for(lambda: caplog.text.count("event=reported ") == 6, 30, "every report")
-    # The batch was applied, its answer lost; each report was retried and accepted again.
-    assert "code=network_error" in caplog.text
+    # The batch was applied, its answer lost; each report was reconciled, read-only: it had
+    # landed, so none was sent again.
+    reconciled = caplog.text.count("reconciled=True")
+    assert reconciled >= 1 and len(shim.paths(CLAIM_STATE, method="GET")) == reconciled
     for job in jobs:
         assert JobEvent.objects.filter(job_id=job.id,
                                        kind=JobEvent.STATUS_REPORTED).count() == 1
@@ -300,17 +304,18 @@ def test_lost_report_response_and_5xx_are_retried(stack, make_agent, make_jobs, 
     caplog.set_level(logging.INFO, logger="jobqueue.agent")
     in_process(agent, token, shim, concurrency=1)
     all_done([job.id], stack)
-    # The first report was applied but its answer lost: the job ended before the retry.
-    wait_for(lambda: f"event=reported job={job.id}" in caplog.text, 30, "the retried report")
+    # The first report was applied but its answer lost: the agent asked, read-only, and
+    # learnt that it had landed (no second report).
+    wait_for(lambda: f"event=reported job={job.id}" in caplog.text, 30, "the reconciliation")
     job.refresh_from_db()
     assert (job.status, job.attempt, job.result["agent"]) == (states.SUCCESSFUL, 1, "inproc")
-    puts = shim.paths(STATUS, method="PUT")
-    assert len(puts) == 2 and puts[0][1] == puts[1][1]  # the identical report, retried
+    assert len(shim.paths(STATUS, method="PUT")) == 1
+    assert len(shim.paths(CLAIM_STATE, method="GET")) == 1
     assert JobEvent.objects.filter(job_id=job.id, kind=JobEvent.STATUS_REPORTED).count() == 1
     assert f"event=heartbeat_retry job={job.id} attempt=1 code=server_error status=503" \
         in caplog.text
-    assert f"event=report_retry job={job.id} attempt=1 code=network_error" in caplog.text
-    assert f"event=reported job={job.id} attempt=1 status=successful" in caplog.text
+    assert f"event=reported job={job.id} attempt=1 status=successful reconciled=True" \
+        in caplog.text
     assert audit([job.id])["violations"] == []
 
 

@@ -10,8 +10,12 @@ One client may be shared by several threads (httpx.Client pools its connections)
 from __future__ import annotations
 
 import datetime as dt
+import os
+import socket
 import threading
-from dataclasses import dataclass
+import time
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -181,6 +185,8 @@ class Claim:
     heartbeat_interval_seconds: float
     claim_expires_at: dt.datetime
     server_time: dt.datetime
+    # What an earlier attempt saved for this one to resume from (None: nothing).
+    checkpoint: Any = field(default=None, repr=False)
 
     @property
     def job_id(self) -> str:
@@ -204,6 +210,7 @@ class Claim:
             ),
             claim_expires_at=parse_time(claim["claim_expires_at"]),
             server_time=parse_time(claim.get("server_time") or claim["claim_expires_at"]),
+            checkpoint=claim.get("checkpoint"),
         )
 
     def __repr__(self) -> str:  # never print dispatch_context
@@ -229,14 +236,29 @@ class Renewal:
 
 # --- the client --------------------------------------------------------------------------
 
+# A claim-next whose answer is lost (a transport error, a 5xx) is sent again this many times
+# in all, with the same Idempotency-Key: the server answers the claim(s) the first one made.
+CLAIM_SENDS = 3
+HOLDER_MAX = 200
+
+
+def default_holder() -> str:
+    """This process, as claims name it for operators: host and pid."""
+    host = "".join(ch for ch in socket.gethostname() if ch.isprintable())[:180]
+    return f"{host}:{os.getpid()}"
+
 
 class AgentClient:
     """The agent's view of the API: claim, heartbeat, report, release (single and batch)."""
 
     def __init__(self, server: str, workspace_id: str, agent_id: str, token: str, *,
                  timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
-                 user_agent: str = "jobqueue-agent/1"):
+                 user_agent: str = "jobqueue-agent/1", holder: str | None = None,
+                 claim_sends: int = CLAIM_SENDS):
         self.server = server.rstrip("/")
+        # Sent with every claim ("" sends none); operators see it in the admin, nobody else.
+        self.holder = (default_holder() if holder is None else holder)[:HOLDER_MAX]
+        self.claim_sends = max(1, int(claim_sends))
         self.workspace_id = str(workspace_id)
         self.agent_id = str(agent_id)
         self.timeout = timeout
@@ -294,6 +316,8 @@ class AgentClient:
                  timeout: float | None = None, content=None, headers=None,
                  wait: float = 0) -> httpx.Response:
         kwargs: dict[str, Any] = {"params": params}
+        if headers:
+            kwargs["headers"] = headers
         if json is not None:
             kwargs["json"] = json
         if content is not None:
@@ -342,17 +366,39 @@ class AgentClient:
             params["page_size"] = page_size
         return self._json(self._request("GET", self._agent_path("jobs"), params=params))
 
-    def claim(self, job_id: str) -> Claim:
-        """Claim the named job. Raises NotClaimable when someone else has it or it is not due."""
-        response = self._request("POST", self._agent_path(f"jobs/{job_id}/claim"))
+    def _with_holder(self, body: dict) -> dict:
+        return {**body, "holder": self.holder} if self.holder else body
+
+    def _claim_next_request(self, body: dict, *, wait: float = 0) -> httpx.Response:
+        """POST jobs/claim with one Idempotency-Key for every send: a send whose answer was
+        lost (transport error, 5xx) is repeated with the same key, and the server answers
+        the claim(s) the first one made instead of handing out more jobs."""
+        headers = {"Idempotency-Key": f"claim-{uuid.uuid4().hex}"}
+        for send in range(1, self.claim_sends + 1):
+            try:
+                return self._request("POST", self._agent_path("jobs/claim"),
+                                     json=self._with_holder(body), headers=headers, wait=wait)
+            except (TransportError, ServerError):
+                if send == self.claim_sends:
+                    raise
+                time.sleep(0.05 * send)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def claim(self, job_id: str, *, expected_attempt: int | None = None) -> Claim:
+        """Claim the named job (only while its attempt is still `expected_attempt`, if
+        given). Raises NotClaimable when someone else has it or it is not due."""
+        body = self._with_holder({})
+        if expected_attempt is not None:
+            body["expected_attempt"] = int(expected_attempt)
+        response = self._request("POST", self._agent_path(f"jobs/{job_id}/claim"),
+                                 json=body or None)
         return Claim.from_payload(self._json(response))
 
     def claim_next(self, *, wait_seconds: int = 0) -> Claim | None:
         """Claim the next due job (single path); None when nothing is claimable (204).
         With wait_seconds, the server holds the request until a job comes (long-poll)."""
         body = {"wait_seconds": int(wait_seconds)} if wait_seconds else {}
-        response = self._request("POST", self._agent_path("jobs/claim"), json=body,
-                                 wait=wait_seconds)
+        response = self._claim_next_request(body, wait=wait_seconds)
         if response.status_code == 204 or not response.content:
             return None
         return Claim.from_payload(self._json(response))
@@ -365,8 +411,7 @@ class AgentClient:
         if wait_seconds:
             body["wait_seconds"] = int(wait_seconds)
         try:
-            response = self._request("POST", self._agent_path("jobs/claim"), json=body,
-                                     wait=wait_seconds)
+            response = self._claim_next_request(body, wait=wait_seconds)
         except (NotFound, InvalidRequest) as exc:
             if exc.status in (404, 405):  # a server without batch claim
                 raise Unsupported(exc.status, exc.code, exc.detail) from None
@@ -380,10 +425,15 @@ class AgentClient:
             return [Claim.from_payload(body)]
         raise ServerError(response.status_code, "invalid_response", "Unexpected claim body.")
 
-    def heartbeat(self, job_id: str, claim_id: str, *, timeout: float | None = None) -> Renewal:
-        """Extend one lease. Raises LeaseLost when the claim is no longer current."""
-        response = self._request("POST", f"jobs/{job_id}/heartbeat",
-                                 json={"claim_id": claim_id}, timeout=timeout)
+    def heartbeat(self, job_id: str, claim_id: str, *, timeout: float | None = None,
+                  checkpoint: Any = None) -> Renewal:
+        """Extend one lease (saving `checkpoint` with it, when not None, for the next
+        attempt). Raises LeaseLost when the claim is no longer current."""
+        body: dict[str, Any] = {"claim_id": claim_id}
+        if checkpoint is not None:
+            body["checkpoint"] = checkpoint
+        response = self._request("POST", f"jobs/{job_id}/heartbeat", json=body,
+                                 timeout=timeout)
         body = self._json(response)
         return Renewal(
             job_id=str(body.get("job_id", job_id)),
@@ -466,6 +516,12 @@ class AgentClient:
                 cls = DeadlineExceeded if code == "deadline_exceeded" else LeaseLost
                 out.append(cls(409, code, "The report was refused."))
         return out
+
+    def claim_state(self, job_id: str, claim_id: str) -> dict:
+        """Is this claim still current? Read-only: it never extends the lease. Returns
+        {"current": True, "lease_state", ...} or {"current": False, "code", "final_status"?}
+        (final_status: how the job ended, when this claim's own report ended it)."""
+        return self._json(self._request("GET", f"jobs/{job_id}/claims/{claim_id}"))
 
     def append_log(self, job_id: str, claim_id: str, data: bytes, start: int) -> int:
         """Append `data` at byte `start` of the claim's attempt's log (GitLab's trace

@@ -46,6 +46,8 @@ from .client import (
     LeaseLost,
     LogGap,
     NotFound,
+    ServerError,
+    TransportError,
     Unsupported,
 )
 from .workdir import ARTIFACTS_DIR, ChildFileError, JobDir, base_dir, remove_stale_dirs
@@ -61,6 +63,11 @@ MESSAGE_MAX_BYTES = 64 * 1024
 TRUNCATION_MARK = "\n[… truncated …]\n"
 CONTEXT_FILE = "context.json"
 RESULT_FILE = "result.json"
+# The previous attempt's checkpoint (JOB_CHECKPOINT_FILE), and where the child writes a new
+# one (JOB_CHECKPOINT_OUT) for the agent to send with its next heartbeat.
+CHECKPOINT_FILE = "checkpoint.json"
+CHECKPOINT_OUT_FILE = "checkpoint-out.json"
+CHECKPOINT_MAX_BYTES = 64 * 1024
 TERMINAL_REPORT_CAP_SECONDS = 600.0
 # The server's default bound on one batch claim (JOBQUEUE_MAX_CLAIM_BATCH).
 MAX_CLAIM_BATCH = 100
@@ -260,7 +267,8 @@ def stop_process_group(proc: subprocess.Popen, grace: float) -> None:
 
 def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
               stop: threading.Event, kill_grace: float = 5.0,
-              on_start=None, on_output=None, on_exit=None) -> ChildOutcome:
+              on_start=None, on_output=None, on_exit=None, checkpoint: Any = None,
+              on_jobdir=None) -> ChildOutcome:
     """Run the job's command to completion, timeout, or until `stop` is set.
 
     The child runs in its own process group (so that stopping it stops what it started) with
@@ -269,7 +277,9 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
     see workdir.JobDir); a JSON file the command writes to JOB_RESULT_FILE becomes the result,
     read by the one safe reader (workdir.read_child_file). `on_output(bytes)` gets all the
     output as it comes (the job's log); `on_exit(jobdir, outcome)` runs once the child is
-    done, before the directory (and JOB_ARTIFACTS_DIR in it) is removed afterwards, whatever
+    done. The previous attempt's `checkpoint`, if any, is in JOB_CHECKPOINT_FILE; the child
+    may write a new one to JOB_CHECKPOINT_OUT (`on_jobdir(jobdir)` lets the caller watch
+    it). The directory (and JOB_ARTIFACTS_DIR in it) is removed afterwards, whatever
     happened.
     """
     outcome = ChildOutcome()
@@ -277,13 +287,20 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
     try:
         context_path = jobdir.write_private(
             CONTEXT_FILE, json.dumps(context if context is not None else {}).encode())
-        env = child_environment(spec, {
+        extra = {
             "JOB_ID": str(job_id),
             "JOB_ATTEMPT": str(attempt),
             "JOB_CONTEXT_FILE": context_path,
             "JOB_RESULT_FILE": jobdir.file(RESULT_FILE),
             "JOB_ARTIFACTS_DIR": jobdir.file(ARTIFACTS_DIR),
-        })
+            "JOB_CHECKPOINT_OUT": jobdir.file(CHECKPOINT_OUT_FILE),
+        }
+        if checkpoint is not None:
+            extra["JOB_CHECKPOINT_FILE"] = jobdir.write_private(
+                CHECKPOINT_FILE, json.dumps(checkpoint).encode())
+        env = child_environment(spec, extra)
+        if on_jobdir is not None:
+            on_jobdir(jobdir)
         try:
             # The child holds the directory's lock too: an orphan of a killed agent keeps
             # its directory until it ends (workdir.remove_stale_dirs).
@@ -498,6 +515,35 @@ class Lease:
         self.wire = threading.Lock()
         self.stop_child = threading.Event()  # set: lease lost or drain; the child must stop
         self.lock = threading.Lock()
+        self.jobdir: JobDir | None = None  # while the child runs: where it saves checkpoints
+        self._checkpoint_sent: bytes | None = None
+
+    def watch(self, jobdir: JobDir | None) -> None:
+        with self.lock:
+            self.jobdir = jobdir
+
+    def new_checkpoint(self) -> tuple[Any, bytes] | None:
+        """(checkpoint, its bytes) when the child saved one not sent yet; None otherwise
+        (none, unchanged, or unreadable: a half-written or oversized file is skipped)."""
+        with self.lock:
+            jobdir = self.jobdir
+            if jobdir is None:
+                return None
+            try:
+                raw = jobdir.read(CHECKPOINT_OUT_FILE, CHECKPOINT_MAX_BYTES)
+            except (ChildFileError, OSError):
+                return None
+            if raw is None or raw == self._checkpoint_sent:
+                return None
+        try:
+            value = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError):
+            return None
+        return (value, raw) if value is not None else None
+
+    def checkpoint_sent(self, raw: bytes) -> None:
+        with self.lock:
+            self._checkpoint_sent = raw
 
     @property
     def lost(self) -> bool:
@@ -593,6 +639,13 @@ class Heartbeater(threading.Thread):
                 lease.wire.release()
 
     def _beat_chunk(self, due: list[Lease]) -> None:
+        # A lease with a new checkpoint is renewed by the single heartbeat, which carries it.
+        saving = {id(le): cp for le in due if (cp := le.new_checkpoint()) is not None}
+        for lease in [le for le in due if id(le) in saving]:
+            self._beat_one(lease, saving[id(lease)])
+        due = [le for le in due if id(le) not in saving]
+        if not due:
+            return
         if self.use_batch:
             sent_at = time.monotonic()
             try:
@@ -625,18 +678,32 @@ class Heartbeater(threading.Thread):
             for lease in due:
                 self._beat_one(lease)
 
-    def _beat_one(self, lease: Lease) -> None:
+    def _beat_one(self, lease: Lease, checkpoint: tuple[Any, bytes] | None = None) -> None:
         sent_at = time.monotonic()
         try:
-            renewal = self.client.heartbeat(lease.job_id, lease.claim_id,
-                                            timeout=_request_timeout(lease.interval))
+            renewal = self.client.heartbeat(
+                lease.job_id, lease.claim_id, timeout=_request_timeout(lease.interval),
+                checkpoint=None if checkpoint is None else checkpoint[0])
         except LeaseLost as exc:
             self._lost(lease, exc.code)
         except NotFound as exc:
             self._lost(lease, exc.code)
+        except InvalidRequest as exc:
+            if checkpoint is None:
+                self._transient(lease, exc)
+                return
+            # A checkpoint the server refuses (too large): not sent again, the lease renewed.
+            lease.checkpoint_sent(checkpoint[1])
+            log_event("checkpoint_refused", level=logging.WARNING, job=lease.job_id,
+                      attempt=lease.attempt, code=exc.code)
+            self._beat_one(lease)
         except ApiError as exc:
             self._transient(lease, exc)
         else:
+            if checkpoint is not None:
+                lease.checkpoint_sent(checkpoint[1])
+                log_event("checkpoint_saved", job=lease.job_id, attempt=lease.attempt,
+                          bytes=len(checkpoint[1]))
             lease.renewed(sent_at, renewal.lease_remaining)
 
     def _lost(self, lease: Lease, code: str) -> None:
@@ -1013,15 +1080,18 @@ class Agent:
                 if outcome.succeeded and not lease.lost:
                     outcome.artifact_error = self._upload_artifacts(run, jobdir)
 
+            if claim.checkpoint is not None:
+                log_event("resuming", job=claim.job_id, attempt=claim.attempt)
             try:
                 outcome = run_child(
                     spec, job_id=claim.job_id, attempt=claim.attempt,
                     context=claim.job.get("dispatch_context"), stop=lease.stop_child,
                     kill_grace=self.options.kill_grace, on_output=stream.feed,
-                    on_exit=on_exit,
+                    on_exit=on_exit, checkpoint=claim.checkpoint, on_jobdir=lease.watch,
                 )
             finally:
                 stream.close(timeout=0)
+                lease.watch(None)
             took = time.monotonic() - started
             if lease.lost:
                 log_event("abandoned", level=logging.WARNING, job=claim.job_id,
@@ -1117,6 +1187,11 @@ class Agent:
                 message = f"the report was refused ({exc.code}): {exc.detail}"[:1000]
                 continue
             except ApiError as exc:
+                if isinstance(exc, TransportError | ServerError):
+                    # The answer is lost: the report may have landed. Ask, read-only.
+                    verdict = self._reconcile(run, status)
+                    if verdict is not None:
+                        return
                 now = time.monotonic()
                 limit = min(lease.deadline + lease.lease_seconds,
                             started + TERMINAL_REPORT_CAP_SECONDS)
@@ -1134,6 +1209,28 @@ class Agent:
             log_event("reported", job=claim.job_id, attempt=claim.attempt, status=status,
                       has_result=result is not None)
             return
+
+    def _reconcile(self, run: _Run, status: str) -> bool | None:
+        """After a report whose answer was lost: True when it landed (the claim ended the
+        job with `status`), False when the claim is gone otherwise (publish nothing more),
+        None when the claim is still current or the server cannot tell now (send again)."""
+        claim, lease = run.claim, run.lease
+        try:
+            state = self.client.claim_state(claim.job_id, claim.claim_id)
+        except ApiError:
+            return None
+        if state.get("current"):
+            return None
+        lease.finished = True
+        if state.get("final_status") == status:
+            log_event("reported", job=claim.job_id, attempt=claim.attempt, status=status,
+                      reconciled=True)
+            return True
+        lease.mark_lost(str(state.get("code") or "claim_superseded"))
+        log_event("report_refused", level=logging.WARNING, job=claim.job_id,
+                  attempt=claim.attempt, code=state.get("code"), reconciled=True,
+                  published="nothing")
+        return False
 
     def _release(self, run: _Run, reason: str) -> None:
         claim = run.claim

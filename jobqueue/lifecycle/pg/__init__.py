@@ -30,8 +30,11 @@ class PostgresBackend:
             return []
         return jobs_from_rows(self.db, columns(self.db, statement, cursor), rows, *extra)
 
-    def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None):
-        """Claim up to `limit` jobs (or the one named): (jobs, the database's time)."""
+    def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None, *,
+              holder: str = "", expected_attempt: int | None = None,
+              idempotency_key: str | None = None):
+        """Claim up to `limit` jobs (or the one named, at `expected_attempt` if given):
+        (jobs, the database's time)."""
         params = {
             "agent": job_agent.id,
             "limit": limit,
@@ -39,12 +42,25 @@ class PostgresBackend:
             "kind": JobEvent.CLAIMED,
             "actor": actor,
             "detail": json.dumps({"lease_seconds": lease}),
+            "holder": holder,
+            "key": idempotency_key,
         }
         statement = sql.JOB_CLAIM_AVAILABLE
         if job_id is not None:
             statement, params["job"] = sql.JOB_CLAIM_AVAILABLE_BY_ID, job_id
-        jobs = self._jobs(statement, params, "db_now")
-        return jobs, (jobs[0].db_now if jobs else None)
+            if expected_attempt is not None:
+                statement = sql.JOB_CLAIM_AVAILABLE_BY_ID_AT_ATTEMPT
+                params["expected"] = expected_attempt
+        cursor, rows = self.cursor.run(statement, params)
+        if not rows:
+            return [], None
+        names = columns(self.db, statement, cursor)
+        jobs = jobs_from_rows(self.db, names, rows, "db_now")
+        at = names.index("checkpoint")
+        for job, row in zip(jobs, rows, strict=True):
+            value = row[at]
+            job.claim_checkpoint = json.loads(value) if isinstance(value, str) else value
+        return jobs, jobs[0].db_now
 
     def heartbeat(self, job_id, claim_id, job_agent_id, workspace_id):
         """(new expiry, the database's time) of a renewed claim, or None."""

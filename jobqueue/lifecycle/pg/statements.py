@@ -32,7 +32,8 @@ _DEADLINE = ("LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => max_runtime_se
 
 # After the locked CTE: the gate (the agent is not paused), the guarded UPDATE (status still
 # 'queued'), then the claim rows and the events, all from the rows that UPDATE returned;
-# answered in claim order.
+# answered in claim order, each with the checkpoint an earlier attempt saved
+# (job_checkpoint), if any.
 #
 # The gate reads the agent's paused_at under FOR SHARE, and only when there is a job to hand
 # out (an empty poll locks nothing). A pause is an UPDATE of that row: it waits for the
@@ -54,18 +55,19 @@ _CLAIM_LOCKED = """
     RETURNING """ + JOB_COLUMNS + """
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
-                           claim_expires_at, deadline_at)
+                           claim_expires_at, deadline_at, holder, idempotency_key)
     SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
            LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s), """ + _DEADLINE + """),
-           """ + _DEADLINE + """
+           """ + _DEADLINE + """, %(holder)s, %(key)s
     FROM claimed
 ), events AS (
-    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at, holder)
     SELECT id, %(kind)s, attempt, %(actor)s, last_claim_id, %(detail)s::jsonb,
-           STATEMENT_TIMESTAMP()
+           STATEMENT_TIMESTAMP(), %(holder)s
     FROM claimed
 )
-SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now FROM claimed
+SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
+FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
 ORDER BY priority DESC, available_at, created_at
 """
 
@@ -89,6 +91,15 @@ JOB_CLAIM_AVAILABLE_BY_ID = """
 WITH locked AS MATERIALIZED (
     SELECT id FROM job
     WHERE id = %(job)s AND job_agent_id = %(agent)s
+      AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+      AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
+    FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
+
+# JobClaimAvailableByIdAtAttempt: the same, only while the job's attempt is %(expected)s.
+JOB_CLAIM_AVAILABLE_BY_ID_AT_ATTEMPT = """
+WITH locked AS MATERIALIZED (
+    SELECT id FROM job
+    WHERE id = %(job)s AND job_agent_id = %(agent)s AND attempt = %(expected)s
       AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
       AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
     FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED

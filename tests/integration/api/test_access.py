@@ -12,7 +12,15 @@ from agents import credentials
 from agents.models import AgentToken
 from jobqueue import lifecycle
 from jobqueue.maintenance import webhooks
-from jobqueue.models import Job, JobAgent, JobArtifact, JobEvent, JobLog, WebhookEndpoint
+from jobqueue.models import (
+    Job,
+    JobAgent,
+    JobArtifact,
+    JobEvent,
+    JobGroup,
+    JobLog,
+    WebhookEndpoint,
+)
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +28,7 @@ pytestmark = pytest.mark.django_db
 UNUSED_CLAIM = "00000000-0000-4000-8000-000000000000"
 
 
-def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w"):
+def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run"):
     """(name, method, path, body) for every endpoint, aimed at the given objects."""
     return [
         ("poll", "GET", f"job-agents/{agent_id}/jobs", None),
@@ -35,6 +43,7 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w"):
         ("download_artifact", "GET", f"jobs/{job_id}/artifacts/a.txt", None),
         ("status", "PUT", f"jobs/{job_id}/status", {"claim_id": claim_id, "status": "failure"}),
         ("release", "POST", f"jobs/{job_id}/release", {"claim_id": claim_id}),
+        ("claim_state", "GET", f"jobs/{job_id}/claims/{claim_id}", None),
         ("list_jobs", "GET", "jobs", None),
         ("create_job", "POST", "jobs", {"job_agent_id": str(agent_id)}),
         ("get_job", "GET", f"jobs/{job_id}", None),
@@ -48,6 +57,8 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w"):
         ("resume_agent", "POST", f"job-agents/{agent_id}/resume", None),
         ("issue_token", "POST", f"job-agents/{agent_id}/tokens", {"name": "x"}),
         ("revoke_token", "DELETE", f"job-agents/{agent_id}/tokens/{token_id}", None),
+        ("get_group", "GET", f"groups/{group}", None),
+        ("cancel_group", "POST", f"groups/{group}/cancel", None),
         ("list_webhooks", "GET", "webhooks", None),
         ("create_webhook", "POST", "webhooks", {"url": "http://127.0.0.1:9/intruder"}),
         ("delete_webhook", "DELETE", f"webhooks/{webhook_id}", None),
@@ -57,17 +68,20 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w"):
 
 ENDPOINT_NAMES = [e[0] for e in endpoints("a", "j", "c", "t")]
 AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "release",
-                   "append_log", "read_log", "upload_artifact"}
+                   "claim_state", "append_log", "read_log", "upload_artifact"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
 NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "list_agents", "create_agent", "list_webhooks",
                      "create_webhook"}
 # The workspace's own webhooks: only its key, an agent token gets 403 (it names no agent or job).
 WEBHOOK_OBJECTS = {"delete_webhook", "webhook_deliveries"}
+# A group belongs to the workspace, not to an agent: an agent token gets 403 on any group.
+GROUP_ENDPOINTS = {"get_group", "cancel_group"}
 CREATES = {"create_agent", "create_webhook"}
 
 
-def _claimed(agent):
-    job = JobFactory(job_agent=agent, dispatch_context={"secret": "x"})
+def _claimed(agent, group):
+    JobGroup.objects.create(workspace_id=agent.workspace_id, name=group)
+    job = JobFactory(job_agent=agent, dispatch_context={"secret": "x"}, group=group)
     grant = lifecycle.claim_job(agent, job.id)
     return job, str(grant.claim_id)
 
@@ -78,6 +92,7 @@ def _snapshot():
         JobEvent.objects.count(),
         sorted(JobAgent.objects.values_list("id", "paused_at")),
         sorted(AgentToken.objects.values_list("id", "revoked_at")),
+        sorted(JobGroup.objects.values_list("id", "cancelled_at")),
         sorted(WebhookEndpoint.objects.values_list("id", flat=True)),
         sorted(JobLog.objects.values_list("job_id", "attempt", "length")),
         sorted(JobArtifact.objects.values_list("job_id", "name", "state", "published_at")),
@@ -95,19 +110,20 @@ def _call(caller, method, path, body):
 
 @pytest.fixture
 def targets(world):
-    job_b, claim_b = _claimed(world.other_agent)
+    job_b, claim_b = _claimed(world.other_agent, "run-b")
     token_b = AgentToken.objects.filter(job_agent=world.other_agent).first()
-    job_y, claim_y = _claimed(world.other_workspace_agent)
+    job_y, claim_y = _claimed(world.other_workspace_agent, "run-y")
     token_y, _ = credentials.create_agent_token(world.other_workspace_agent)
-    job_a, claim_a = _claimed(world.agent)
+    job_a, claim_a = _claimed(world.agent, "run-a")
     token_a = AgentToken.objects.filter(job_agent=world.agent).first()
     hook_a, _ = webhooks.create_endpoint(world.workspace.id, "http://127.0.0.1:9/a")
     hook_y, _ = webhooks.create_endpoint(world.other_workspace.id, "http://127.0.0.1:9/y")
     return {
-        "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id, hook_a.id),
+        "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id, hook_a.id,
+                       "run-b"),
         "y": endpoints(world.other_workspace_agent.id, job_y.id, claim_y, token_y.id,
-                       hook_y.id),
-        "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id, hook_a.id),
+                       hook_y.id, "run-y"),
+        "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id, hook_a.id, "run-a"),
     }
 
 
@@ -116,7 +132,7 @@ def test_agent_token_cannot_reach_another_agent(world, targets, name):
     _, method, path, body = next(e for e in targets["b"] if e[0] == name)
     before = _snapshot()
     r = _call(world.agent_caller(), method, path, body)
-    expected = 403 if name in NO_OBJECT_IN_PATH | WEBHOOK_OBJECTS else 404
+    expected = 403 if name in NO_OBJECT_IN_PATH | WEBHOOK_OBJECTS | GROUP_ENDPOINTS else 404
     assert r.status_code == expected, (name, r.status_code, r.content)
     assert r.json()["code"] == ("permission_denied" if expected == 403 else "not_found")
     assert _snapshot() == before

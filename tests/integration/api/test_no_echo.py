@@ -99,9 +99,10 @@ class Bodies:
 def target(world):
     job = JobFactory(job_agent=world.agent)
     grant = lifecycle.claim_job(world.agent, job.id)
+    lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-x")
     return {
         "path": {"workspace_id": world.workspace.id, "agent_id": world.agent.id,
-                 "job_id": job.id},
+                 "job_id": job.id, "group": "run-x"},
         "ids": {"claim_id": str(grant.claim_id), "job_id": str(job.id),
                 "job_agent_id": str(world.agent.id)},
     }

@@ -15,6 +15,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from jobqueue import lifecycle
 from tests.factories import JobFactory
 
 from .conftest import make_world
@@ -40,12 +41,14 @@ def api_target(live_server, transactional_db, settings):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_CLAIM_WAIT_SECONDS": 1}
     world = make_world(base_url=live_server.url)
     job = JobFactory(job_agent=world.agent, dispatch_context={"secret": "hidden"})
+    lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-1")
     return {
         "world": world,
         "paths": {
             "workspace_id": str(world.workspace.id),
             "agent_id": str(world.agent.id),
             "job_id": str(job.id),
+            "group": "run-1",
         },
     }
 
@@ -54,7 +57,7 @@ def _drive(live_server, api_target, mode, checks):
     schema = schemathesis.openapi.from_url(f"{live_server.url}/v1/schema/")
     headers = {"X-API-Key": api_target["world"].key}
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) >= 19
+    assert len(operations) >= 20
     for operation in operations:
 
         @given(case=operation.as_strategy(generation_mode=mode))
@@ -102,7 +105,8 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "jobs/{job_id}/release", "jobs", "jobs/{job_id}", "jobs/{job_id}/cancel",
         "jobs/{job_id}/requeue", "jobs/{job_id}/dispatch", "job-agents",
         "job-agents/{agent_id}", "job-agents/{agent_id}/tokens",
-        "job-agents/{agent_id}/tokens/{token_id}", "webhooks", "webhooks/{webhook_id}",
+        "job-agents/{agent_id}/tokens/{token_id}", "groups/{group}", "groups/{group}/cancel",
+        "jobs/{job_id}/claims/{claim_id}", "webhooks", "webhooks/{webhook_id}",
         "webhooks/{webhook_id}/deliveries", "jobs/{job_id}/log",
         "jobs/{job_id}/artifacts", "jobs/{job_id}/artifacts/{name}",
         "job-agents/{agent_id}/pause", "job-agents/{agent_id}/resume",

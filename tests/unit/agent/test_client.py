@@ -41,7 +41,8 @@ class Server:
 def make(*answers):
     server = Server(*answers)
     return api.AgentClient("http://jq.test/", "ws", "ag", "jqa_0123456789ab_secret",
-                           transport=httpx.MockTransport(server)), server
+                           transport=httpx.MockTransport(server), holder="",
+                           claim_sends=1), server
 
 
 def response(status, body=None, headers=None, raw=None):
@@ -324,6 +325,78 @@ def test_errors_answered_by_the_server_are_raised_typed():
     assert exc.value.code == "lease_expired"
     with pytest.raises(api.AuthError):
         c.list_jobs()
+
+
+# --- holder, Idempotency-Key, reconciliation, checkpoints ---------------------------------
+
+
+class HeaderServer(Server):
+    def __call__(self, request):
+        self.headers = getattr(self, "headers", [])
+        self.headers.append(dict(request.headers))
+        return super().__call__(request)
+
+
+def make_recording(*answers, **kw):
+    server = HeaderServer(*answers)
+    return api.AgentClient("http://jq.test/", "ws", "ag", "jqa_0123456789ab_secret",
+                           transport=httpx.MockTransport(server), **kw), server
+
+
+def test_claims_carry_the_holder_and_a_lost_claim_answer_is_resent_with_the_same_key(
+        monkeypatch):
+    monkeypatch.setattr(api.time, "sleep", lambda s: None)
+    client, server = make_recording(
+        httpx.ReadTimeout("lost"), (502, {"code": "bad_gateway", "detail": "x"}),
+        (200, {"job": JOB, "claim": {**CLAIM, "checkpoint": {"step": 2}}}),
+        holder="host-1:77")
+    claim = client.claim_next()
+    assert claim.claim_id == "c1" and claim.checkpoint == {"step": 2}
+    keys = {h["idempotency-key"] for h in server.headers}
+    assert len(server.headers) == 3 and len(keys) == 1 and keys.pop().startswith("claim-")
+    assert all(body == {"holder": "host-1:77"} for _, _, body in server.seen)
+    # A new claim-next is a new key.
+    server.answers.append((204, None))
+    assert client.claim_next() is None
+    assert server.headers[-1]["idempotency-key"] != server.headers[0]["idempotency-key"]
+
+
+def test_a_claim_answer_lost_every_time_raises_after_the_last_send(monkeypatch):
+    monkeypatch.setattr(api.time, "sleep", lambda s: None)
+    client, server = make_recording(*[(503, {"code": "unavailable", "detail": "x"})] * 3)
+    with pytest.raises(api.ServerError):
+        client.claim_batch(2)
+    assert len(server.seen) == api.CLAIM_SENDS
+    assert all(body["limit"] == 2 for _, _, body in server.seen)
+
+
+def test_the_default_holder_is_host_and_pid_and_empty_sends_none():
+    import os
+
+    client, server = make_recording((200, {"job": JOB, "claim": CLAIM}))
+    assert client.holder.endswith(f":{os.getpid()}")
+    quiet, server = make_recording((200, {"job": JOB, "claim": CLAIM}), holder="")
+    quiet.claim("j1")
+    assert server.seen == [("POST", "/v1/workspaces/ws/job-agents/ag/jobs/j1/claim", None)]
+
+
+def test_a_named_claim_may_expect_an_attempt():
+    client, server = make_recording((200, {"job": JOB, "claim": CLAIM}), holder="h:1")
+    client.claim("j1", expected_attempt=1)
+    assert server.seen[0][2] == {"holder": "h:1", "expected_attempt": 1}
+
+
+def test_claim_state_and_a_heartbeat_with_a_checkpoint():
+    state = {"current": False, "code": "job_finished", "final_status": "successful",
+             "server_time": "2030-01-01T00:00:00Z"}
+    client, server = make_recording(
+        (200, state),
+        (200, {"job_id": "j1", "claim_expires_at": "2030-01-01T00:00:30Z",
+               "server_time": "2030-01-01T00:00:00Z"}))
+    assert client.claim_state("j1", "c1") == state
+    client.heartbeat("j1", "c1", checkpoint={"offset": 10})
+    assert server.seen[0][:2] == ("GET", "/v1/workspaces/ws/jobs/j1/claims/c1")
+    assert server.seen[1][2] == {"claim_id": "c1", "checkpoint": {"offset": 10}}
 
 
 def test_an_empty_log_append_sends_no_range_and_answers_the_length():

@@ -17,7 +17,7 @@ def drop_brin(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("jobqueue", "0011_job_outputs")]
+    dependencies = [("jobqueue", "0008_job_outputs")]
 
     operations = [
         migrations.AddField(

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobqueue', '0009_maintenance_retention_webhooks'),
+        ('jobqueue', '0007_maintenance_retention_webhooks'),
     ]
 
     operations = [
