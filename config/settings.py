@@ -252,6 +252,10 @@ JOBQUEUE = {
     "PRUNE_BATCH_SIZE": env.int("JOBQUEUE_PRUNE_BATCH_SIZE", 1000),
     # run_maintenance --loop: seconds between two prunings.
     "PRUNE_INTERVAL_SECONDS": env.float("JOBQUEUE_PRUNE_INTERVAL_SECONDS", 300.0),
+    # run_maintenance --loop: artifact clean-up (clean_artifacts) this often, in batches of.
+    "ARTIFACT_CLEAN_INTERVAL_SECONDS": env.float("JOBQUEUE_ARTIFACT_CLEAN_INTERVAL_SECONDS",
+                                                 300.0),
+    "ARTIFACT_CLEAN_BATCH_SIZE": env.int("JOBQUEUE_ARTIFACT_CLEAN_BATCH_SIZE", 500),
     # Webhooks: tries per delivery, the first retry's delay (doubling, with jitter, up to the
     # max), the timeout of one POST, how long a sender reserves a delivery it is sending, how
     # many it takes at once, how often maintenance sends, how much of an answer it reads, and

@@ -42,6 +42,8 @@ DEFAULTS = {
     "RETENTION_FAILED_DAYS": 30,  # failure and expired
     "PRUNE_BATCH_SIZE": 1000,
     "PRUNE_INTERVAL_SECONDS": 300.0,
+    "ARTIFACT_CLEAN_INTERVAL_SECONDS": 300.0,
+    "ARTIFACT_CLEAN_BATCH_SIZE": 500,
     # Webhooks (maintenance/webhooks.py).
     "WEBHOOK_MAX_ATTEMPTS": 12,
     "WEBHOOK_BACKOFF_SECONDS": 5.0,

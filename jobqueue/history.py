@@ -46,6 +46,7 @@ class Attempt:
     number: int
     claimed_at: object
     claimed_by: str  # the actor of the claim (agent:<id>); the admin shows it
+    holder: str = ""  # the agent process the claim named (host:pid); the admin only, never the API
     ended_at: object = None
     outcome: str | None = None
     message: str = ""
@@ -73,12 +74,13 @@ def _message(kind: str, detail: dict) -> str:
 def attempts(job_id) -> list[Attempt]:
     """The job's attempts, oldest first (the last MAX_ATTEMPTS_SHOWN)."""
     rows = (JobEvent.objects.filter(job_id=job_id, kind__in=KINDS).order_by("id")
-            .values_list("kind", "attempt", "claim_id", "created_at", "detail", "actor"))
+            .values_list("kind", "attempt", "claim_id", "created_at", "detail", "actor",
+                         "holder"))
     out: list[Attempt] = []
     live: dict = {}
-    for kind, number, claim_id, at, detail, actor in rows:
+    for kind, number, claim_id, at, detail, actor, holder in rows:
         if kind == JobEvent.CLAIMED:
-            live[claim_id] = attempt = Attempt(number, at, actor)
+            live[claim_id] = attempt = Attempt(number, at, actor, holder=holder or "")
             out.append(attempt)
             continue
         attempt = live.pop(claim_id, None) if claim_id is not None else None

@@ -264,16 +264,16 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
         rows = [
             (a.number, f"{a.claimed_at:%Y-%m-%d %H:%M:%S} UTC",
              "running" if a.ended_at is None else f"{a.ended_at:%Y-%m-%d %H:%M:%S} UTC",
-             a.outcome or "—", a.message or "—", a.claimed_by or "—")
+             a.outcome or "—", a.message or "—", a.claimed_by or "—", a.holder or "—")
             for a in history.attempts(obj.pk)
         ]
         if not rows:
             return "Never claimed."
         head = format_html_join("", "<th>{}</th>", ((h,) for h in (
-            "#", "claimed", "ended", "outcome", "message", "claimed by")))
+            "#", "claimed", "ended", "outcome", "message", "claimed by", "holder")))
         return format_html(
             '<table class="jq-attempts"><tr>{}</tr>{}</table>', head,
-            format_html_join("", "<tr>" + "<td>{}</td>" * 6 + "</tr>", rows),
+            format_html_join("", "<tr>" + "<td>{}</td>" * 7 + "</tr>", rows),
         )
 
     @admin.display(description="logs (each attempt's tail)")

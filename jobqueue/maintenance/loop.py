@@ -4,8 +4,8 @@ Each service is a module with SERVICE (its name), interval_seconds() (its named 
 settings.JOBQUEUE) and service_run(idle_run_id=) -> (counts, run id, idle). A pass runs every
 service that is due; a service that fails (the database is down, say) is logged, recorded
 when the database lets us, and tried again after a backoff, while the others go on. Several
-loops at once are safe: every service takes its rows with SKIP LOCKED. A new service (artifact
-clean-up) joins SERVICES.
+loops at once are safe: every service takes its rows with SKIP LOCKED (the artifact cleaner
+deletes only rows that can never be published, file first). A new service joins SERVICES.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 from django.db import close_old_connections
 
-from . import pruner, records, webhooks
+from . import artifacts, pruner, records, webhooks
 from . import reaper as reaper_service
 
 log = logging.getLogger("jobqueue.maintenance")
-SERVICES = (reaper_service, webhooks, pruner)
+SERVICES = (reaper_service, webhooks, pruner, artifacts)
 MAX_BACKOFF_SECONDS = 60.0
 
 

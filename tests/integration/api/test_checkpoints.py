@@ -1,5 +1,6 @@
 """Checkpoints: saved by a heartbeat or a progress report with the current claim, handed to
-the claim of the next attempt across release, reap and requeue; a stale holder's checkpoint is
+the claim of the next attempt across release, reap, requeue, the end of max_runtime_seconds
+and a retryable failure; a stale holder's checkpoint is
 refused; heartbeats still never write the job table."""
 
 import pytest
@@ -43,9 +44,9 @@ def test_the_first_claim_has_no_checkpoint(world):
     assert _claim(world, JobFactory(job_agent=world.agent))["checkpoint"] is None
 
 
-@pytest.mark.parametrize("ending", ["release", "reap", "requeue"])
+@pytest.mark.parametrize("ending", ["release", "reap", "requeue", "runtime", "retry"])
 def test_a_heartbeat_checkpoint_is_handed_to_the_next_attempt(world, ending):
-    job = JobFactory(job_agent=world.agent)
+    job = JobFactory(job_agent=world.agent, max_runtime_seconds=600, retry_backoff_seconds=1)
     claim = _claim(world, job)
     row = _job_row(job)
     r = _beat(world, job, claim["claim_id"], {"step": 3, "done": ["a", "b"]})
@@ -58,6 +59,13 @@ def test_a_heartbeat_checkpoint_is_handed_to_the_next_attempt(world, ending):
     elif ending == "reap":
         JobClaim.objects.filter(job_id=job.id).update(claim_expires_at=NowPlusSeconds(-5))
         lifecycle.reap_expired_claims_once(100)
+    elif ending == "runtime":  # max_runtime_seconds ended the attempt (docs/clocks.md)
+        JobClaim.objects.filter(job_id=job.id).update(deadline_at=NowPlusSeconds(-1),
+                                                      claim_expires_at=NowPlusSeconds(-1))
+        assert lifecycle.reap_expired_claims_once(100).requeued == 1
+    elif ending == "retry":  # a retryable failure, claimable again after its backoff
+        lifecycle.report_status(job.id, claim["claim_id"], states.FAILURE, retry=True)
+        Job.objects.filter(id=job.id).update(available_at=NowPlusSeconds(-1))
     else:
         lifecycle.requeue_job(job.id)
     assert Job.objects.get(id=job.id).status == states.QUEUED

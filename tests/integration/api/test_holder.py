@@ -101,4 +101,7 @@ def test_the_admin_shows_the_holder(admin_client, world):
     lifecycle.claim_job(world.agent, job.id, holder=HOLDER)
     page = admin_client.get(reverse("admin:jobqueue_job_change", args=[job.id]))
     assert page.status_code == 200
-    assert page.content.decode().count(HOLDER) == 2  # the claim and the claimed event
+    html = page.content.decode()
+    assert html.count(HOLDER) == 3  # the claim, the claimed event, the attempts table
+    attempts = html.split('class="jq-attempts"', 1)[1].split("</table>", 1)[0]
+    assert "<th>holder</th>" in attempts and f"<td>{HOLDER}</td>" in attempts

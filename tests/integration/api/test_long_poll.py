@@ -236,7 +236,7 @@ def test_heartbeats_are_not_slowed_by_200_held_waits(server):
         try:
             for _ in range(200):
                 socks.append(_held(server, world, 30))
-                time.sleep(0.005)  # their first claims spread out
+                time.sleep(0.02)  # their first claims spread out (the server's 100 connections)
             time.sleep(2)  # all held (each worker holds up to 240 - 32)
             busy = _heartbeat_p99(http, url, str(other.claim_id), server=server)
             # the held waits are still held, and answer when jobs come

@@ -2,6 +2,7 @@
 service is recorded and retried while the others go on; real processes for the loop (SIGTERM,
 a database outage, two loops at once)."""
 
+import io
 import json
 import signal
 import subprocess
@@ -15,11 +16,13 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from jobqueue import states
+from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
+from jobqueue.lifecycle import artifacts
+from jobqueue.maintenance import artifacts as artifact_cleaner
 from jobqueue.maintenance import loop, pruner
 from jobqueue.maintenance import reaper as reaper_service
-from jobqueue.models import Job, JobClaim, JobEvent, MaintenanceRun, ReaperRun
+from jobqueue.models import Job, JobArtifact, JobClaim, JobEvent, MaintenanceRun, ReaperRun
 from tests.factories import JobAgentFactory, claimed_job
 from tests.netproxy import TcpProxy
 from tests.utils import ROOT, spawn, subprocess_database_url, subprocess_env
@@ -66,7 +69,8 @@ def test_one_pass_runs_every_service_and_records_each(capsys):
     stuck, old = expired_claim(agent), old_finished(agent)
     call_command("run_maintenance", "--json")
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [line["service"] for line in lines] == ["reaper", "webhooks", "pruner"]
+    assert [line["service"] for line in lines] == ["reaper", "webhooks", "pruner",
+                                                   "artifact_cleaner"]
     assert (lines[0]["requeued"], lines[2]["jobs"]) == (1, 1)
     assert Job.objects.get(id=stuck).status == states.QUEUED
     assert not Job.objects.filter(id=old).exists()
@@ -173,7 +177,8 @@ def test_two_loops_at_once_reap_and_prune_everything_once_and_stop_on_sigterm():
     for code, out, err in results:
         assert code == 0, err
         assert "maintenance stopped" in err and "failed" not in err
-        assert all(json.loads(line)["service"] in {"reaper", "webhooks", "pruner"}
+        assert all(json.loads(line)["service"] in {"reaper", "webhooks", "pruner",
+                                                         "artifact_cleaner"}
                    for line in out.splitlines())
     reaped = Counter(JobEvent.objects.filter(kind=JobEvent.REAPED, job_id__in=stuck)
                      .values_list("job_id", flat=True))
@@ -214,7 +219,7 @@ def test_spawned_one_pass_exits_zero():
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert [json.loads(line)["service"] for line in out.splitlines()] == [
-        "reaper", "webhooks", "pruner"]
+        "reaper", "webhooks", "pruner", "artifact_cleaner"]
 
 
 def test_send_webhooks_command(capsys):
@@ -225,3 +230,20 @@ def test_send_webhooks_command(capsys):
     assert capsys.readouterr().out.strip() == "delivered 0, retrying 0, failed 0, stale 0"
     with pytest.raises(CommandError, match="--limit"):
         call_command("send_webhooks", "--limit", "0")
+
+
+def test_the_artifact_cleaner_is_a_service_that_deletes_what_can_never_be_published():
+    job, grant = claimed_job()
+    artifacts.upload_artifact(job.id, grant.claim_id, "half.bin", io.BytesIO(b"abandoned"))
+    key = JobArtifact.objects.get(job_id=job.id).storage_key
+    storage = artifacts.artifact_storage()
+    assert storage.exists(key)
+    schedule = loop.Maintenance(services=(artifact_cleaner,))
+    (kept,) = schedule.run_due(now=0.0)  # the attempt still holds its claim: nothing to do
+    assert (kept.service, kept.counts) == ("artifact_cleaner", {"deleted": 0, "batches": 0})
+    lifecycle.release_job(job.id, grant.claim_id)  # the attempt ends without success
+    (cleaned,) = schedule.run_due(now=301.0)
+    assert cleaned.counts == {"deleted": 1, "batches": 1} and not cleaned.error
+    assert not JobArtifact.objects.exists() and not storage.exists(key)
+    run = MaintenanceRun.objects.get(id=cleaned.run_id)
+    assert (run.service, run.counts["deleted"]) == ("artifact_cleaner", 1)
