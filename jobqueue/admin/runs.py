@@ -10,8 +10,29 @@ def run_duration(run: ReaperRun) -> str:
     return "—" if run.duration_seconds is None else f"{run.duration_seconds:.3f} s"
 
 
+class RunAdmin(admin.ModelAdmin):
+    """A record of runs: read-only, with the duration and whether it failed."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="duration", ordering="duration_seconds")
+    def duration(self, obj):
+        return run_duration(obj)
+
+    @admin.display(description="error", boolean=True)
+    def has_error(self, obj):
+        return bool(obj.error)
+
+
 @admin.register(ReaperRun)
-class ReaperRunAdmin(admin.ModelAdmin):
+class ReaperRunAdmin(RunAdmin):
     list_display = [
         "id",
         "started_at",
@@ -43,26 +64,9 @@ class ReaperRunAdmin(admin.ModelAdmin):
     ]
     fields = readonly_fields
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description="duration", ordering="duration_seconds")
-    def duration(self, obj):
-        return run_duration(obj)
-
-    @admin.display(description="error", boolean=True)
-    def has_error(self, obj):
-        return bool(obj.error)
-
 
 @admin.register(MaintenanceRun)
-class MaintenanceRunAdmin(admin.ModelAdmin):
+class MaintenanceRunAdmin(RunAdmin):
     """Runs of the other maintenance services (the pruner, ...), read-only."""
 
     list_display = ["id", "service", "started_at", "finished_at", "runs", "duration", "counts",
@@ -71,20 +75,3 @@ class MaintenanceRunAdmin(admin.ModelAdmin):
     readonly_fields = ["id", "service", "started_at", "finished_at", "duration_seconds", "runs",
                        "counts", "dry_run", "error", "host", "pid"]
     fields = readonly_fields
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description="duration", ordering="duration_seconds")
-    def duration(self, obj):
-        return run_duration(obj)
-
-    @admin.display(description="error", boolean=True)
-    def has_error(self, obj):
-        return bool(obj.error)

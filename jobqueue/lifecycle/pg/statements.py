@@ -160,17 +160,21 @@ _NOTIFY_ENDED = """
     SELECT pg_notify('""" + wakeups.CHANNEL + """', 'j:' || done.id::text) FROM done
 )"""
 
-JOB_SET_STATE_IF_RUNNING = """
-WITH done AS (
-    UPDATE job SET status = %(status)s, completed_at = STATEMENT_TIMESTAMP(),""" + \
-    _REPORT_FIELDS + """
-        updated_at = STATEMENT_TIMESTAMP()
+# The end of a report's UPDATE of the job row (its guards, the claim row in its WHERE) and the
+# deletion of that claim row, shared by the final and the retryable report.
+_END_CLAIM = """        updated_at = STATEMENT_TIMESTAMP()
     FROM job_claim c""" + _REPORT_GUARD + """
       AND c.job_id = job.id AND c.claim_id = %(claim)s
     RETURNING """ + JOB_COLUMNS + """
 ), gone AS (
     DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
-    RETURNING c.job_id
+    RETURNING c.job_id"""
+
+JOB_SET_STATE_IF_RUNNING = """
+WITH done AS (
+    UPDATE job SET status = %(status)s, completed_at = STATEMENT_TIMESTAMP(),""" + \
+    _REPORT_FIELDS + """
+""" + _END_CLAIM + """
 ), published AS (""" + _PUBLISH.replace("%(CLAIM)s", "%(claim)s") + """
 ), event AS (""" + _REPORT_EVENT + """, hook AS (""" + _OUTBOX + """, notified AS (""" + \
     _NOTIFY_ENDED + """
@@ -198,13 +202,7 @@ WITH done AS (
     UPDATE job SET""" + _RETRY_SET.format(
         again="job.attempt < job.max_attempts", status="'failure'") + \
     _REPORT_FIELDS + """
-        updated_at = STATEMENT_TIMESTAMP()
-    FROM job_claim c""" + _REPORT_GUARD + """
-      AND c.job_id = job.id AND c.claim_id = %(claim)s
-    RETURNING """ + JOB_COLUMNS + """
-), gone AS (
-    DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
-    RETURNING c.job_id
+""" + _END_CLAIM + """
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s,
