@@ -23,8 +23,16 @@ No argument carries dispatch_context; load the job (`Job.objects.get(id=job_id)`
             lifecycle.create_job(workspace=job.workspace, job_agent=job.job_agent,
                                  job_agent_config={"step": "load", "after": str(job.id)},
                                  idempotency_key=f"load-after-{job.id}")
+
+`job_retrying` is sent once per retryable failure that queued its job again (`{"status":
+"failure", "retry": true}` with attempts left, single or batch report; docs/clocks.md), after
+its commit, the same way. Arguments: `job_id`, `attempt` (the attempt that failed),
+`available_at` (when the job is claimable again, after its backoff; the database's clock) and
+`actor`. A retry on the last attempt ends the job: that is a `job_finished` (failure), never
+a `job_retrying`.
 """
 
 from django.dispatch import Signal
 
 job_finished = Signal()
+job_retrying = Signal()

@@ -61,3 +61,17 @@ def write_outbox(ended: list[Ended]) -> int:
 def _send(ended: list[Ended], actor: str) -> None:
     for job_id, _workspace_id, status in ended:
         signals.job_finished.send_robust(sender=Job, job_id=job_id, status=status, actor=actor)
+
+
+def announce_retrying(jobs: Iterable[Job], *, actor: str = "") -> None:
+    """Send job_retrying for each job a retryable failure queued again, once the current
+    transaction commits (at once outside one)."""
+    retried = [(job.id, job.attempt, job.available_at) for job in jobs]
+    if retried:
+        transaction.on_commit(lambda: _send_retrying(retried, actor))
+
+
+def _send_retrying(retried, actor: str) -> None:
+    for job_id, attempt, available_at in retried:
+        signals.job_retrying.send_robust(sender=Job, job_id=job_id, attempt=attempt,
+                                         available_at=available_at, actor=actor)

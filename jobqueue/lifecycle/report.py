@@ -23,7 +23,7 @@ from jobqueue.models import Job
 from . import inputs
 from .backends import backend
 from .checkpoints import save_checkpoint
-from .finished import announce_finished
+from .finished import announce_finished, announce_retrying
 from .refusals import STATUS, Content, refuse, refuse_one
 from .results import BatchReportResult, ReportOutcome
 
@@ -79,7 +79,7 @@ def report_status(
                 announce_finished([(job.id, job.workspace_id, job.status)], actor=actor,
                                   outbox_written=True)
             else:  # a retryable failure queued it again: claimable once its backoff ends
-                _announce_retried([job])
+                _announce_retried([job], actor)
             observe.emit("reported", job_agent_id=job.job_agent_id, status=_counted(job.status))
         return job
     # Nothing changed: refused, or a retried terminal report after a lost answer.
@@ -119,8 +119,8 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
                      if status in states.TERMINAL])
     retried = [job_id for job_id, (status, _at, _ws) in done.items() if status == states.QUEUED]
     if retried:
-        _announce_retried(Job.objects.filter(id__in=retried)
-                          .only("job_agent_id", "available_at", "updated_at"))
+        _announce_retried(Job.objects.filter(id__in=retried).only(
+            "job_agent_id", "attempt", "available_at", "updated_at"), actor)
     results = []
     for r in reports:
         if r.job_id in done:
@@ -142,9 +142,12 @@ def _announce_ended(job_ids) -> None:
         wakeups.announce_many(wakeups.job_key(job_id) for job_id in job_ids)
 
 
-def _announce_retried(jobs) -> None:
-    """Wake the agents' waiters when these requeued jobs become claimable: their backoff is
-    available_at - updated_at, both set by the report's statement on the database's clock."""
+def _announce_retried(jobs, actor: str) -> None:
+    """job_retrying for these requeued jobs, and a wake-up for the agents' waiters when they
+    become claimable: their backoff is available_at - updated_at, both set by the report's
+    statement on the database's clock."""
+    jobs = list(jobs)
+    announce_retrying(jobs, actor=actor)
     for job in jobs:
         delay = max(0.0, (job.available_at - job.updated_at).total_seconds())
         wakeups.announce(wakeups.agent_key(job.job_agent_id), delay=delay)

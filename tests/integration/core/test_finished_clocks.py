@@ -32,6 +32,20 @@ def heard():
 
 
 @pytest.fixture
+def retrying():
+    calls, lock = [], threading.Lock()
+
+    def receiver(sender, job_id, attempt, available_at, actor, **kwargs):
+        assert sender is Job and set(kwargs) == {"signal"}
+        with lock:
+            calls.append((job_id, attempt, available_at, actor))
+
+    signals.job_retrying.connect(receiver, weak=False, dispatch_uid="test-clocks-retrying")
+    yield calls
+    signals.job_retrying.disconnect(dispatch_uid="test-clocks-retrying")
+
+
+@pytest.fixture
 def agent():
     agent = JobAgentFactory(max_attempts=2)
     webhooks.create_endpoint(agent.workspace.id, "http://127.0.0.1:9/hook", [])
@@ -85,3 +99,29 @@ def test_the_reaper_announces_a_runtime_end_on_the_last_attempt_and_an_overdue_j
     assert heard[1:] == [(waiting.id, states.EXPIRED, REAPER)]
     assert outbox() == sorted([overran.id, waiting.id])
     assert lifecycle.expire_overdue_jobs_once(10).expired == 0 and len(heard) == 2
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_job_retrying_is_sent_once_per_requeued_retry_and_never_for_the_last(
+        heard, retrying, agent, batch):
+    job, grant = claimed_job(job_agent=agent, max_attempts=2)
+
+    def fail(claim_id):
+        if batch:
+            lifecycle.report_many(agent.id, [lifecycle.ReportItem(job.id, claim_id,
+                                                                  states.FAILURE, retry=True)])
+        else:
+            lifecycle.report_status(job.id, claim_id, states.FAILURE, retry=True,
+                                    job_agent_id=agent.id)
+
+    fail(grant.claim_id)
+    queued = Job.objects.get(id=job.id)
+    assert retrying == [(job.id, 1, queued.available_at, f"agent:{agent.id}")]
+    assert heard == []
+    fail(grant.claim_id)  # the same report again (a lost answer): no news
+    assert len(retrying) == 1
+    Job.objects.filter(id=job.id).update(available_at=NowPlusSeconds(-1))
+    second = lifecycle.claim_job(agent, job.id)
+    fail(second.claim_id)  # the last attempt: it ends the job
+    assert len(retrying) == 1
+    assert heard == [(job.id, states.FAILURE, f"agent:{agent.id}")]
