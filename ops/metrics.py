@@ -121,7 +121,7 @@ class DatabaseCollector:
         return []
 
     def collect(self):
-        from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun
+        from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun, WebhookDelivery
 
         up = GaugeMetricFamily("jobqueue_database_up", "1 when the scrape could read the database.")
         try:
@@ -138,6 +138,8 @@ class DatabaseCollector:
             paused = list(
                 JobAgent.objects.filter(paused_at__isnull=False).values_list("id", flat=True)
             )
+            deliveries = dict(WebhookDelivery.objects.order_by().values_list("status")
+                              .annotate(n=Count("id")))
             pending = JobClaim.objects.expired().count()
             in_flight = JobClaim.objects.count()
             runs = ReaperRun.objects.filter(dry_run=False).aggregate(
@@ -170,6 +172,15 @@ class DatabaseCollector:
         for agent_id in paused:
             paused_gauge.add_metric([str(agent_id)], 1)
         yield paused_gauge
+        hooks = GaugeMetricFamily(
+            "jobqueue_webhook_deliveries",
+            "Webhook deliveries kept, by status: pending (to send or retry), delivered, failed "
+            "(given up after JOBQUEUE_WEBHOOK_MAX_ATTEMPTS tries).",
+            labels=["status"],
+        )
+        for status in ("pending", "delivered", "failed"):
+            hooks.add_metric([status], deliveries.get(status, 0))
+        yield hooks
         reaped = CounterMetricFamily(
             "jobqueue_reaped",
             "Expired leases reaped, by outcome: requeued, or expired on the last attempt "

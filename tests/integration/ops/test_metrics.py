@@ -164,3 +164,20 @@ def test_reaped_totals_count_a_separate_reaper_process(client):
         before, "jobqueue_reaped_total", outcome="requeued") == 2
     assert value(after, "jobqueue_expired_leases_pending") == 0
     assert value(after, "jobqueue_jobs", status="queued", job_agent_id=agent.id) == 2
+
+
+def test_webhook_deliveries_are_counted_by_status(client):
+    from jobqueue.maintenance import webhooks
+    from jobqueue.models import WebhookDelivery
+    from tests.factories import claimed_job
+
+    job, grant = claimed_job()
+    webhooks.create_endpoint(job.workspace_id, "http://127.0.0.1:9/hook", [])
+    webhooks.create_endpoint(job.workspace_id, "http://127.0.0.1:9/other", [])
+    assert value(scrape(client), "jobqueue_webhook_deliveries", status="pending") == 0
+    lifecycle.report_status(job.id, grant.claim_id, states.SUCCESSFUL)
+    assert value(scrape(client), "jobqueue_webhook_deliveries", status="pending") == 2
+    WebhookDelivery.objects.filter(id=WebhookDelivery.objects.first().id).update(status="failed")
+    got = scrape(client)
+    assert [value(got, "jobqueue_webhook_deliveries", status=s)
+            for s in ("pending", "delivered", "failed")] == [1, 0, 1]

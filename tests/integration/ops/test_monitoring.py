@@ -73,8 +73,8 @@ def test_the_dashboard_queries_only_metrics_that_metrics_serves(client):
 def test_the_alerting_rules_cover_the_promised_alerts_with_served_metrics(client):
     served = served_names(client)
     rules = rule_exprs()
-    assert {"JobQueueDatabaseDown", "JobQueueReaperStale", "JobQueueExpiredLeasesPending"} <= set(
-        rules)
+    assert {"JobQueueDatabaseDown", "JobQueueReaperStale", "JobQueueExpiredLeasesPending",
+            "JobQueueWebhookDeliveriesFailing"} <= set(rules)
     for alert, expr in rules.items():
         names = metric_names(expr)
         assert names and names - served == set(), (alert, names - served)
