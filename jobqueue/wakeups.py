@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
 
+from jobqueue import observe
 from jobqueue.conf import jobqueue_settings
 
 log = logging.getLogger("jobqueue.wakeups")
@@ -127,16 +128,20 @@ class Hub:
         with self._lock:
             if self.closed:
                 return None
+            full = False
             if capped:
                 cap = jobqueue_settings()["MAX_WAITING_CLAIMS"]
                 if self.thread_cap is not None:
                     cap = min(cap, self.thread_cap)
-                if self._capped >= cap:
-                    return None
-                self._capped += 1
-            waiter = Waiter(key, capped)
-            self._waiters.setdefault(key, set()).add(waiter)
-            self._ensure_thread()
+                full = self._capped >= cap
+            if not full:
+                self._capped += capped
+                waiter = Waiter(key, capped)
+                self._waiters.setdefault(key, set()).add(waiter)
+                self._ensure_thread()
+        if full:  # counted (/metrics: jobqueue_waits_at_capacity_total), outside the lock
+            observe.emit("wait_at_capacity")
+            return None
         return waiter
 
     def unregister(self, waiter: Waiter) -> None:

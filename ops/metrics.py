@@ -78,6 +78,11 @@ THROTTLE_CACHE_FAILURES = _counter(
     "jobqueue_throttle_cache_failures",
     "Throttle cache calls that failed (e.g. Redis down): those requests were not throttled.",
 )
+WAITS_AT_CAPACITY = _counter(
+    "jobqueue_waits_at_capacity",
+    "Long-poll waits a process could not hold (it held JOBQUEUE_MAX_WAITING_CLAIMS or as many "
+    "as its threads allow): those claims answered at once.",
+)
 REQUEST_LATENCY = Histogram(
     "jobqueue_http_request_duration_seconds",
     "Time to answer an HTTP request, by method, URL route and status code.",
@@ -109,6 +114,8 @@ def on_event(kind: str, **data) -> None:
         JOBS_CREATED.inc()
     elif kind == "throttle_cache_failed":
         THROTTLE_CACHE_FAILURES.inc()
+    elif kind == "wait_at_capacity":
+        WAITS_AT_CAPACITY.inc()
     elif kind in ("cancelled", "requeued", "agent_paused", "agent_resumed"):
         OPERATOR_TRANSITIONS.labels(kind).inc()
     # "reaped" is counted from reaper_run at scrape time: the reaper is another process.

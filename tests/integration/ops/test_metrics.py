@@ -181,3 +181,11 @@ def test_webhook_deliveries_are_counted_by_status(client):
     got = scrape(client)
     assert [value(got, "jobqueue_webhook_deliveries", status=s)
             for s in ("pending", "delivered", "failed")] == [1, 0, 1]
+
+
+def test_a_wait_past_the_cap_is_counted(client, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_WAITING_CLAIMS": 0}
+    agent = JobAgentFactory()
+    before = value(scrape(client), "jobqueue_waits_at_capacity_total")
+    assert lifecycle.claim_next_waiting(agent, None, 20) == []  # answered at once
+    assert value(scrape(client), "jobqueue_waits_at_capacity_total") - before == 1

@@ -74,7 +74,7 @@ def test_the_alerting_rules_cover_the_promised_alerts_with_served_metrics(client
     served = served_names(client)
     rules = rule_exprs()
     assert {"JobQueueDatabaseDown", "JobQueueReaperStale", "JobQueueExpiredLeasesPending",
-            "JobQueueWebhookDeliveriesFailing"} <= set(rules)
+            "JobQueueWebhookDeliveriesFailing", "JobQueueWaitsAtCapacity"} <= set(rules)
     for alert, expr in rules.items():
         names = metric_names(expr)
         assert names and names - served == set(), (alert, names - served)
