@@ -37,9 +37,14 @@ def bouncer(transactional_db):
 def replicas(bouncer, tmp_path):
     """A stack whose servers, agents and reaper reach the database through PgBouncer, with
     two API replicas, each logging every request's status."""
-    stack = Stack(tmp_path, db_url=bouncer.url(connection.settings_dict["NAME"]),
+    d = connection.settings_dict
+    direct = (f"postgres://{d.get('USER') or 'postgres'}@{d.get('HOST') or '127.0.0.1'}:"
+              f"{d.get('PORT') or 5432}/{d['NAME']}")
+    # The long-poll listeners need a session (LISTEN): a direct connection, as documented.
+    stack = Stack(tmp_path, db_url=bouncer.url(d["NAME"]),
                   server_env={"JOBQUEUE_PREPARED_STATEMENTS": "0",
-                              "DATABASE_CONNECT_RETRY_SECONDS": "5"})
+                              "DATABASE_CONNECT_RETRY_SECONDS": "5",
+                              "JOBQUEUE_LISTEN_DATABASE_URL": direct})
     try:
         ports = [stack.port, free_port()]
         logs = [tmp_path / f"access-{i}.log" for i in range(2)]
@@ -120,7 +125,9 @@ def test_pgbouncer_restarted_mid_run_loses_nothing(bouncer, replicas, make_agent
     assert "Connection refused" not in server_log
     lost = server_log.count("django.db.utils.OperationalError: consuming input failed: "
                             "server closed the connection unexpectedly")
-    assert len(errors) == server_log.count("Internal Server Error") == lost
+    # Every 500 is such a request; a lost connection may also be a background query's (the
+    # long-poll re-check), which answers nobody.
+    assert len(errors) == server_log.count("Internal Server Error") <= lost
     assert set(errors) <= {500} and len(errors) <= 2 * 2 * 8  # replicas x workers x threads
 
 
