@@ -19,6 +19,10 @@ Scenarios (each verifies its own outcome before it reports):
              1/100/1000 idle waiting agents, next to a polling agent (idle backoff up to
              5 s), and the database's transactions per second while they wait on an empty
              queue
+  completion the outbox's cost per job (one webhook endpoint), the webhook sender's
+             deliveries/s, and pruning BENCH_PRUNE_JOBS (1,000,000) finished jobs: jobs/s,
+             and another agent's cycle latency before and while it runs
+             (benchmarks/completion.py, in its own process and database)
 
 Every drain (core, peers) is timed on the database's clock from all workers ready to the
 last completion recorded (benchmarks.common.run_drain), verified, and followed by a pgbench
@@ -82,6 +86,10 @@ DEFAULTS = {
     "BENCH_POLL_QUEUED": 10_000,
     "BENCH_REAPER_CLAIMS": 100_000,
     "BENCH_REAPER_BATCHES": "100,500,2000",
+    # completion (benchmarks/completion.py): the outbox's cost, the sender, the pruner.
+    "BENCH_OUTBOX_JOBS": 1000,
+    "BENCH_OUTBOX_REPS": 3,
+    "BENCH_PRUNE_JOBS": 1_000_000,
     "BENCH_PICKUP_AGENTS": "1,100,1000",
     "BENCH_PICKUP_JOBS": 50,
     "BENCH_PICKUP_POLL_JOBS": 8,
@@ -146,7 +154,8 @@ def sql(statement, params=None, fetch=False):
 def reset_tables():
     from django.db import connections
 
-    sql("TRUNCATE job_event, job_claim, job, reaper_run")
+    # CASCADE: every table that hangs off a job (outbox, logs, artifacts, checkpoints) too.
+    sql("TRUNCATE job_event, job_claim, job, reaper_run CASCADE")
     sql("VACUUM ANALYZE job")
     connections.close_all()
 
@@ -1104,6 +1113,43 @@ def pickup_table(res):
     return lines
 
 
+def scenario_completion():
+    """benchmarks/completion.py in its own process (it sets Django up on its own database)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           **{k: str(conf(k)) for k in ("BENCH_OUTBOX_JOBS", "BENCH_OUTBOX_REPS",
+                                        "BENCH_PRUNE_JOBS")}}
+    env.pop("DATABASE_URL", None)
+    out = subprocess.run([APP_PY, "-m", "benchmarks.completion"], cwd=ROOT, env=env,
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def completion_table(res):
+    o, snd, p = res["outbox"], res["sender"], res["prune"]
+    before, during = p["cycle_ms_before"], p["cycle_ms_during"]
+    return [
+        "One process, PostgreSQL (benchmarks/completion.py). Outbox: claim-next + successful "
+        "report per job without and with one webhook endpoint (medians of interleaved runs). "
+        "Sender: one sender to a local receiver. Prune: finished jobs (each with one event) "
+        "deleted by the pruner, and the claim-next + report cycle of another agent before and "
+        "while it runs.",
+        "",
+        "| measure | value |",
+        "| --- | ---: |",
+        f"| cycle without an endpoint | {o['per_job_ms_without']:.3f} ms/job |",
+        f"| cycle with one endpoint (the outbox row) | {o['per_job_ms_with_one_endpoint']:.3f}"
+        f" ms/job (+{o['outbox_cost_ms_per_job']:.3f} ms, {o['ratio']:.2f}×) |",
+        f"| webhook sender | {snd['deliveries_per_second']:,.0f} deliveries/s "
+        f"({snd['deliveries']} deliveries) |",
+        f"| pruning {p['jobs']:,} finished jobs | {p['rows_per_second']:,.0f} jobs/s "
+        f"({p['seconds']:.1f} s, {p['batches']} batches) |",
+        f"| cycle p50 / p99 before pruning | {before['p50']:.2f} / {before['p99']:.2f} ms "
+        f"(n={before['n']}) |",
+        f"| cycle p50 / p99 while pruning | {during['p50']:.2f} / {during['p99']:.2f} ms "
+        f"(n={during['n']}) |",
+    ]
+
+
 def markdown(results):
     started = results["started_at"]
     lines = [
@@ -1119,6 +1165,7 @@ def markdown(results):
         ("growth", "Growth", growth_table),
         ("reaper", "Reaper", reaper_table),
         ("pickup", "Pickup (long-poll)", pickup_table),
+        ("completion", "Completion: outbox, webhook sender, pruning", completion_table),
     ]
     for key, title, fn in sections:
         if key in results["scenarios"]:
@@ -1159,7 +1206,8 @@ def git_commit():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenarios", nargs="*",
-                        default=["core", "http", "heartbeat", "growth", "reaper", "pickup"])
+                        default=["core", "http", "heartbeat", "growth", "reaper", "pickup",
+                                 "completion"])
     parser.add_argument("--no-peers", action="store_true", help="core: skip the peers")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -1179,7 +1227,7 @@ def main(argv=None):
     runners = {"core": lambda: scenario_core(peers=not args.no_peers), "http": scenario_http,
                "peers": scenario_peers, "heartbeat": scenario_heartbeat,
                "growth": scenario_growth, "reaper": scenario_reaper,
-               "pickup": scenario_pickup}
+               "pickup": scenario_pickup, "completion": scenario_completion}
     provenance = {"commit": git_commit()}
     if wants_peers:
         provenance["versions"] = json.loads(
