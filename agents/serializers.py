@@ -665,7 +665,9 @@ class WebhookCreatedSerializer(WebhookSerializer):
 class WebhookDeliverySerializer(serializers.Serializer):
     id = serializers.UUIDField()
     event = serializers.CharField()
-    job_id = serializers.UUIDField(allow_null=True)
+    job_id = serializers.UUIDField(allow_null=True, help_text="A job.finished delivery's job.")
+    group = serializers.CharField(source="group.name", allow_null=True, default=None,
+                                  help_text="A group.finished delivery's group.")
     status = serializers.ChoiceField(choices=WebhookDelivery.STATUSES)
     attempts = serializers.IntegerField()
     next_attempt_at = serializers.DateTimeField()

@@ -256,6 +256,10 @@ JOBQUEUE = {
     "ARTIFACT_CLEAN_INTERVAL_SECONDS": env.float("JOBQUEUE_ARTIFACT_CLEAN_INTERVAL_SECONDS",
                                                  300.0),
     "ARTIFACT_CLEAN_BATCH_SIZE": env.int("JOBQUEUE_ARTIFACT_CLEAN_BATCH_SIZE", 500),
+    # run_maintenance --loop: the group watcher (group.finished) this often, groups per
+    # transaction.
+    "GROUP_WATCH_INTERVAL_SECONDS": env.float("JOBQUEUE_GROUP_WATCH_INTERVAL_SECONDS", 5.0),
+    "GROUP_WATCH_BATCH_SIZE": env.int("JOBQUEUE_GROUP_WATCH_BATCH_SIZE", 500),
     # Webhooks: tries per delivery, the first retry's delay (doubling, with jitter, up to the
     # max), the timeout of one POST, how long a sender reserves a delivery it is sending, how
     # many it takes at once, how often maintenance sends, how much of an answer it reads, and

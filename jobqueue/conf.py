@@ -44,6 +44,9 @@ DEFAULTS = {
     "PRUNE_INTERVAL_SECONDS": 300.0,
     "ARTIFACT_CLEAN_INTERVAL_SECONDS": 300.0,
     "ARTIFACT_CLEAN_BATCH_SIZE": 500,
+    # The group watcher (maintenance/groups.py): group.finished.
+    "GROUP_WATCH_INTERVAL_SECONDS": 5.0,
+    "GROUP_WATCH_BATCH_SIZE": 500,
     # Webhooks (maintenance/webhooks.py).
     "WEBHOOK_MAX_ATTEMPTS": 12,
     "WEBHOOK_BACKOFF_SECONDS": 5.0,

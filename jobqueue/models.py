@@ -240,12 +240,21 @@ class JobGroup(models.Model):
     cancelled_at = models.DateTimeField(null=True, blank=True)
     cancelled_by = models.CharField(max_length=200, blank=True, default="")
     cancel_reason = models.CharField(max_length=500, blank=True, default="")
+    # When maintenance (the group watcher) last saw the group finished: no job of it pending,
+    # queued or in progress. Null while it is live; a create or requeue into a finished group
+    # sets it back to null, so the group finishes (and says so) again.
+    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "job_group"
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(fields=["workspace", "name"], name="job_group_name_unique"),
+        ]
+        indexes = [
+            # The watcher's scan: live groups only.
+            models.Index(fields=["id"], condition=Q(finished_at__isnull=True),
+                         name="job_group_live_idx"),
         ]
 
     def __str__(self):
@@ -512,6 +521,9 @@ class WebhookDelivery(models.Model):
                                  related_name="deliveries", db_index=False)
     job = models.ForeignKey(Job, on_delete=models.CASCADE, null=True, blank=True,
                             related_name="webhook_deliveries")
+    # A group.finished delivery's group (job is then null).
+    group = models.ForeignKey(JobGroup, on_delete=models.CASCADE, null=True, blank=True,
+                              related_name="webhook_deliveries", db_index=False)
     event = models.CharField(max_length=32, db_default=WebhookEndpoint.JOB_FINISHED)
     status = models.CharField(max_length=16, choices=STATUSES, db_default=PENDING)
     # The body, fixed at the first try so that every try sends the same bytes.
@@ -532,6 +544,8 @@ class WebhookDelivery(models.Model):
             models.Index(fields=["next_attempt_at"], condition=Q(status="pending"),
                          name="webhook_delivery_due_idx"),
             models.Index(fields=["endpoint", "-created_at"], name="webhook_delivery_recent_idx"),
+            models.Index(fields=["group"], condition=Q(group__isnull=False),
+                         name="webhook_delivery_group_idx"),
         ]
 
     def __str__(self):

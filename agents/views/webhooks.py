@@ -76,5 +76,5 @@ class WebhookViewSet(ApiViewSet):
     @action(detail=True, methods=["get"], url_path="deliveries", name="Webhook Deliveries")
     def deliveries(self, request, workspace_id, webhook_id):
         endpoint = self.endpoint_in_path()
-        return self.paginated(NewestFirst, endpoint.deliveries.defer("payload"),
-                              s.WebhookDeliverySerializer)
+        deliveries = endpoint.deliveries.defer("payload").select_related("group")
+        return self.paginated(NewestFirst, deliveries, s.WebhookDeliverySerializer)

@@ -40,10 +40,11 @@ class AttemptInline(admin.TabularInline):
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin):
     list_display = ["id", "event", "status", "attempts", "last_status_code", "job_id",
-                    "endpoint", "created_at", "next_attempt_at"]
+                    "group", "endpoint", "created_at", "next_attempt_at"]
+    list_select_related = ["group", "endpoint"]
     list_filter = ["status", "event"]
-    search_fields = ["=id", "=job__id"]
-    fields = readonly_fields = ["id", "endpoint", "job", "event", "status", "attempts",
+    search_fields = ["=id", "=job__id", "=group__name"]
+    fields = readonly_fields = ["id", "endpoint", "job", "group", "event", "status", "attempts",
                                 "created_at", "last_attempt_at", "next_attempt_at",
                                 "last_status_code", "last_error", "payload"]
     inlines = [AttemptInline]

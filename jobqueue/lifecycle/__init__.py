@@ -11,7 +11,8 @@ One function per transition, each in the module that names it:
     operator.py  cancel_job, requeue_job, mark_failed (one skeleton, three Transitions)
     pause.py     pause_job_agent, resume_job_agent (claims hand out nothing while paused)
     reconcile.py claim_state (read-only: is a claim_id current, and if not, why)
-    groups.py    group_state, cancel_group (bounded batches), hold_group (create, requeue)
+    groups.py    group_state, cancel_group (bounded batches), hold_group (create, requeue),
+                 mark_finished_groups (the group watcher: group.finished)
     reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
                  (jobqueue.reaper loops them)
     logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
@@ -60,7 +61,7 @@ from .claim import (
     wait_for_job_end,
 )
 from .create import create_job, create_job_agent, dispatch_job
-from .groups import cancel_group, group_state
+from .groups import cancel_group, group_state, mark_finished_groups
 from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
 from .inputs import lease_seconds as validate_lease_seconds
 from .inputs import max_attempts as validate_max_attempts
@@ -100,6 +101,7 @@ __all__ = [
     "ReportOutcome",
     "agent_actor",
     "cancel_group",
+    "mark_finished_groups",
     "cancel_job",
     "claim_candidates",
     "claim_job",

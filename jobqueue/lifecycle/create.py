@@ -14,7 +14,7 @@ from jobqueue.exceptions import IdempotencyKeyReused, InvalidInput, InvalidTrans
 from jobqueue.models import Job, JobAgent, JobEvent
 
 from . import inputs
-from .groups import hold_group
+from .groups import hold_group, holding_group
 from .records import event, fetch_job, scoped_jobs
 
 
@@ -138,14 +138,17 @@ def create_job(
     )
     if delay_seconds:
         job.available_at = NowPlusSeconds(delay_seconds)
-    try:
+    def insert(reopen: bool) -> None:
         with transaction.atomic():
             if group is not None:
-                hold_group(workspace.id, group, create=True)
+                hold_group(workspace.id, group, create=True, reopen=reopen)
             job.save(force_insert=True)
             event(job.id, JobEvent.CREATED, actor=actor, status=job.status).save()
             if not hold:
                 wakeups.announce(wakeups.agent_key(job_agent.id), delay=delay_seconds or 0)
+
+    try:
+        holding_group(insert)
     except IntegrityError:
         if idempotency_key is None:
             raise

@@ -58,6 +58,31 @@ def write_outbox(ended: list[Ended]) -> int:
     return len(rows)
 
 
+def write_group_outbox(finished: list, created_at) -> int:
+    """One group.finished delivery per (JobGroup, GroupState) and endpoint of its workspace
+    that wants it, its body fixed now: the group as it finished."""
+    endpoints = [
+        e for e in WebhookEndpoint.objects.filter(
+            workspace_id__in={group.workspace_id for group, _ in finished}
+        ).only("id", "workspace_id", "events")
+        if e.wants(WebhookEndpoint.GROUP_FINISHED)
+    ]
+    rows = []
+    for group, state in finished:
+        for e in endpoints:
+            if e.workspace_id != group.workspace_id:
+                continue
+            delivery = WebhookDelivery(endpoint_id=e.id, group_id=group.id,
+                                       event=WebhookEndpoint.GROUP_FINISHED,
+                                       created_at=created_at)
+            delivery.payload = {"id": str(delivery.id), "event": delivery.event,
+                                "created_at": created_at.isoformat().replace("+00:00", "Z"),
+                                "group": state.as_document()}
+            rows.append(delivery)
+    WebhookDelivery.objects.bulk_create(rows)
+    return len(rows)
+
+
 def _send(ended: list[Ended], actor: str) -> None:
     for job_id, _workspace_id, status in ended:
         signals.job_finished.send_robust(sender=Job, job_id=job_id, status=status, actor=actor)

@@ -16,6 +16,18 @@ A queued job of the group may still be claimed while the cancel is under way (th
 paths do not read the mark: they stay one statement); the cancel then supersedes that claim
 before it answers. When `cancel_group` returns, no job of the group is live and none can
 become live again.
+
+Finishing (the `group.finished` webhook event): `mark_finished_groups`, run by maintenance
+(the group watcher), takes live groups (finished_at null) FOR NO KEY UPDATE SKIP LOCKED, and
+in a later statement (a fresh snapshot, READ COMMITTED) marks those with no pending, queued or
+in-progress job finished, writing their outbox rows in the same transaction. The hot paths
+(claim, heartbeat, report) never read or write a group. Only a create and a requeue can make a
+group live again, and both hold its row first; so while the watcher holds a group's row no job
+can join or revive in it, and a mark it commits is true. A create or requeue that finds its
+group marked finished raises GroupFinished: its caller rolls its transaction back (releasing
+the shared lock, so two of them never wait for each other's) and runs it again with
+`reopen=True`, whose first statement sets finished_at back to null under a row lock; the group
+then finishes, and says so, again.
 """
 
 from __future__ import annotations
@@ -23,26 +35,39 @@ from __future__ import annotations
 import uuid
 
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef
 from django.db.models.functions import Coalesce, Now
 
 from jobqueue import observe, states
 from jobqueue.conf import jobqueue_settings
+from jobqueue.db import db_now
 from jobqueue.exceptions import GroupCancelled, NotFound
 from jobqueue.models import Job, JobClaim, JobEvent, JobGroup
 
-from .finished import announce_finished
+from .finished import announce_finished, write_group_outbox
 from .records import event
 from .results import GroupState
 
 _HOLD_PG = (
-    "SELECT cancelled_at FROM job_group WHERE workspace_id = %s AND name = %s FOR SHARE"
+    "SELECT cancelled_at, finished_at FROM job_group WHERE workspace_id = %s AND name = %s "
+    "FOR SHARE"
 )
 
 
-def hold_group(workspace_id: uuid.UUID, name: str, *, create: bool) -> None:
-    """Inside the caller's transaction: hold the group's row until it commits (creating the
-    row first when `create`), or raise GroupCancelled when the group is cancelled."""
+class GroupFinished(Exception):
+    """hold_group found the group marked finished: roll the transaction back and run it again
+    with reopen=True (see the module's doc)."""
+
+
+def hold_group(workspace_id: uuid.UUID, name: str, *, create: bool,
+               reopen: bool = False) -> None:
+    """Inside the caller's transaction, as its first write: hold the group's row until it
+    commits (creating the row first when `create`); GroupCancelled when the group is
+    cancelled, GroupFinished when it is marked finished and not `reopen`."""
+    if reopen:  # under the row lock this takes: no watcher can mark it again meanwhile
+        JobGroup.objects.filter(workspace_id=workspace_id, name=name,
+                                finished_at__isnull=False,
+                                cancelled_at__isnull=True).update(finished_at=None)
     if create:
         JobGroup.objects.bulk_create(
             [JobGroup(workspace_id=workspace_id, name=name)], ignore_conflicts=True
@@ -51,13 +76,79 @@ def hold_group(workspace_id: uuid.UUID, name: str, *, create: bool) -> None:
         with connection.cursor() as cursor:
             cursor.execute(_HOLD_PG, [workspace_id, name])
             row = cursor.fetchone()
-        cancelled = row is not None and row[0] is not None
     else:  # SQLite: writers are serialized (BEGIN IMMEDIATE); a read is enough
-        cancelled = JobGroup.objects.filter(
-            workspace_id=workspace_id, name=name, cancelled_at__isnull=False
-        ).exists()
-    if cancelled:
+        row = JobGroup.objects.filter(workspace_id=workspace_id, name=name).values_list(
+            "cancelled_at", "finished_at").first()
+    if row is not None and row[0] is not None:
         raise GroupCancelled()
+    if row is not None and row[1] is not None:
+        raise GroupFinished()
+
+
+def holding_group(run):
+    """Call run(reopen) (its transaction starts with hold_group(..., reopen=reopen)) until it
+    does not raise GroupFinished: first without reopening, then reopening."""
+    reopen = False
+    while True:
+        try:
+            return run(reopen)
+        except GroupFinished:
+            reopen = True
+
+
+def _counts(rows) -> dict:
+    counts = dict.fromkeys(sorted(states.ALL), 0)
+    counts.update(dict(rows))
+    return counts
+
+
+def mark_finished_groups(batch_size: int) -> list[GroupState]:
+    """Mark every live group that has no live job left finished, `batch_size` groups per
+    transaction, each with its group.finished outbox rows; return the groups it marked."""
+    marked: list[GroupState] = []
+    after = 0
+    while True:
+        with transaction.atomic():
+            ids = list(
+                JobGroup.objects.filter(finished_at__isnull=True, id__gt=after)
+                .order_by("id")
+                .select_for_update(skip_locked=True, no_key=True)
+                .values_list("id", flat=True)[:batch_size]
+            )
+            if not ids:
+                return marked
+            after = ids[-1]
+            # A later statement: it sees every create and requeue that committed before the
+            # rows were locked, and none can be in flight now.
+            live = Job.objects.filter(workspace_id=OuterRef("workspace_id"),
+                                      group=OuterRef("name"), status__in=states.ACTIVE)
+            groups = list(JobGroup.objects.filter(id__in=ids).filter(~Exists(live)).order_by("id"))
+            if groups:
+                now = db_now()
+                JobGroup.objects.filter(id__in=[g.id for g in groups]).update(finished_at=now)
+                finished = _finished_states(groups)
+                write_group_outbox([(g, finished[g.id]) for g in groups], now)
+                marked.extend(finished.values())
+
+
+def _finished_states(groups: list[JobGroup]) -> dict[int, GroupState]:
+    """Each group's counts by status (one query), as its group.finished delivery tells it."""
+    by_key: dict[tuple, list] = {(g.workspace_id, g.name): [] for g in groups}
+    rows = (
+        Job.objects.filter(workspace_id__in={g.workspace_id for g in groups},
+                           group__in={g.name for g in groups})
+        .order_by()
+        .values_list("workspace_id", "group", "status")
+        .annotate(n=Count("id"))
+    )
+    for workspace_id, name, status, n in rows:
+        if (workspace_id, name) in by_key:
+            by_key[(workspace_id, name)].append((status, n))
+    return {
+        g.id: GroupState(group=g.name, counts=_counts(by_key[(g.workspace_id, g.name)]),
+                         finished=True, cancelled_at=g.cancelled_at)
+        for g in groups
+    }
 
 
 def group_state(workspace_id: uuid.UUID, name: str) -> GroupState:
@@ -71,8 +162,7 @@ def group_state(workspace_id: uuid.UUID, name: str) -> GroupState:
         .values_list("status")
         .annotate(n=Count("id"))
     )
-    counts = dict.fromkeys(sorted(states.ALL), 0)
-    counts.update(dict(rows))
+    counts = _counts(rows)
     return GroupState(
         group=name,
         counts=counts,

@@ -21,7 +21,7 @@ from jobqueue.exceptions import InvalidTransition, JobFinished
 from jobqueue.models import Job, JobClaim, JobEvent
 
 from .finished import announce_finished
-from .groups import hold_group
+from .groups import hold_group, holding_group
 from .records import event, fetch_job, scoped_jobs
 
 
@@ -88,15 +88,19 @@ MARK_FAILED = Transition(
 
 def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason: str = "",
           workspace_id: uuid.UUID | None = None) -> Job:
-    with transaction.atomic():
-        if transition.revives:
-            _hold_group_of(job_id, workspace_id)
-        n = (
-            scoped_jobs(workspace_id)
-            .filter(transition.allowed, id=job_id)
-            .update(updated_at=Now(), last_claim_id=None, **transition.changes(reason))
-        )
-        if n == 1:
+    def once(reopen: bool):
+        with transaction.atomic():
+            if transition.revives:
+                _hold_group_of(job_id, workspace_id, reopen=reopen)
+            n = (
+                scoped_jobs(workspace_id)
+                .filter(transition.allowed, id=job_id)
+                .update(updated_at=Now(), last_claim_id=None, **transition.changes(reason))
+            )
+            if n != 1:
+                # Nothing changed; nor may a reopened group's mark (it is still finished).
+                transaction.set_rollback(True)
+                return n, None
             superseded = _supersede_claim(job_id)
             job = Job.objects.get(id=job_id)
             event(job.id, transition.kind, attempt=job.attempt, actor=actor,
@@ -105,6 +109,9 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
             wakeups.announce(transition.wakes(job))
             if job.status in states.TERMINAL:
                 announce_finished([(job.id, job.workspace_id, job.status)], actor=actor)
+            return n, job
+
+    n, job = holding_group(once) if transition.revives else once(False)
     if n != 1:
         return transition.unchanged(fetch_job(job_id, workspace_id=workspace_id))
     kind, data = transition.observed(job)
@@ -112,12 +119,13 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
     return job
 
 
-def _hold_group_of(job_id: uuid.UUID, workspace_id: uuid.UUID | None) -> None:
-    """A job's group (it never changes) stays uncancelled until the caller commits, or
-    GroupCancelled."""
+def _hold_group_of(job_id: uuid.UUID, workspace_id: uuid.UUID | None, *,
+                   reopen: bool) -> None:
+    """A job's group (it never changes) stays uncancelled (and unfinished) until the caller
+    commits, or GroupCancelled (GroupFinished: groups.holding_group)."""
     row = scoped_jobs(workspace_id).filter(id=job_id).values_list("workspace_id", "group").first()
     if row is not None and row[1] is not None:
-        hold_group(row[0], row[1], create=False)
+        hold_group(row[0], row[1], create=False, reopen=reopen)
 
 
 def _supersede_claim(job_id: uuid.UUID) -> uuid.UUID | None:

@@ -86,6 +86,13 @@ class GroupState:
     finished: bool
     cancelled_at: dt.datetime | None
 
+    def as_document(self) -> dict:
+        """As GET groups/{group} answers it (a group.finished delivery's `group`)."""
+        cancelled = self.cancelled_at
+        return {"group": self.group, "counts": self.counts, "finished": self.finished,
+                "cancelled_at": None if cancelled is None
+                else cancelled.isoformat().replace("+00:00", "Z")}
+
 
 @dataclass(frozen=True)
 class ClaimCheck:

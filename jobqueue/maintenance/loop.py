@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 
 from django.db import close_old_connections
 
-from . import artifacts, pruner, records, webhooks
+from . import artifacts, groups, pruner, records, webhooks
 from . import reaper as reaper_service
 
 log = logging.getLogger("jobqueue.maintenance")
-SERVICES = (reaper_service, webhooks, pruner, artifacts)
+# The group watcher goes before the sender, so that a pass sends what it wrote.
+SERVICES = (reaper_service, groups, webhooks, pruner, artifacts)
 MAX_BACKOFF_SECONDS = 60.0
 
 

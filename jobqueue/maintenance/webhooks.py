@@ -125,7 +125,8 @@ def take(limit: int) -> list[WebhookDelivery]:
             last_attempt_at=Now())
         taken = list(WebhookDelivery.objects.filter(id__in=ids).select_related("endpoint"))
         for delivery in taken:
-            if delivery.payload is None:  # the body is fixed at the first try
+            if delivery.payload is None:  # a job's: its body is fixed at the first try
+                # (a group.finished delivery's body was fixed when it was written)
                 job = Job.objects.get(id=delivery.job_id)
                 delivery.payload = {
                     "id": str(delivery.id),

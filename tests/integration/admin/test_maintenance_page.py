@@ -25,7 +25,8 @@ def rows(html):
 
 def test_services_that_never_ran(op_client):
     got = rows(op_client.get(reverse("admin:jobqueue_job_recovery")).content.decode())
-    assert set(got) == {"reaper", "webhooks", "pruner", "artifact_cleaner"}
+    assert set(got) == {"reaper", "group_watcher", "webhooks", "pruner",
+                        "artifact_cleaner"}
     assert got["reaper"][:2] == ["never", "never ran"]
     assert got["pruner"][:2] == ["never", "never ran"]
 

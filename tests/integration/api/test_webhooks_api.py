@@ -36,9 +36,19 @@ def test_create_list_deliveries_and_delete(world):
     r = producer.get(f"webhooks/{created['id']}/deliveries")
     assert r.status_code == 200
     (d,) = r.json()["results"]
-    assert (d["job_id"], d["event"], d["status"], d["attempts"]) == (
-        str(job.id), "job.finished", "pending", 0)
+    assert (d["job_id"], d["group"], d["event"], d["status"], d["attempts"]) == (
+        str(job.id), None, "job.finished", "pending", 0)
     assert "hunter2-api-x" not in r.content.decode() and "payload" not in d
+    grouped, _ = lifecycle.create_job(workspace=world.workspace, job_agent=world.agent,
+                                      group="nightly-7")
+    lifecycle.cancel_job(grouped.id)
+    lifecycle.mark_finished_groups(10)
+    newest = producer.get(f"webhooks/{created['id']}/deliveries").json()["results"]
+    assert [(d["event"], d["group"], d["job_id"]) for d in newest] == [
+        ("job.finished", None, str(grouped.id)), ("job.finished", None, str(job.id))]
+    newest = producer.get(f"webhooks/{everything['id']}/deliveries").json()["results"]
+    assert [(d["event"], d["group"]) for d in newest][:2] == [
+        ("group.finished", "nightly-7"), ("job.finished", None)]
 
     assert producer.delete(f"webhooks/{created['id']}").status_code == 204
     assert not WebhookDelivery.objects.filter(endpoint_id=created["id"]).exists()
