@@ -121,6 +121,10 @@ class Job(models.Model):
     # The producer's group (a run, a pipeline): None when the job belongs to none. Never
     # changes once the job exists. Its cancelled mark lives on JobGroup.
     group = models.CharField(max_length=200, null=True, blank=True, db_column="group_name")
+    # A producer has waited for this job's end (GET jobs/{id}?wait_seconds): PostgreSQL's
+    # report statements send their wake-up NOTIFY only for such jobs (every NOTIFY takes a
+    # cluster-wide lock at commit). Set before the wait's first check; never cleared.
+    watched = models.BooleanField(db_default=False, editable=False)
     # attempt counts claims; never goes down. max_attempts is the reaper's limit.
     attempt = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()

@@ -4,6 +4,8 @@ Sending: a transition that makes a job claimable (created, dispatched, released,
 requeued) calls `announce(agent_key(job_agent_id), delay=...)`; one that ends a job calls
 `announce(job_key(job_id))`. On PostgreSQL that is `pg_notify` on the transition's own
 connection: inside its transaction NOTIFY is delivered on commit, and never on a rollback.
+(The report statements, the hot path, notify only for jobs a producer's wait marked:
+job.watched, lifecycle/pg/statements.py.)
 On SQLite it appends one line to the database's wake file (`<database>.wake`) after commit.
 
 Receiving: one Hub per process, with one thread (never one per waiter):

@@ -173,5 +173,11 @@ def wait_for_job_end(job_id: uuid.UUID, wait_seconds: int | None, *,
     passed (jobqueue.wakeups). Raises NotFound for a job out of scope, before waiting."""
     wait = inputs.wait_seconds(wait_seconds)
     fetch_job(job_id, workspace_id=workspace_id)
+    if wait:
+        # Before the first check: a report that locks the row after this commits sees the
+        # mark and sends its NOTIFY; one that locked it first ends the job, which the check
+        # then sees (pg/statements.py, _NOTIFY_ENDED).
+        Job.objects.filter(id=job_id, watched=False, status__in=states.ACTIVE).update(
+            watched=True)
     ended = scoped_jobs(workspace_id).filter(id=job_id, status__in=states.TERMINAL)
     wakeups.wait_until(wakeups.job_key(job_id), wait, ended.exists, gone=gone)

@@ -352,3 +352,31 @@ def test_the_listener_reconnects_and_waiters_still_wake(pool):
     created = time.monotonic()
     grants, when = waiter.result(timeout=20)
     assert [g.job.id for g in grants] == [job.id] and when - created < WAKE_BOUND
+
+
+@pytest.mark.postgres_only
+def test_reports_notify_only_for_jobs_a_producer_waits_for():
+    """Every NOTIFY serializes commits cluster-wide, so the report statements (single and
+    batch) send one only for a job a producer's wait marked (job.watched)."""
+    import psycopg
+
+    agent = fresh(JobAgentFactory(max_attempts=1))
+    (plain, g1), (watched, g2), (batched, g3) = (claimed_job(job_agent=agent)
+                                                for _ in range(3))
+    assert lifecycle.wait_for_job_end(watched.id, 0) is None  # no wait: no mark
+    assert not Job.objects.filter(watched=True).exists()
+    d = connection.settings_dict
+    with psycopg.connect(host=d["HOST"] or "127.0.0.1", port=d["PORT"] or 5432,
+                         user=d["USER"] or "postgres", dbname=d["NAME"],
+                         autocommit=True) as listener:
+        listener.execute(f"LISTEN {wakeups.CHANNEL}")
+        assert lifecycle.wait_for_job_end(watched.id, 1) is None  # marks it, then times out
+        Job.objects.filter(id=batched.id).update(watched=True)
+        lifecycle.report_status(plain.id, g1.claim_id, states.SUCCESSFUL)
+        lifecycle.report_status(watched.id, g2.claim_id, states.SUCCESSFUL)
+        lifecycle.report_many(agent.id, [inputs.ReportItem(batched.id, g3.claim_id,
+                                                           states.FAILURE)])
+        got = [n.payload for n in listener.notifies(timeout=1.0)]
+    assert sorted(got) == sorted([wakeups.job_key(watched.id), wakeups.job_key(batched.id)])
+    assert set(Job.objects.filter(watched=True).values_list("id", flat=True)) == {
+        watched.id, batched.id}
