@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from django import db
 from django.core.exceptions import DisallowedHost
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
@@ -148,11 +149,28 @@ def _drf_code(exc: drf.APIException) -> str:
     return exc.default_code if isinstance(exc.default_code, str) else "error"
 
 
+def _database_unavailable(exc) -> Response:
+    """A lost connection (a pooler or server restart under the request), a deadlock, a lock
+    or statement timeout: the client may retry. Whether a write sent on a connection that
+    broke took effect is unknown; every agent write is safe to repeat (an identical report is
+    answered as before, a heartbeat extends once more, a claim-next with an Idempotency-Key
+    returns its claim)."""
+    log.warning("database unavailable (%s: %s); answered 503", type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+    body = error_body("database_unavailable",
+                      "The database could not complete the request; retry after the "
+                      "Retry-After seconds.")
+    return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                    headers={"Retry-After": "1"})
+
+
 def exception_handler(exc, context):
     """DRF's EXCEPTION_HANDLER. Returns None (a 500) only for real server faults."""
     request = (context or {}).get("request")
     if isinstance(exc, domain.JobQueueError):
         return _domain_response(exc, _sent_strings(request))
+    if isinstance(exc, db.OperationalError | db.InterfaceError):
+        return _database_unavailable(exc)
     if isinstance(exc, Http404):
         exc = drf.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -115,3 +115,36 @@ def test_the_error_views_do_not_read_the_form_again(caplog, settings):
     is_html(r, 400)
     assert sum("Traceback" in line for line in log_lines(caplog)) == 1
     assert len(caplog.records) == 1
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_lost_under_a_request_is_a_503_to_retry_not_a_500(caplog):
+    """The server's database connection is killed (as a PgBouncer or PostgreSQL restart kills
+    it) between two requests: the next request's statement fails on it, and the answer is a
+    503 database_unavailable with Retry-After, which the agent retries; the next request opens
+    a new connection and works."""
+    import psycopg
+    from django.db import connection
+
+    from tests.integration.api.conftest import make_world
+
+    world = make_world()
+    agent = world.agent_caller()
+    claim = f"job-agents/{world.agent.id}/jobs/claim"
+    assert agent.post(claim).status_code == 204
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+    d = connection.settings_dict
+    with psycopg.connect(host=d["HOST"] or "127.0.0.1", port=d["PORT"] or 5432,
+                         user=d["USER"] or "postgres", dbname=d["NAME"],
+                         autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with caplog.at_level(logging.WARNING, logger="agents.api"):
+        r = agent.post(claim)
+    body = is_json_error(r, 503, "database_unavailable")
+    assert r["Retry-After"] == "1" and "retry" in body["detail"].lower()
+    assert "answered 503" in caplog.text
+    connection.close()  # the server drops it at the request's end; the test client does not
+    assert agent.post(claim).status_code == 204
