@@ -84,6 +84,26 @@ def represent(serializer_class, obj) -> dict:
 # --- jobs (output) -----------------------------------------------------------------------
 
 
+@extend_schema_field(
+    {"type": "object", "additionalProperties": {},
+     "description": "How the job agent runs the job: any JSON object, e.g. "
+                    '{"command": ["make", "deploy"]}.'},
+    component_name="JobAgentConfig",
+)
+class JobAgentConfigField(serializers.DictField):
+    """A job's job_agent_config. Its own schema component, so that a generated client has one
+    JobAgentConfig model rather than one per shape (JobJobAgentConfig, ...)."""
+
+
+@extend_schema_field(
+    {"type": "object", "additionalProperties": {},
+     "description": "The execution snapshot: any JSON object; may hold secrets."},
+    component_name="DispatchContext",
+)
+class DispatchContextField(serializers.DictField):
+    """A job's dispatch_context (its own schema component, as JobAgentConfigField)."""
+
+
 class JobSummarySerializer(serializers.Serializer):
     """A job in the producer's list (GET jobs): small whatever the job holds. It leaves out
     what a job may hold in bulk (job_agent_config, result, message; dispatch_context is
@@ -115,7 +135,7 @@ class JobSummarySerializer(serializers.Serializer):
 class JobSerializer(JobSummarySerializer):
     """The job object. Never carries dispatch_context."""
 
-    job_agent_config = serializers.DictField()
+    job_agent_config = JobAgentConfigField()
     result = serializers.JSONField(
         allow_null=True, help_text="At most JOBQUEUE_MAX_RESULT_BYTES (1 MiB) as JSON."
     )
@@ -130,7 +150,7 @@ class JobSerializer(JobSummarySerializer):
 class ClaimedJobSerializer(JobSerializer):
     """The job as its claimer receives it: with the full dispatch_context."""
 
-    dispatch_context = serializers.DictField()
+    dispatch_context = DispatchContextField()
 
     class Meta:
         ref_name = "ClaimedJob"
@@ -429,8 +449,8 @@ class ReleaseInput(serializers.Serializer):
 
 class JobCreateInput(serializers.Serializer):
     job_agent_id = StrictUUIDField()
-    job_agent_config = serializers.DictField(required=False, default=dict)
-    dispatch_context = serializers.DictField(
+    job_agent_config = JobAgentConfigField(required=False, default=dict)
+    dispatch_context = DispatchContextField(
         required=False, default=dict,
         help_text="Execution snapshot; may hold secrets. Returned only to the claimer.",
     )

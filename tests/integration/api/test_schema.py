@@ -146,3 +146,19 @@ def test_component_names_read_well_in_generated_clients(client):
     assert {"ClaimNextRequest", "HeartbeatRequest", "StatusReportRequest", "ReleaseRequest",
             "ReasonRequest", "BatchHeartbeatRequest", "BatchReportRequest", "JobCreateRequest",
             "JobAgentCreateRequest", "AgentTokenCreateRequest"} <= names
+    # Free-form objects a client builds or reads are components of their own: a generated
+    # client has one JobAgentConfig model, not JobJobAgentConfig, JobCreateRequestJobAgentConfig...
+    shapes = doc["components"]["schemas"]
+    for shape, prop, component in [("JobCreateRequest", "job_agent_config", "JobAgentConfig"),
+                                   ("Job", "job_agent_config", "JobAgentConfig"),
+                                   ("JobDetail", "job_agent_config", "JobAgentConfig"),
+                                   ("ClaimedJob", "job_agent_config", "JobAgentConfig"),
+                                   ("JobCreateRequest", "dispatch_context", "DispatchContext"),
+                                   ("ClaimedJob", "dispatch_context", "DispatchContext")]:
+        assert component_of(shapes[shape]["properties"][prop]) == component, (shape, prop)
+
+
+def component_of(schema: dict) -> str | None:
+    """The component a property refers to ($ref, or an allOf of one $ref with a description)."""
+    ref = schema.get("$ref") or (schema.get("allOf") or [{}])[0].get("$ref")
+    return ref.rsplit("/", 1)[-1] if ref else None
