@@ -40,7 +40,6 @@ from .client import (
 )
 
 TERMINAL_STATUSES = frozenset({"successful", "failure", "cancelled", "expired"})
-STATUSES = frozenset({"pending", "queued", "in_progress"}) | TERMINAL_STATUSES
 
 # A safe request (a read, a create with an Idempotency-Key) whose answer is lost is sent this
 # many times in all, as AgentClient does with a claim-next.
