@@ -3,9 +3,10 @@
 The agent client's sibling (client.py): the same transport (`ApiClient`), the same typed
 errors (`ApiError` and its subclasses, each carrying the server's stable `code`), the same
 retry rule: a request is sent again after a lost answer (a transport error or a 5xx) only
-where the server makes a repeat harmless, here reads (GET) and a `create_job` that carries an
-`Idempotency-Key` (a replay answers the first job). Cancels, requeues and dispatches are sent
-once: a repeat could answer another thing (409 `job_finished` after a cancel that landed).
+where the server answers a repeat as it answered the first: reads (GET), a `create_job` that
+carries an `Idempotency-Key` (a replay answers the first job) and a cancel (a cancelled job's
+cancel answers it unchanged). Requeues, dispatches and group cancels are sent once: a repeat
+of one that landed would requeue again, answer 409 `invalid_transition`, or count 0.
 
 It authenticates with a workspace API key (`X-API-Key`), which acts for the whole workspace.
 Importable without Django, like the rest of the package. One client may be shared by several
@@ -54,7 +55,8 @@ DOWNLOAD_CHUNK = 1024 * 1024
 
 
 class JobFinished(Conflict):
-    """409 job_finished: a cancel of a job that had already ended."""
+    """409 job_finished: a cancel of a job that had already ended otherwise (successful,
+    failure, expired; cancelling a cancelled job answers it unchanged)."""
 
 
 class GroupCancelled(Conflict):
@@ -322,9 +324,11 @@ class ProducerClient(ApiClient):
 
     def cancel(self, job_id: str, reason: str | None = None) -> dict:
         """POST jobs/{job_id}/cancel: end the job as `cancelled`, even while an agent holds
-        it (its next write gets 409 job_cancelled). Returns the job. Raises JobFinished for
-        a job that had already ended."""
-        return self._post(f"jobs/{_segment(job_id)}/cancel", _reason(reason))
+        it (its next write gets 409 job_cancelled). Returns the job; a cancelled job is
+        answered unchanged, so a lost answer is sent again. Raises JobFinished for
+        a job that had ended otherwise (successful, failure, expired)."""
+        return self._json(self._safe_request("POST", f"jobs/{_segment(job_id)}/cancel",
+                                             json=_reason(reason)))
 
     def requeue(self, job_id: str, reason: str | None = None) -> dict:
         """POST jobs/{job_id}/requeue: queue the job again now, with as many further
@@ -361,8 +365,8 @@ class ProducerClient(ApiClient):
             params["attempt"] = int(attempt)
         if offset:
             params["offset"] = int(offset)
-        response = self._safe_request("GET", f"jobs/{_segment(job_id)}/log", params=params,
-                                      headers={"Accept": "text/plain"})
+        # Sent with the client's Accept (JSON): the API negotiates its error answers on it.
+        response = self._safe_request("GET", f"jobs/{_segment(job_id)}/log", params=params)
         length = response.headers.get("X-Log-Length", "")
         got = response.headers.get("X-Log-Attempt", "")
         return LogChunk(
@@ -390,8 +394,7 @@ class ProducerClient(ApiClient):
         for send in range(1, self.sends + 1):  # a read: retried until the body starts
             try:
                 response = self._request(
-                    "GET", f"jobs/{_segment(job_id)}/artifacts/{_segment(name)}",
-                    headers={"Accept": "application/octet-stream"}, stream=True)
+                    "GET", f"jobs/{_segment(job_id)}/artifacts/{_segment(name)}", stream=True)
                 break
             except (TransportError, ServerError):
                 if send == self.sends:
