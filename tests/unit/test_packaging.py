@@ -103,7 +103,7 @@ def test_the_agent_installs_alone_with_httpx_and_no_django(agent_venv):
 
     imports = run_in(agent_venv, "python", "-c",
                      "import sys, jobqueue_client.cli, jobqueue_client.client, "
-                     "jobqueue_client.runner; "
+                     "jobqueue_client.producer, jobqueue_client.runner; "
                      "print(sorted({m.split('.')[0] for m in sys.modules} & "
                      "{'django', 'jobqueue', 'agents', 'rest_framework', 'config'}))")
     assert imports.returncode == 0, imports.stderr

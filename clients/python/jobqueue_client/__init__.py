@@ -1,5 +1,42 @@
-"""The reference pull agent: `jobqueue-agent` (see cli.py).
+"""The jobqueue client library and the reference pull agent, `jobqueue-agent` (see cli.py).
 
+- `AgentClient` (client.py): the agent's side of the API (claim, heartbeat, report, release,
+  logs and artifacts of its claims), with an agent token.
+- `ProducerClient` (producer.py): the producer's side (create jobs, get and wait for them,
+  cancel, requeue, list, groups, logs and artifacts), with a workspace API key.
+
+Every error the server answers is an `ApiError` subclass carrying its stable `code`.
 Nothing in this package imports Django or `jobqueue`: it runs on providers' machines and talks
-to the service only over the HTTP API (client.py).
+to the service only over the HTTP API.
 """
+
+from .client import (
+    AgentClient,
+    ApiError,
+    AuthError,
+    Conflict,
+    InvalidRequest,
+    LeaseLost,
+    NotClaimable,
+    NotFound,
+    ServerError,
+    Throttled,
+    TransportError,
+)
+from .producer import (
+    ChecksumMismatch,
+    GroupCancelled,
+    IdempotencyKeyReused,
+    InvalidTransition,
+    JobFinished,
+    LogChunk,
+    ProducerClient,
+    WaitTimeout,
+)
+
+__all__ = [
+    "AgentClient", "ApiError", "AuthError", "ChecksumMismatch", "Conflict", "GroupCancelled",
+    "IdempotencyKeyReused", "InvalidRequest", "InvalidTransition", "JobFinished", "LeaseLost",
+    "LogChunk", "NotClaimable", "NotFound", "ProducerClient", "ServerError", "Throttled",
+    "TransportError", "WaitTimeout",
+]

@@ -248,48 +248,43 @@ def default_holder() -> str:
     return f"{host}:{os.getpid()}"
 
 
-class AgentClient:
-    """The agent's view of the API: claim, heartbeat, report, release (single and batch)."""
+class ApiClient:
+    """What both clients share (AgentClient here, ProducerClient in producer.py): one
+    httpx.Client under /v1/workspaces/{workspace_id}/ sending the credential's headers, a
+    connection of its own for held requests (long-poll) that abort_wait() closes from another
+    thread, and every error answer turned into an ApiError by `error_from_response`."""
 
-    def __init__(self, server: str, workspace_id: str, agent_id: str, token: str, *,
+    #: Turns an error answer (status >= 400) into the exception to raise.
+    error_from_response = staticmethod(error_from_response)
+
+    def __init__(self, server: str, workspace_id: str, credential_headers: dict[str, str], *,
                  timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
-                 user_agent: str = "jobqueue-agent/1", holder: str | None = None,
-                 claim_sends: int = CLAIM_SENDS):
+                 user_agent: str = "jobqueue-client/1"):
         self.server = server.rstrip("/")
-        # Sent with every claim ("" sends none); operators see it in the admin, nobody else.
-        self.holder = (default_holder() if holder is None else holder)[:HOLDER_MAX]
-        self.claim_sends = max(1, int(claim_sends))
         self.workspace_id = str(workspace_id)
-        self.agent_id = str(agent_id)
         self.timeout = timeout
         self._http = httpx.Client(
             base_url=f"{self.server}/v1/workspaces/{self.workspace_id}/",
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Accept": "application/json",
-                "User-Agent": user_agent,
-            },
+            headers={**credential_headers, "Accept": "application/json",
+                     "User-Agent": user_agent},
             timeout=timeout,
             transport=transport,
         )
-        # Held claims (wait_seconds) go on a connection of their own, which abort_wait()
-        # closes from another thread: a stopping agent does not sit out a 50 s wait.
+        # Held requests (wait_seconds) go on a connection of their own, which abort_wait()
+        # closes from another thread: a stopping process does not sit out a 50 s wait.
         self._client_args = {"base_url": self._http.base_url, "headers": self._http.headers,
                              "transport": transport}
         self._wait_http: httpx.Client | None = None
         self._wait_lock = threading.Lock()
         self._aborted = False
 
-    def __repr__(self) -> str:  # never print the token
-        return f"AgentClient(server={self.server!r}, agent={self.agent_id!r})"
-
     def close(self) -> None:
         self.abort_wait()
         self._http.close()
 
     def abort_wait(self) -> None:
-        """End a held claim now (from any thread): it raises TransportError, and no claim
-        waits again on this client."""
+        """End a held request now (from any thread): it raises TransportError, and no
+        request waits again on this client."""
         with self._wait_lock:
             self._aborted = True
             held, self._wait_http = self._wait_http, None
@@ -314,7 +309,10 @@ class AgentClient:
 
     def _request(self, method: str, path: str, *, json: Any = None, params=None,
                  timeout: float | None = None, content=None, headers=None,
-                 wait: float = 0) -> httpx.Response:
+                 wait: float = 0, stream: bool = False) -> httpx.Response:
+        """Send one request; an error answer raises (the class's error_from_response), a
+        lost one raises TransportError. With `stream`, the body of a successful answer is
+        left unread: the caller iterates it and closes the response."""
         kwargs: dict[str, Any] = {"params": params}
         if headers:
             kwargs["headers"] = headers
@@ -322,8 +320,6 @@ class AgentClient:
             kwargs["json"] = json
         if content is not None:
             kwargs["content"] = content
-        if headers:
-            kwargs["headers"] = headers
         if timeout is not None:
             kwargs["timeout"] = timeout
         http = self._http
@@ -331,7 +327,7 @@ class AgentClient:
             http = self._waiting_client()
             kwargs["timeout"] = self.timeout + wait
         try:
-            response = http.request(method, path, **kwargs)
+            response = http.send(http.build_request(method, path, **kwargs), stream=stream)
         except RuntimeError as exc:
             if not wait:
                 raise
@@ -340,11 +336,15 @@ class AgentClient:
         except httpx.TransportError as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from None
         if response.status_code >= 400:
-            raise error_from_response(response)
+            if stream:
+                try:
+                    response.read()
+                except httpx.TransportError as exc:
+                    raise TransportError(f"{type(exc).__name__}: {exc}") from None
+                finally:
+                    response.close()
+            raise self.error_from_response(response)
         return response
-
-    def _agent_path(self, suffix: str) -> str:
-        return f"job-agents/{self.agent_id}/{suffix}"
 
     @staticmethod
     def _json(response: httpx.Response) -> Any:
@@ -353,6 +353,27 @@ class AgentClient:
         except ValueError as exc:
             raise ServerError(response.status_code, "invalid_response",
                               "The server answered with something that is not JSON.") from exc
+
+
+class AgentClient(ApiClient):
+    """The agent's view of the API: claim, heartbeat, report, release (single and batch)."""
+
+    def __init__(self, server: str, workspace_id: str, agent_id: str, token: str, *,
+                 timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+                 user_agent: str = "jobqueue-agent/1", holder: str | None = None,
+                 claim_sends: int = CLAIM_SENDS):
+        super().__init__(server, workspace_id, {"Authorization": f"Bearer {token}"},
+                         timeout=timeout, transport=transport, user_agent=user_agent)
+        # Sent with every claim ("" sends none); operators see it in the admin, nobody else.
+        self.holder = (default_holder() if holder is None else holder)[:HOLDER_MAX]
+        self.claim_sends = max(1, int(claim_sends))
+        self.agent_id = str(agent_id)
+
+    def __repr__(self) -> str:  # never print the token
+        return f"AgentClient(server={self.server!r}, agent={self.agent_id!r})"
+
+    def _agent_path(self, suffix: str) -> str:
+        return f"job-agents/{self.agent_id}/{suffix}"
 
     # -- agent endpoints --
 

@@ -1,0 +1,201 @@
+"""The producer client without a server: what each method sends, how answers map to typed
+errors, which requests are sent again after a lost answer. An httpx.MockTransport stands in
+for the service; the same client against the real server is tests/e2e/test_producer_client.py.
+"""
+
+import datetime as dt
+import hashlib
+import io
+import json
+
+import httpx
+import pytest
+from jobqueue_client import client as api
+from jobqueue_client import producer as prod
+
+KEY = "jqk_0123456789ab_secret"
+
+
+class Server:
+    """Answers each request with the next queued answer (status, body[, headers]) or raises
+    it (an exception: a lost answer); records every request."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.seen: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        request.read()
+        self.seen.append(request)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        status, body, *headers = answer
+        headers = headers[0] if headers else {}
+        if isinstance(body, bytes):
+            return httpx.Response(status, content=body, headers=headers)
+        return httpx.Response(status, json=body, headers=headers)
+
+    def bodies(self):
+        return [json.loads(r.content) if r.content else None for r in self.seen]
+
+
+def make(*answers, **options):
+    server = Server(*answers)
+    client = prod.ProducerClient("http://jq.test/", "ws", KEY,
+                                 transport=httpx.MockTransport(server), **options)
+    return client, server
+
+
+JOB = {"id": "j1", "status": "queued"}
+
+
+def test_it_sends_the_workspace_key_and_never_prints_it():
+    client, server = make((200, JOB))
+    client.get("j1")
+    [request] = server.seen
+    assert request.headers["X-API-Key"] == KEY and "Authorization" not in request.headers
+    assert request.url.path == "/v1/workspaces/ws/jobs/j1"
+    assert KEY not in repr(client)
+
+
+def test_create_sends_only_what_was_given():
+    client, server = make((201, JOB), (201, JOB))
+    client.create_job("ag")
+    when = dt.datetime(2030, 1, 2, 3, 4, 5)  # naive: taken as UTC
+    client.create_job("ag", job_agent_config={"a": 1}, dispatch_context={"s": "x"},
+                      priority=0, max_attempts=2, delay_seconds=0, retry_backoff_seconds=3,
+                      max_runtime_seconds=60, expires_at=when, external_id="e", group="g",
+                      hold=True)
+    first, second = server.bodies()
+    assert first == {"job_agent_id": "ag"}
+    assert second == {"job_agent_id": "ag", "job_agent_config": {"a": 1},
+                      "dispatch_context": {"s": "x"}, "priority": 0, "max_attempts": 2,
+                      "delay_seconds": 0, "retry_backoff_seconds": 3,
+                      "max_runtime_seconds": 60, "expires_at": "2030-01-02T03:04:05+00:00",
+                      "external_id": "e", "group": "g", "hold": True}
+    assert all("Idempotency-Key" not in r.headers for r in server.seen)
+
+
+def test_a_keyed_create_is_sent_again_with_the_same_key_and_an_unkeyed_one_is_not():
+    client, server = make(httpx.ReadError("lost"), (503, {"code": "server_error"}), (200, JOB))
+    assert client.create_job("ag", idempotency_key="k-1") == JOB
+    assert [r.headers["Idempotency-Key"] for r in server.seen] == ["k-1"] * 3
+    assert len({r.content for r in server.seen}) == 1
+    client, server = make(httpx.ReadError("lost"))
+    with pytest.raises(api.TransportError):
+        client.create_job("ag")
+    assert len(server.seen) == 1  # a lost answer might have created it: not repeated
+
+
+def test_a_cancel_is_sent_again_after_a_lost_answer():
+    client, server = make(httpx.ReadError("lost"), (200, {"id": "j1", "status": "cancelled"}))
+    assert client.cancel("j1", reason="stop")["status"] == "cancelled"
+    assert server.bodies() == [{"reason": "stop"}] * 2
+
+
+def test_other_writes_are_sent_once():
+    for call in (lambda c: c.requeue("j1"), lambda c: c.dispatch("j1"),
+                 lambda c: c.cancel_group("g")):
+        client, server = make((503, {"code": "server_error"}))
+        with pytest.raises(api.ServerError):
+            call(client)
+        assert len(server.seen) == 1
+
+
+def test_reads_are_sent_again_after_a_lost_answer():
+    client, server = make(httpx.ConnectError("refused"), (502, b"bad gateway"), (200, JOB))
+    assert client.get("j1") == JOB and len(server.seen) == 3
+    client, server = make(*[httpx.ConnectError("refused")] * 3, sends=3)
+    with pytest.raises(api.TransportError):
+        client.get("j1")
+    assert len(server.seen) == 3
+
+
+@pytest.mark.parametrize(("status", "code", "cls"), [
+    (409, "job_finished", prod.JobFinished),
+    (409, "group_cancelled", prod.GroupCancelled),
+    (409, "invalid_transition", prod.InvalidTransition),
+    (409, "something_new", api.Conflict),
+    (422, "idempotency_key_reused", prod.IdempotencyKeyReused),
+    (404, "not_found", api.NotFound),
+    (401, "authentication_failed", api.AuthError),
+    (400, "validation_error", api.InvalidRequest),
+    (429, "throttled", api.Throttled),
+])
+def test_error_answers_become_typed_errors(status, code, cls):
+    client, _ = make((status, {"code": code, "detail": "no", "fields": {"x": ["bad"]}},
+                      {"Retry-After": "2"}))
+    with pytest.raises(cls) as caught:
+        client.requeue("j1")
+    assert (caught.value.status, caught.value.code, caught.value.detail) == (status, code, "no")
+    assert caught.value.fields == {"x": ["bad"]}
+    if status == 409:  # a producer holds no lease: never a LeaseLost
+        assert isinstance(caught.value, api.Conflict)
+        assert not isinstance(caught.value, api.LeaseLost)
+    if status == 429:
+        assert caught.value.retry_after == 2
+
+
+def test_paths_are_percent_encoded_and_reasons_sent_when_given():
+    client, server = make((200, {"group": "a b#?"}), (200, {"cancelled": 3}),
+                          (200, {"cancelled": 0}))
+    client.group("a b#?")
+    assert client.cancel_group("a b#?", reason="stop") == 3
+    assert client.cancel_group("a b#?") == 0
+    assert server.seen[0].url.raw_path == b"/v1/workspaces/ws/groups/a%20b%23%3F"
+    assert server.bodies()[1:] == [{"reason": "stop"}, {}]
+
+
+def test_list_follows_only_the_cursor_of_next_and_stops_at_the_limit():
+    pages = [
+        (200, {"results": [{"id": "1"}, {"id": "2"}],
+               "next": "http://elsewhere:9999/v1/workspaces/ws/jobs?cursor=c1&page_size=2",
+               "previous": None}),
+        (200, {"results": [{"id": "3"}], "next": None, "previous": "x"}),
+    ]
+    client, server = make(*pages)
+    assert [j["id"] for j in client.list(status="queued", group="g", page_size=2)] == \
+        ["1", "2", "3"]
+    assert [r.url.host for r in server.seen] == ["jq.test", "jq.test"]
+    assert [dict(r.url.params) for r in server.seen] == [
+        {"status": "queued", "group": "g", "page_size": "2"},
+        {"status": "queued", "group": "g", "page_size": "2", "cursor": "c1"}]
+    client, server = make(pages[0])
+    assert [j["id"] for j in client.list(limit=2)] == ["1", "2"] and len(server.seen) == 1
+
+
+def test_read_log_reads_its_headers():
+    client, server = make((200, b"line 2\n", {"X-Log-Attempt": "3", "X-Log-Length": "14",
+                                              "Content-Type": "text/plain"}))
+    chunk = client.read_log("j1", offset=7)
+    assert (chunk.data, chunk.attempt, chunk.offset, chunk.length, chunk.next_offset) == (
+        b"line 2\n", 3, 7, 14, 14)
+    assert dict(server.seen[0].url.params) == {"offset": "7"}
+
+
+def test_download_streams_checks_the_etag_and_leaves_nothing_on_a_mismatch(tmp_path):
+    data = b"x" * (prod.DOWNLOAD_CHUNK + 10)
+    etag = f'"{hashlib.sha256(data).hexdigest()}"'
+    client, _ = make((200, data, {"ETag": etag}), (200, data, {"ETag": '"' + "0" * 64 + '"'}))
+    out = io.BytesIO()
+    assert client.download_artifact("j1", "a.bin", out)["size"] == len(data)
+    assert out.getvalue() == data
+    with pytest.raises(prod.ChecksumMismatch):
+        client.download_artifact("j1", "a.bin", tmp_path / "a.bin")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_wait_retries_transient_errors_and_returns_the_ended_job(monkeypatch):
+    monkeypatch.setattr(prod.time, "sleep", lambda s: None)
+    client, server = make((503, {"code": "server_error"}), (503, {"code": "server_error"}),
+                          (503, {"code": "server_error"}), (200, {"id": "j1", "status": "queued"}),
+                          (200, {"id": "j1", "status": "expired"}), sends=1)
+    assert client.wait("j1", poll_seconds=7)["status"] == "expired"
+    assert [r.url.params.get("wait_seconds") for r in server.seen] == ["7"] * 5
+
+
+def test_wait_raises_what_retrying_cannot_fix():
+    client, _ = make((404, {"code": "not_found"}))
+    with pytest.raises(api.NotFound):
+        client.wait("j1", timeout=10)
