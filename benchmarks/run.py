@@ -1022,6 +1022,7 @@ class _Agents:
         idle = 0.2
         with self.httpx.Client(headers=self.headers, timeout=self.wait + 30) as http:
             while not self.stop.is_set():
+                asked = time.monotonic()
                 try:
                     r = http.post(url, json=body)
                 except self.httpx.HTTPError:
@@ -1032,7 +1033,9 @@ class _Agents:
                         self.claimed[r.json()["job"]["id"]] = time.perf_counter()
                         self.cond.notify_all()
                     idle = 0.2
-                elif not self.wait:  # polling: equal-jitter backoff, 0.2 s up to 5 s
+                elif not self.wait or time.monotonic() - asked < self.wait / 2:
+                    # Polling, or an empty answer that came early (a process at its cap of
+                    # held waits), as the reference agent: equal-jitter backoff, 0.2 s to 5 s.
                     time.sleep(idle / 2 + random.uniform(0, idle / 2))
                     idle = min(5.0, idle * 2)
 
