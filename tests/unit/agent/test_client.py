@@ -9,33 +9,24 @@ import httpx
 import pytest
 from jobqueue_client import client as api
 
+from tests.unit.agent.scripted import ScriptedServer
+
 JOB = {"id": "j1", "attempt": 2, "job_agent_config": {"command": ["true"]},
        "dispatch_context": {"password": "hunter2"}}
 CLAIM = {"claim_id": "c1", "attempt": 2, "lease_seconds": 30, "heartbeat_interval_seconds": 10,
          "claim_expires_at": "2030-01-01T00:00:30Z", "server_time": "2030-01-01T00:00:00Z"}
 
 
-class Server:
-    """Answers each request with the next queued (status, json body | bytes, headers); records
-    (method, path, json body)."""
+class Server(ScriptedServer):
+    """Records (method, path, json body) of each request."""
 
     def __init__(self, *answers):
-        self.answers = list(answers)
+        super().__init__(*answers)
         self.seen = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        raw = request.read()
+    def record(self, request: httpx.Request) -> None:
+        raw = request.content
         self.seen.append((request.method, request.url.path, json.loads(raw) if raw else None))
-        answer = self.answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        status, body, *headers = answer
-        headers = headers[0] if headers else {}
-        if isinstance(body, bytes):
-            return httpx.Response(status, content=body, headers=headers)
-        if body is None:
-            return httpx.Response(status, headers=headers)
-        return httpx.Response(status, json=body, headers=headers)
 
 
 def make(*answers):

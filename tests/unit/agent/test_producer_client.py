@@ -13,28 +13,20 @@ import pytest
 from jobqueue_client import client as api
 from jobqueue_client import producer as prod
 
+from tests.unit.agent.scripted import ScriptedServer
+
 KEY = "jqk_0123456789ab_secret"
 
 
-class Server:
-    """Answers each request with the next queued answer (status, body[, headers]) or raises
-    it (an exception: a lost answer); records every request."""
+class Server(ScriptedServer):
+    """Records every request."""
 
     def __init__(self, *answers):
-        self.answers = list(answers)
+        super().__init__(*answers)
         self.seen: list[httpx.Request] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        request.read()
+    def record(self, request: httpx.Request) -> None:
         self.seen.append(request)
-        answer = self.answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        status, body, *headers = answer
-        headers = headers[0] if headers else {}
-        if isinstance(body, bytes):
-            return httpx.Response(status, content=body, headers=headers)
-        return httpx.Response(status, json=body, headers=headers)
 
     def bodies(self):
         return [json.loads(r.content) if r.content else None for r in self.seen]
