@@ -1134,8 +1134,8 @@ def completion_table(res):
         "One process, PostgreSQL (benchmarks/completion.py). Outbox: claim-next + successful "
         "report per job without and with one webhook endpoint (medians of interleaved runs). "
         "Sender: one sender to a local receiver. Prune: finished jobs (each with one event) "
-        "deleted by the pruner, and the claim-next + report cycle of another agent before and "
-        "while it runs.",
+        "deleted by `prune_jobs` in its own process, and the claim-next + report cycle of "
+        "another agent before and while it runs.",
         "",
         "| measure | value |",
         "| --- | ---: |",
