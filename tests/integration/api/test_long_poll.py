@@ -215,10 +215,16 @@ def test_a_client_that_hangs_up_during_a_wait_claims_nothing(server):
 
 
 def _heartbeat_p99(http, url, claim_id, n=200, server=None) -> float:
+    """p99 of n heartbeats. A 503 database_unavailable (the shared PostgreSQL out of
+    connection slots for a moment: the whole suite's servers share its 100) is sent again at
+    once, as the error table says, at most twice, and its time counts."""
     times = []
     for _ in range(n):
         started = time.perf_counter()
-        r = http.post(url, json={"claim_id": claim_id})
+        for _attempt in range(3):
+            r = http.post(url, json={"claim_id": claim_id})
+            if r.status_code != 503 or r.json().get("code") != "database_unavailable":
+                break
         times.append(time.perf_counter() - started)
         assert r.status_code == 200, (r.text, server and server.server.output()[-3000:])
     return statistics.quantiles(times, n=100)[98]
