@@ -258,7 +258,11 @@ def test_heartbeats_are_not_slowed_by_200_held_waits(server):
         # The machine is shared: idle is the worse of the figures before and after the waits.
         idle = max(idle, _heartbeat_p99(http, url, str(other.claim_id), server=server))
     print(f"heartbeat p99 idle {idle * 1000:.1f} ms, with 200 held waits {busy * 1000:.1f} ms")
-    assert busy <= 2 * idle + 0.005, (idle, busy)
+    # What this guards against is starvation: heartbeats queued behind held waits (sync
+    # workers, or threads all taken) wait for seconds. The bound is loose on purpose: the p99 of
+    # 200 requests on a 2-core machine running the rest of the suite moves by tens of ms
+    # (benchmarks, not this test, measure the latency: docs/performance.md).
+    assert busy <= 4 * idle + 0.05, (idle, busy)
     assert all(a.startswith(b"HTTP/1.1 200") for a in answers), {a[:40] for a in answers}
     assert JobClaim.objects.filter(job_id__in=[j.id for j in jobs]).count() == 200
 
