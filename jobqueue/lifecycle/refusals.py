@@ -207,7 +207,9 @@ def record_refusals(refused: list[tuple[uuid.UUID, int, uuid.UUID, str]], operat
     keys = {(job_id, attempt, f"{operation}:{code}"): (claim_id, code)
             for job_id, attempt, claim_id, code in refused}
     existing = _refusal_events(keys)
-    fresh = [key for key in keys if key not in existing]
+    # In key order: two callers inserting overlapping refusals wait on each other's unique
+    # index entries in the same order, never each on the other's (a deadlock).
+    fresh = sorted(key for key in keys if key not in existing)
     if existing:
         JobEvent.objects.filter(id__in=existing.values()).update(
             count=F("count") + 1, last_at=Now()
