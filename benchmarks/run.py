@@ -254,7 +254,7 @@ def lifecycle_sql_file() -> str:
     path = ROOT / "var" / "bench-lifecycle-sql.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps({
-        "claim": statements.JOB_CLAIM_AVAILABLE,
+        "claim": statements.JOB_CLAIM_NEXT,
         "report": statements.JOB_SET_STATE_IF_RUNNING,
     }))
     return str(path)

@@ -45,7 +45,7 @@ class PostgresBackend:
             "holder": holder,
             "key": idempotency_key,
         }
-        statement = sql.JOB_CLAIM_AVAILABLE
+        statement = sql.JOB_CLAIM_NEXT if limit == 1 else sql.JOB_CLAIM_AVAILABLE
         if job_id is not None:
             statement, params["job"] = sql.JOB_CLAIM_AVAILABLE_BY_ID, job_id
             if expected_attempt is not None:

@@ -86,6 +86,15 @@ WITH locked AS MATERIALIZED (
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
 
+# JobClaimNext: the same for one job (claim-next without a batch, the usual claim), with its
+# LIMIT written in the text. With the limit a parameter, PostgreSQL's plan cache cannot price
+# a generic plan (it assumes a tenth of the table): it either plans the whole statement on
+# every execution (about half of the claim's time on the server) or, on a small table, keeps
+# a generic plan that joins the UPDATE to a sequential scan of `job`. `LIMIT 1` makes the
+# generic plan the index-only one, and the cache keeps it after its first five executions
+# (docs/performance.md, "Plans"; tests/integration/core/test_pg_fastpath).
+JOB_CLAIM_NEXT = JOB_CLAIM_AVAILABLE.replace("LIMIT %(limit)s", "LIMIT 1")
+
 # JobClaimAvailableById: the same for one named job (no row when it is not claimable now).
 JOB_CLAIM_AVAILABLE_BY_ID = """
 WITH locked AS MATERIALIZED (

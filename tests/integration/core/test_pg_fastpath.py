@@ -65,6 +65,43 @@ def test_claim_statement_locks_through_the_partial_index_without_sorting():
     assert locking.index("Limit") < locking.index("LockRows"), plan
 
 
+
+@pytest.mark.postgres_only
+def test_the_single_claim_keeps_one_generic_plan_without_a_sequential_scan():
+    """claim-next is planned once per connection, not on every call (its LIMIT is in the
+    text: with it a parameter, PostgreSQL re-planned the statement each time, or, on a
+    small table, kept a generic plan that scanned the whole job table)."""
+    from jobqueue.lifecycle.pg import statements
+    from tests.integration.core.test_races import bulk_jobs
+
+    agent = JobAgentFactory()
+    for rows in (200, 3000):
+        bulk_jobs(agent, rows, status=states.SUCCESSFUL, completed_at=db_now(), attempt=1)
+        bulk_jobs(agent, 12)
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE job")
+        connection.close()  # a new session: nothing prepared yet
+        for _ in range(12):
+            assert lifecycle.claim_next_job(agent) is not None
+        names = re.findall(r"%\((\w+)\)s", statements.JOB_CLAIM_NEXT)
+        values = {"agent": agent.id, "lease": 60, "kind": "claimed", "actor": "a",
+                  "detail": "{}", "holder": "", "key": None}
+        with connection.cursor() as cur:
+            cur.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
+                        "WHERE statement LIKE %s", ["%LIMIT 1%FOR NO KEY UPDATE SKIP LOCKED%"])
+            ((name, generic, custom),) = cur.fetchall()
+            assert custom <= 5 and generic >= 7, (rows, generic, custom)
+            cur.execute("SET plan_cache_mode = force_generic_plan")
+            try:
+                order = list(dict.fromkeys(names))
+                cur.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(order))})",
+                            [values[n] for n in order])
+                plan = "\n".join(row[0] for row in cur.fetchall())
+            finally:
+                cur.execute("RESET plan_cache_mode")
+        if rows > 1000:  # (on a tiny table scanning it is the cheap plan, and is chosen)
+            assert "Seq Scan on job " not in plan and "job_pkey" in plan, plan
+
 def _clauses(sql: str, params) -> dict:
     """A locking SELECT's WHERE (as a set of conditions), ORDER BY, LIMIT and lock, with
     Django's quoting, qualifiers and positional parameters written as the statement's."""
@@ -104,6 +141,7 @@ def test_claim_statements_say_what_the_orm_says_is_claimable_and_in_which_order(
         return "SELECT id FROM job " + body.split("FROM job", 1)[1], ()
 
     assert _clauses(*locking(statements.JOB_CLAIM_AVAILABLE)) == expected
+    assert _clauses(*locking(statements.JOB_CLAIM_NEXT)) == expected
     named = _clauses(*locking(statements.JOB_CLAIM_AVAILABLE_BY_ID))
     one = _clauses(orm_one[0].replace("%s", "%(job)s", 1), orm_one[1][1:])
     assert named["where"] == one["where"] and named["lock"] == one["lock"]
@@ -298,9 +336,9 @@ def test_logged_or_not_a_statement_runs_on_the_same_cached_cursor():
         second = lifecycle.claim_next_job(agent)
         lifecycle.report_status(second.job.id, second.claim_id, states.SUCCESSFUL,
                                 job_agent_id=agent.id)
-    assert quiet == [(statements.JOB_CLAIM_AVAILABLE, quiet[0][1])]
+    assert quiet == [(statements.JOB_CLAIM_NEXT, quiet[0][1])]
     assert [q["sql"] for q in logged.captured_queries] == [
-        statements.JOB_CLAIM_AVAILABLE, statements.JOB_SET_STATE_IF_RUNNING]
+        statements.JOB_CLAIM_NEXT, statements.JOB_SET_STATE_IF_RUNNING]
     assert cursors == [raw, raw] and hot._cursor is raw  # no other cursor, logged or not
     assert first.job.id != second.job.id
 
