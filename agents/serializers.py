@@ -81,6 +81,25 @@ def represent(serializer_class, obj) -> dict:
     return shared.to_representation(obj)
 
 
+_SHARED_INPUT: dict = {}
+
+
+def validate_input(serializer_class, data) -> dict:
+    """`serializer_class(data=data)`'s validated data, or its ValidationError, as is_valid()
+    gives them, from one bound instance per class (the same saving as represent(), about
+    0.3 ms of a report). Inputs validated here need no context and keep no state of their
+    own: run_validation stores nothing on the serializer or its fields."""
+    shared = _SHARED_INPUT.get(serializer_class)
+    if shared is None:
+        shared = serializer_class()
+        shared.fields  # noqa: B018 - bind the fields once
+        _SHARED_INPUT[serializer_class] = shared
+    try:
+        return shared.run_validation(data)
+    except serializers.ValidationError as exc:
+        raise serializers.ValidationError(serializers.as_serializer_error(exc)) from None
+
+
 # --- jobs (output) -----------------------------------------------------------------------
 
 

@@ -110,9 +110,7 @@ class ApiViewSet(ViewSet):
         return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
     def validated(self, serializer_class, data=None):
-        ser = serializer_class(data=self.request.data if data is None else data)
-        ser.is_valid(raise_exception=True)
-        return ser.validated_data
+        return s.validate_input(serializer_class, self.request.data if data is None else data)
 
 
 def _has_body(request) -> bool:
