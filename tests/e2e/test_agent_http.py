@@ -325,7 +325,8 @@ def test_lost_report_response_and_5xx_are_retried(stack, make_agent, make_jobs, 
 def test_job_outcomes_and_cancellation(stack, make_agent, make_jobs):
     agent, token = make_agent(lease_seconds=2)
     [failing] = make_jobs(agent, 1, ["sh", "-c", "echo step one; echo it broke >&2; exit 3"])
-    [slow] = make_jobs(agent, 1, stack.command("sleep 30"), timeout_seconds=1)
+    # A timeout is transient (the agent asks a retry): one attempt makes it the last.
+    [slow] = make_jobs(agent, 1, stack.command("sleep 30"), timeout_seconds=1, max_attempts=1)
     [cancel] = make_jobs(agent, 1, stack.command("sleep 30"))
     [bad] = make_jobs(agent, 1, "not a list")
     [garbage] = make_jobs(agent, 1, ["sh", "-c", 'echo "{oops" > "$JOB_RESULT_FILE"'])
@@ -345,6 +346,8 @@ def test_job_outcomes_and_cancellation(stack, make_agent, make_jobs):
     assert jobs[slow.id].status == states.FAILURE
     assert jobs[slow.id].message.startswith("timed out")
     assert [r["what"] for r in stack.executions() if r["job"] == str(slow.id)] == ["start"]
+    [ended] = JobEvent.objects.filter(job_id=slow.id, kind=JobEvent.STATUS_REPORTED)
+    assert (ended.detail["retry"], ended.detail["requeued"]) == (True, False)
     assert jobs[cancel.id].status == states.CANCELLED
     assert not JobEvent.objects.filter(job_id=cancel.id, kind=JobEvent.STATUS_REPORTED).exists()
     assert f"event=lease_lost job={cancel.id} attempt=1 code=job_cancelled" in a.output()

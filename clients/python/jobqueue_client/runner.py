@@ -810,7 +810,8 @@ class ReportBatcher(threading.Thread):
             body = batch[0].body
             try:
                 self.client.report(body["job_id"], body["claim_id"], body["status"],
-                                   message=body.get("message"), result=body.get("result"))
+                                   message=body.get("message"), result=body.get("result"),
+                                   retry=body.get("retry", False))
                 errors = [None]
             except Exception as exc:  # noqa: BLE001 - handed to the job thread, as is
                 errors = [exc]

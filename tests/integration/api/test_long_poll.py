@@ -180,7 +180,7 @@ def test_a_held_claim_gets_a_job_posted_by_a_producer(server):
         waiter.join(30)
         r = result["r"]
         assert r.status_code == 200 and r.json()["job"]["id"] == created.json()["id"]
-        assert result["at"] - posted < 1.0
+        assert result["at"] - posted < 5.0  # the wake-up: the re-check is every 60 s here
 
         # the producer waits for the end, which the agent reports
         job_id, claim_id = r.json()["job"]["id"], r.json()["claim"]["claim_id"]
@@ -202,7 +202,7 @@ def test_a_held_claim_gets_a_job_posted_by_a_producer(server):
             assert r.status_code == 200, r.text
         t.join(30)
         assert ended["r"].status_code == 200 and ended["r"].json()["status"] == "successful"
-        assert ended["at"] - reported < 1.0
+        assert ended["at"] - reported < 5.0
 
 
 def test_a_client_that_hangs_up_during_a_wait_claims_nothing(server):

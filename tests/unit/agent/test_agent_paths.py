@@ -193,6 +193,23 @@ def test_a_refused_report_publishes_nothing_and_is_not_retried(start, caplog):
     assert len(server.requests(STATUS)) == 1
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])  # the client's report, the reporter's
+def test_a_transient_failure_is_reported_with_retry_on_either_report_path(start, caplog,
+                                                                           concurrency):
+    """Exit status 75 (EX_TEMPFAIL) asks a retry, whether the report goes alone through the
+    client (one job at a time) or through the reporter thread (several: a batch of one is
+    sent as a single report)."""
+    server = Api(["sh", "-c", "exit 75"], ["true"])
+    run = start(server, concurrency=concurrency)
+    wait_for(lambda: caplog.text.count("event=reported ") == 2, 30, "two reports")
+    assert run.stop() == 0
+    bodies = {b["job_id"]: b for _, _, body in server.requests(REPORTS)
+              for b in body["reports"]}
+    bodies.update({p.rsplit("/", 2)[-2]: b for _, p, b in server.requests(STATUS)})
+    assert bodies["job1"]["status"] == "failure" and bodies["job1"].get("retry") is True
+    assert bodies["job2"]["status"] == "successful" and "retry" not in bodies["job2"]
+
+
 def test_a_result_the_server_refuses_is_reported_as_failure_without_it(start, caplog):
     """413 (or any 4xx) for a report with a result: the job is reported failed, with why."""
     script = 'echo \'{"big": "result"}\' > "$JOB_RESULT_FILE"'
