@@ -92,7 +92,7 @@ WITH locked AS MATERIALIZED (
 # every execution (about half of the claim's time on the server) or, on a small table, keeps
 # a generic plan that joins the UPDATE to a sequential scan of `job`. `LIMIT 1` makes the
 # generic plan the index-only one, and the cache keeps it after its first five executions
-# (docs/performance.md, "Plans"; tests/integration/core/test_pg_fastpath).
+# (docs/performance.md, "Prepared statements"; tests/integration/core/test_pg_fastpath).
 JOB_CLAIM_NEXT = JOB_CLAIM_AVAILABLE.replace("LIMIT %(limit)s", "LIMIT 1")
 
 # JobClaimAvailableById: the same for one named job (no row when it is not claimable now).
