@@ -807,11 +807,11 @@ class ReportBatcher(threading.Thread):
     def _send(self, batch: list[_PendingReport]) -> None:
         errors: list[BaseException | None]
         if len(batch) == 1:
-            body = batch[0].body
+            # The body's own fields, not a second list of them (a list dropped `retry` once).
+            body = dict(batch[0].body)
             try:
-                self.client.report(body["job_id"], body["claim_id"], body["status"],
-                                   message=body.get("message"), result=body.get("result"),
-                                   retry=body.get("retry", False))
+                self.client.report(body.pop("job_id"), body.pop("claim_id"), body.pop("status"),
+                                   **body)
                 errors = [None]
             except Exception as exc:  # noqa: BLE001 - handed to the job thread, as is
                 errors = [exc]
