@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import re
@@ -603,9 +604,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_gunicorn(workers, threads=None):
+def start_gunicorn(workers, threads=None, env_extra=None):
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": db_url(DB),
+    env = {**os.environ, **(env_extra or {}), "DATABASE_URL": db_url(DB),
            "DJANGO_SETTINGS_MODULE": "benchmarks.bench_settings", "PYTHONPATH": str(ROOT),
            "LOG_LEVEL": "WARNING"}
     (ROOT / "var").mkdir(exist_ok=True)
@@ -1056,7 +1057,10 @@ def pickup_level(n_agents, n_jobs, wait, workers, pause=(0.02, 0.02)):
     agent = make_agent()
     token = credentials.issue_agent_token(agent)
     key = credentials.issue_workspace_api_key(agent.workspace)
-    proc, port = start_gunicorn(workers)
+    # Each process's cap on held waits with headroom over an even split (the agents'
+    # connections do not spread evenly over the workers; past a cap, agents poll).
+    cap = max(200, math.ceil(1.5 * n_agents / workers))
+    proc, port = start_gunicorn(workers, env_extra={"JOBQUEUE_MAX_WAITING_CLAIMS": str(cap)})
     base = f"http://127.0.0.1:{port}/v1/workspaces/{agent.workspace_id}/"
     agents = _Agents(base, agent.id, token, n_agents, wait)
     try:
@@ -1079,7 +1083,7 @@ def pickup_level(n_agents, n_jobs, wait, workers, pause=(0.02, 0.02)):
         agents.stop.set()
         proc.terminate()  # ends the held waits
         proc.wait(timeout=30)
-    return {"agents": n_agents, "jobs": n_jobs, "wait_seconds": wait,
+    return {"agents": n_agents, "jobs": n_jobs, "wait_seconds": wait, "waits_per_process": cap,
             "p50_ms": 1000 * percentile(lat, 50), "p99_ms": 1000 * percentile(lat, 99),
             "max_ms": 1000 * max(lat), "idle_db_tps": idle_tps}
 
@@ -1104,13 +1108,15 @@ def pickup_table(res):
         "idle db tx/s: the database's commits per second while the agents wait on an empty "
         "queue (pg_stat_database, over 5 s).",
         "",
-        "| agents | claim mode | jobs | pickup p50 | pickup p99 | max | idle db tx/s |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| agents | claim mode | held waits per process (cap) | jobs | pickup p50 | "
+        "pickup p99 | max | idle db tx/s |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in [*res["levels"], res["polling"]]:
         mode = f"wait_seconds={row['wait_seconds']}" if row["wait_seconds"] else \
             "polling, idle backoff to 5 s"
-        lines.append(f"| {row['agents']} | {mode} | {row['jobs']} | {row['p50_ms']:.1f} ms | "
+        lines.append(f"| {row['agents']} | {mode} | {row.get('waits_per_process', 200)} | "
+                     f"{row['jobs']} | {row['p50_ms']:.1f} ms | "
                      f"{row['p99_ms']:.1f} ms | {row['max_ms']:.1f} ms | "
                      f"{row['idle_db_tps']:.1f} |")
     return lines

@@ -221,6 +221,9 @@ JOBQUEUE = {
     # threads from it).
     "MAX_CLAIM_WAIT_SECONDS": env.int("JOBQUEUE_MAX_CLAIM_WAIT_SECONDS", 50),
     "MAX_WAITING_CLAIMS": env.int("JOBQUEUE_MAX_WAITING_CLAIMS", 200),
+    # How many of a process's held waits keep their database connection (the others close
+    # theirs while they sleep); a wake-up goes to one of these first (jobqueue/wakeups.py).
+    "WARM_WAITS": env.int("JOBQUEUE_WARM_WAITS", 4),
     # While anyone waits, each process re-checks this often with one query (a lost NOTIFY
     # never strands a waiter), and (SQLite) reads the wake file this often.
     "WAIT_RECHECK_SECONDS": env.float("JOBQUEUE_WAIT_RECHECK_SECONDS", 2.0),

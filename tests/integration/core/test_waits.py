@@ -209,6 +209,51 @@ def test_a_process_at_its_cap_answers_at_once(settings):
     assert time.monotonic() - started < 0.5
 
 
+def _connected_at_each_check(waits_warm, settings, pool):
+    """Whether the thread's database connection was open when each of a held wait's checks
+    began (the first check opens it; the one after the wake-up tells)."""
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WARM_WAITS": waits_warm}
+    seen = []
+
+    def check():
+        seen.append(connections["default"].connection is not None)
+        list(Job.objects.filter(id=None))  # a query: the check's connection is open after
+        return len(seen) >= 2
+
+    waiter = in_thread(pool, wakeups.wait_until, "a:checks", 20, check)
+    until_waiting(1)
+    wakeups.hub().wake("a:checks")
+    assert waiter.result(timeout=20)[0] is True
+    return seen
+
+
+def test_a_held_wait_closes_its_connection_past_the_warm_ones(settings, pool):
+    assert _connected_at_each_check(0, settings, pool)[1:] == [False]
+    assert _connected_at_each_check(1, settings, pool)[1:] == [True]
+
+
+@pytest.mark.postgres_only
+def test_a_warm_waiter_whose_connection_died_while_it_waited_still_claims(settings, pool):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WARM_WAITS": 1}
+    agent = fresh(JobAgentFactory())
+    waiter = in_thread(pool, lifecycle.claim_next_waiting, fresh(agent), None, 20)
+    until_waiting(1)
+    deadline = time.monotonic() + 10
+    while True:  # the waiter's connection: every session but this one and the listener's
+        with connection.cursor() as c:  # (it opens with the wait's first check)
+            c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                      "AND application_name <> %s AND state = 'idle'",
+                      [wakeups.LISTENER_NAME])
+            if c.fetchall():
+                break
+        assert time.monotonic() < deadline, "the warm waiter held no connection to cut off"
+        time.sleep(0.01)
+    job, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent)
+    grants, _ = waiter.result(timeout=20)
+    assert [g.job.id for g in grants] == [job.id]
+
+
 def test_a_caller_that_left_claims_nothing(pool):
     agent = fresh(JobAgentFactory())
     left = threading.Event()

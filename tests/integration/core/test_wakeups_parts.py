@@ -46,6 +46,23 @@ def test_a_notification_for_an_agent_wakes_one_waiter_and_for_a_job_every_one():
     assert hub.waiting() == 4
 
 
+def test_an_agent_notification_wakes_a_waiter_that_kept_its_connection_first(settings):
+    hub = wakeups.Hub()
+    hub._ensure_thread = lambda: None
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WARM_WAITS": 0}
+    cold = [hub.register("a:x") for _ in range(5)]
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WARM_WAITS": 1}
+    warm = hub.register("a:x")
+    assert warm.warm and not any(w.warm for w in cold)
+    assert not hub.register("a:x").warm  # one warm waiter a process, as configured
+    hub.deliver("a:x")
+    assert warm.event.is_set() and not any(w.event.is_set() for w in cold)
+    hub.deliver("a:x")  # the warm one is already woken: a cold one next
+    assert [w.event.is_set() for w in cold].count(True) == 1
+    hub.unregister(warm)  # its slot is free again (its unused wake-up is handed on)
+    assert hub.register("a:y").warm
+
+
 def test_a_delayed_notification_fires_after_its_delay_and_a_bad_one_at_once():
     hub = wakeups.Hub()
     hub._ensure_thread = lambda: None
