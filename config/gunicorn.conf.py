@@ -7,9 +7,10 @@ JOBQUEUE_MAX_WAITING_CLAIMS waits (past the cap a claim answers at once, as if
 `wait_seconds` were 0) and has GUNICORN_SPARE_THREADS more threads than that for everything
 else: heartbeats, reports and producers never queue behind held waits. A held wait closes
 its database connection while it sleeps (docs/api.md, "Waiting"; the first
-JOBQUEUE_WARM_WAITS of a process keep theirs), so threads that wait cost the database nothing. gthread's main thread keeps the worker's heartbeat with the arbiter,
-so a wait never trips `timeout`. On SIGTERM the worker ends its held waits at once (each
-answers as its deadline would), then drains within `graceful_timeout`.
+JOBQUEUE_WARM_WAITS of a process keep theirs), so threads that wait cost the database
+nothing. gthread's main thread keeps the worker's heartbeat with the arbiter, so a wait
+never trips `timeout`. On SIGTERM the worker ends its held waits at once (each answers as
+its deadline would), then drains within `graceful_timeout`.
 
 `--bind` and `--workers` (and any other setting) may still be given on the command line.
 """
