@@ -285,9 +285,8 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
             Job.objects.filter(pk=obj.pk).values_list("dispatch_context", flat=True).first())
         items = []
         for tail in tails:
-            text = tail.data.decode("utf-8", errors="replace")
-            for secret in secrets:  # an agent that echoes its secrets: not on this page
-                text = text.replace(secret, "[redacted]")
+            text = _redacted(tail.data.decode("utf-8", errors="replace"), secrets,
+                             cut=bool(tail.offset))
             cut = "…" if tail.offset else ""
             items.append((tail.attempt, tail.length, cut + text))
         return format_html_join(
@@ -447,6 +446,25 @@ def _secret_strings(value, found=None) -> list[str]:
             _secret_strings(item, found)
     return sorted(set(found), key=len, reverse=True)
 
+def _redacted(text: str, secrets: list[str], *, cut: bool) -> str:
+    """A log's tail without the dispatch_context's secrets an agent echoed: every whole one,
+    and the part of one that the tail's cut (`cut`: the tail starts inside the log) or the
+    log's current end (a line still being written) splits, from 3 characters on."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    for secret in secrets:
+        for k in range(len(secret) - 1, 2, -1):
+            if cut and text.startswith(secret[-k:]):
+                text = REDACTED + text[k:]
+                break
+        for k in range(len(secret) - 1, 2, -1):
+            if text.endswith(secret[:k]):
+                text = text[:-k] + REDACTED
+                break
+    return text
+
+
+REDACTED = "[redacted]"
 TIMELINE_PAGE_SIZE = 100
 TIMELINE_PARAM = "timeline_before"
 

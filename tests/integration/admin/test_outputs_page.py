@@ -32,6 +32,20 @@ def test_the_job_page_shows_each_attempts_log_tail(op_client, agent, monkeypatch
     assert "[redacted]" in page
 
 
+def test_a_secret_cut_by_the_tail_or_the_logs_end_is_not_shown(op_client, agent,
+                                                                 monkeypatch):
+    job = JobFactory(job_agent=agent, dispatch_context={"TOKEN": "hunter2-secret"})
+    grant = lifecycle.claim_job(agent, job.id)
+    monkeypatch.setattr(job_admin, "LOG_TAIL_BYTES", 20)
+    # The tail's 20 bytes start inside the first secret; the log ends inside the second.
+    logs.append_log(job.id, grant.claim_id, b"x" * 30 + b"hunter2-secret ok ... hunte")
+    page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    log = page[page.index('<pre class="jq-log">'):]
+    log = log[:log.index("</pre>")]
+    assert log == '<pre class="jq-log">…[redacted] ok ... [redacted]'
+    assert "-secret" not in page and "hunte" not in page
+
+
 def test_a_job_without_a_log_says_so(op_client, agent):
     job = JobFactory(job_agent=agent)
     page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
