@@ -42,6 +42,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -92,9 +93,10 @@ DEFAULTS = {
     "BENCH_OUTBOX_REPS": 3,
     "BENCH_PRUNE_JOBS": 1_000_000,
     "BENCH_PICKUP_AGENTS": "1,100,1000",
-    "BENCH_PICKUP_JOBS": 50,
+    "BENCH_PICKUP_JOBS": 100,
     "BENCH_PICKUP_POLL_JOBS": 8,
     "BENCH_PICKUP_WORKERS": 5,
+    "BENCH_PICKUP_HEARTBEATS": 300,
 }
 DB = db_name("core")
 APP_PY = str(ROOT / ".venv" / "bin" / "python")
@@ -1088,6 +1090,56 @@ def pickup_level(n_agents, n_jobs, wait, workers, pause=(0.02, 0.02)):
             "max_ms": 1000 * max(lat), "idle_db_tps": idle_tps}
 
 
+def heartbeats_under_waits(n_waits, samples, workers):
+    """Another agent's heartbeat latency (one client, keep-alive, one after another) with no
+    held wait, then while `n_waits` claims wait on an empty queue, then with none again."""
+    import httpx
+
+    from agents import credentials
+    from jobqueue import lifecycle
+
+    reset_tables()
+    waiting, beating = make_agent(name="waiting"), make_agent(name="beating")
+    grant = lifecycle.claim_job(beating, lifecycle.create_job(
+        workspace=beating.workspace, job_agent=beating)[0].id)
+    cap = max(200, math.ceil(1.5 * n_waits / workers))
+    proc, port = start_gunicorn(workers, env_extra={"JOBQUEUE_MAX_WAITING_CLAIMS": str(cap)})
+    base = f"http://127.0.0.1:{port}/v1/workspaces/{beating.workspace_id}/"
+    token = credentials.issue_agent_token(beating)
+
+    def sample(http):
+        lat = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            r = http.post(f"jobs/{grant.job.id}/heartbeat", json={"claim_id": str(grant.claim_id)})
+            r.raise_for_status()
+            lat.append(time.perf_counter() - started)
+        return {"p50_ms": 1000 * percentile(lat, 50), "p99_ms": 1000 * percentile(lat, 99)}
+
+    try:
+        with httpx.Client(base_url=base, timeout=30,
+                          headers={"Authorization": f"Bearer {token}"}) as http:
+            sample(http)  # warm
+            before = sample(http)
+            agents = _Agents(f"http://127.0.0.1:{port}/v1/workspaces/{waiting.workspace_id}/",
+                             waiting.id, credentials.issue_agent_token(waiting), n_waits, 50)
+            try:
+                time.sleep(2 + n_waits / 200)  # all of them held
+                during = sample(http)
+            finally:
+                agents.stop.set()
+            proc.send_signal(signal.SIGHUP)  # new workers: the held waits end, none is left
+            time.sleep(3)
+            sample(http)  # the new workers warm
+            after = sample(http)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    idle = max(before["p99_ms"], after["p99_ms"])
+    return {"waits": n_waits, "samples": samples, "before": before, "during": during,
+            "after": after, "p99_ratio": during["p99_ms"] / idle}
+
+
 def scenario_pickup():
     levels, n = conf("BENCH_PICKUP_AGENTS"), conf("BENCH_PICKUP_JOBS")
     workers = conf("BENCH_PICKUP_WORKERS")
@@ -1098,7 +1150,10 @@ def scenario_pickup():
             f"ms, idle db {rows[-1]['idle_db_tps']:.1f} tx/s")
     poll = pickup_level(1, conf("BENCH_PICKUP_POLL_JOBS"), 0, workers, pause=(1.0, 4.0))
     log(f"pickup polling agent: p50 {poll['p50_ms']:.0f} ms, p99 {poll['p99_ms']:.0f} ms")
-    return {"workers": workers, "levels": rows, "polling": poll}
+    beats = heartbeats_under_waits(200, conf("BENCH_PICKUP_HEARTBEATS"), workers)
+    log(f"heartbeats with 200 held waits: p99 {beats['during']['p99_ms']:.1f} ms, "
+        f"{beats['p99_ratio']:.2f}x idle")
+    return {"workers": workers, "levels": rows, "polling": poll, "heartbeats": beats}
 
 
 def pickup_table(res):
@@ -1119,6 +1174,24 @@ def pickup_table(res):
                      f"{row['jobs']} | {row['p50_ms']:.1f} ms | "
                      f"{row['p99_ms']:.1f} ms | {row['max_ms']:.1f} ms | "
                      f"{row['idle_db_tps']:.1f} |")
+    beats = res.get("heartbeats")
+    if beats:
+        lines += [
+            "",
+            f"Another agent's heartbeats (one client, {beats['samples']} one after another) "
+            f"with no held wait, while {beats['waits']} claims wait on an empty queue, and "
+            "with none again (new workers); target: p99 while waits are held within 2× of "
+            "the idle p99 (the worse of before and after).",
+            "",
+            "| heartbeats | p50 | p99 |",
+            "| --- | ---: | ---: |",
+            *(f"| {label} | {beats[k]['p50_ms']:.1f} ms | {beats[k]['p99_ms']:.1f} ms |"
+              for k, label in (("before", "no held wait"),
+                               ("during", f"{beats['waits']} held waits"),
+                               ("after", "no held wait (after)"))),
+            "",
+            f"p99 with the held waits: {beats['p99_ratio']:.2f}× the idle p99.",
+        ]
     return lines
 
 
