@@ -54,6 +54,12 @@ def job_key(job_id) -> str:
     return f"j:{job_id}"
 
 
+def every_waiter_key(job_agent_id) -> str:
+    """Wakes every waiter of the agent (a resume: its queued jobs all became claimable at
+    once), where its agent_key wakes one per process."""
+    return f"A:{job_agent_id}"
+
+
 # --- sending ------------------------------------------------------------------------------
 
 
@@ -203,6 +209,8 @@ class Hub:
         if seconds > 0:
             with self._lock:
                 heapq.heappush(self._timers, (time.monotonic() + seconds + TIMER_MARGIN, key))
+        elif key.startswith("A:"):
+            self.wake_key(agent_key(key[2:]))
         else:
             self.wake(key)
 
@@ -272,9 +280,10 @@ class Hub:
         jobs = [k[2:] for k in keys if k.startswith("j:")]
         try:
             ready = set()
-            if agents:
+            if agents:  # a paused agent's claims hand out nothing: its waiters sleep on
                 ready.update(agent_key(a) for a in Job.objects.claimable().filter(
-                    job_agent_id__in=agents).values_list("job_agent_id", flat=True).distinct())
+                    job_agent_id__in=agents, job_agent__paused_at__isnull=True,
+                ).values_list("job_agent_id", flat=True).distinct())
             if jobs:
                 ready.update(job_key(j) for j in Job.objects.filter(
                     id__in=jobs, status__in=states.TERMINAL).values_list("id", flat=True))

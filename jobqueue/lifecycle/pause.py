@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
 from django.db.models.functions import Now
 
-from jobqueue import observe
+from jobqueue import observe, wakeups
 from jobqueue.models import JobAgent
 
 log = logging.getLogger("jobqueue.lifecycle")
@@ -29,10 +30,14 @@ def pause_job_agent(job_agent: JobAgent, actor: str, reason: str = "") -> tuple[
 
 
 def resume_job_agent(job_agent: JobAgent, actor: str, reason: str = "") -> tuple[JobAgent, bool]:
-    """Let the agent claim again: (the agent as it is now, whether this call resumed it)."""
-    changed = JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=False).update(
-        paused_at=None, paused_by="", paused_reason=""
-    ) == 1
+    """Let the agent claim again: (the agent as it is now, whether this call resumed it).
+    Every claim of the agent held waiting (long-poll) re-checks when the resume commits."""
+    with transaction.atomic():
+        changed = JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=False).update(
+            paused_at=None, paused_by="", paused_reason=""
+        ) == 1
+        if changed:
+            wakeups.announce(wakeups.every_waiter_key(job_agent.id))
     return _after(job_agent, changed, "resumed", actor, reason)
 
 

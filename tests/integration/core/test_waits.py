@@ -170,6 +170,36 @@ def test_a_retryable_failure_wakes_the_waiter_when_its_backoff_ends(pool, batch)
     assert 1.0 <= when - reported < 1.0 + WAKE_BOUND
 
 
+def test_a_resume_wakes_every_held_claim_of_the_agent_at_once(pool):
+    agent = fresh(JobAgentFactory())
+    lifecycle.pause_job_agent(agent, "operator:test")
+    jobs = {JobFactory(job_agent=agent).id for _ in range(3)}
+    waiters = [in_thread(pool, lifecycle.claim_next_waiting, fresh(agent), None, 20)
+               for _ in range(3)]
+    until_waiting(3)
+    time.sleep(0.3)
+    assert not any(w.done() for w in waiters), "a paused agent's claims hand out nothing"
+    lifecycle.resume_job_agent(agent, "operator:test")
+    resumed = time.monotonic()
+    got = [w.result(timeout=20) for w in waiters]
+    assert {g.job.id for grants, _ in got for g in grants} == jobs  # one each
+    assert max(when for _, when in got) - resumed < WAKE_BOUND
+
+
+def test_the_recheck_leaves_a_paused_agents_waiters_asleep():
+    hub = wakeups.Hub()
+    hub._ensure_thread = lambda: None
+    agent = fresh(JobAgentFactory())
+    JobFactory(job_agent=agent)
+    lifecycle.pause_job_agent(agent, "operator:test")
+    waiter = hub.register(wakeups.agent_key(agent.id))
+    hub.recheck()
+    assert not waiter.event.is_set()  # it would claim nothing: no statement for it
+    lifecycle.resume_job_agent(agent, "operator:test")
+    hub.recheck()
+    assert waiter.event.is_set()
+
+
 def test_a_job_of_another_agent_does_not_end_the_wait(pool):
     agent, other = fresh(JobAgentFactory()), JobAgentFactory()
     waiter = in_thread(pool, lifecycle.claim_next_waiting, agent, None, 1)
