@@ -1,8 +1,9 @@
 """The charts on the Recovery page, drawn on the server as inline SVG (no script, no CDN):
-jobs finished per minute by status over the last hour, and the queue's depth over the last
-24 hours. Both come from the job events, by the database's clock, with bounded queries: each
-reads one time window (the `job_event_created_brin` index on PostgreSQL) and answers grouped
-rows (at most a bucket per minute or hour per kind), never one row per event.
+jobs finished per minute by status (the average of each 15 minutes) and the queue's depth,
+both over the last 24 hours. Both come from the job events, by the database's clock, with
+bounded queries: each reads one time window (the `job_event_created_brin` index on
+PostgreSQL) and answers grouped rows (at most a bucket per quarter hour or hour per kind),
+never one row per event.
 
 The queue's depth is read back from now: the queued jobs counted now, minus each later hour's
 net inflow (created queued, dispatched, released, reaped, requeued: in; claimed, cancelled or
@@ -16,14 +17,15 @@ import datetime as dt
 
 from django.db.models import Count
 from django.db.models.fields.json import KT
-from django.db.models.functions import TruncHour, TruncMinute
+from django.db.models.functions import ExtractMinute, Floor, TruncHour
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from jobqueue import states
 from jobqueue.models import Job, JobEvent
 
-FINISHED_MINUTES = 60
+FINISHED_HOURS = 24
+FINISHED_BUCKET_MINUTES = 15  # a divisor of 60
 DEPTH_HOURS = 24
 # Fixed colours per terminal status (the labels are ours, never a client's value).
 FINISHED_SERIES = [
@@ -44,26 +46,30 @@ def _truthy(value) -> bool:
     return str(value).lower() in ("true", "1")
 
 
-def finished_per_minute(now: dt.datetime, minutes: int = FINISHED_MINUTES) -> dict:
-    """{"starts": [minute, ...], "series": {status: [count per minute]}} for the last
-    `minutes` minutes up to `now` (the database's time), oldest first."""
-    end = now.replace(second=0, microsecond=0)
-    starts = [end - dt.timedelta(minutes=minutes - 1 - i) for i in range(minutes)]
+def finished_per_minute(now: dt.datetime, hours: int = FINISHED_HOURS,
+                        bucket: int = FINISHED_BUCKET_MINUTES) -> dict:
+    """{"starts": [bucket start, ...], "bucket_minutes": bucket, "series": {status: [jobs
+    finished in each bucket]}} for the `bucket`-minute buckets of the last `hours` hours up
+    to `now` (the database's time), oldest first; the last bucket is the one `now` is in."""
+    n = hours * 60 // bucket
+    end = now.replace(minute=now.minute - now.minute % bucket, second=0, microsecond=0)
+    starts = [end - dt.timedelta(minutes=bucket * (n - 1 - i)) for i in range(n)]
     index = {start: i for i, start in enumerate(starts)}
-    series = {status: [0] * minutes for status, _ in FINISHED_SERIES}
+    series = {status: [0] * n for status, _ in FINISHED_SERIES}
     rows = (
         JobEvent.objects.filter(created_at__gte=starts[0], kind__in=_FINISHING_KINDS)
-        .annotate(minute=TruncMinute("created_at"), status=KT("detail__status"))
-        .values("minute", "kind", "status")
+        .annotate(hour=TruncHour("created_at"), part=Floor(ExtractMinute("created_at") / bucket),
+                  status=KT("detail__status"))
+        .values("hour", "part", "kind", "status")
         .annotate(n=Count("id"))
         .order_by()
     )
     for row in rows:
         status = row["status"] if row["kind"] == JobEvent.STATUS_REPORTED else row["kind"]
-        i = index.get(row["minute"])
+        i = index.get(row["hour"] + dt.timedelta(minutes=bucket * int(row["part"])))
         if i is not None and status in series:
             series[status][i] += row["n"]
-    return {"starts": starts, "series": series}
+    return {"starts": starts, "bucket_minutes": bucket, "series": series}
 
 
 def _queue_delta(kind: str, created_status, superseded) -> int:
@@ -117,7 +123,7 @@ def queue_depth(now: dt.datetime, hours: int = DEPTH_HOURS) -> dict:
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 720, 200, 44, 22, 10
 
 
-def _frame(title: str, top: int, start_label: str, end_label: str) -> list[str]:
+def _frame(title: str, top, start_label: str, end_label: str) -> list[str]:
     plot_h = HEIGHT - BOTTOM - TOP
     return [
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{WIDTH}" '
@@ -135,15 +141,17 @@ def _frame(title: str, top: int, start_label: str, end_label: str) -> list[str]:
 
 
 def finished_chart_svg(data: dict) -> SafeString:
-    """Stacked bars, one per minute, one colour per status."""
-    n = len(data["starts"])
+    """Stacked bars, one per bucket, one colour per status; heights are jobs per minute
+    (the bucket's count over its minutes)."""
+    n, bucket = len(data["starts"]), data["bucket_minutes"]
     totals = [sum(data["series"][s][i] for s, _ in FINISHED_SERIES) for i in range(n)]
     top = max(totals + [1])
     plot_h = HEIGHT - BOTTOM - TOP
     step = (WIDTH - LEFT) / n
     parts = _frame(
-        "Jobs finished per minute by status, last hour", top,
-        f"{data['starts'][0]:%H:%M}", f"{data['starts'][-1]:%H:%M} UTC",
+        f"Jobs finished per minute by status ({bucket}-minute averages), last 24 hours",
+        f"{top / bucket:.1f}", f"{data['starts'][0]:%m-%d %H:%M}",
+        f"{data['starts'][-1]:%m-%d %H:%M} UTC",
     )
     for i in range(n):
         y = TOP + plot_h
@@ -156,7 +164,8 @@ def finished_chart_svg(data: dict) -> SafeString:
             parts.append(
                 f'<rect x="{LEFT + i * step + 1:.1f}" y="{y:.1f}" width="{max(step - 2, 1):.1f}" '
                 f'height="{h:.1f}" fill="{colour}" data-status="{status}" data-count="{count}">'
-                f"<title>{data['starts'][i]:%H:%M} {status}: {count}</title></rect>"
+                f"<title>{data['starts'][i]:%H:%M} {status}: {count} in {bucket} min "
+                f"({count / bucket:.1f}/min)</title></rect>"
             )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - numbers and our own labels, escaped

@@ -45,19 +45,21 @@ def test_finished_per_minute_counts_each_terminal_status_in_its_minute():
     expire_lease(lost, seconds_ago=5)
     assert lifecycle.reap_expired_claims_once(10).expired == 1
     marked = lifecycle.mark_failed(JobFactory(job_agent=agent).id, actor="operator:olga")
-    # Two successes ten minutes ago, one long ago (outside the hour).
-    _shift([ok[0].id, ok[1].id], -600)
-    _shift([ok[2].id], -7200)
+    # Two successes five hours ago, one long ago (outside the 24 hours).
+    _shift([ok[0].id, ok[1].id], -5 * 3600)
+    _shift([ok[2].id], -25 * 3600)
 
     now = db_now()
     data = charts.finished_per_minute(now)
-    assert len(data["starts"]) == 60 and data["starts"][-1] == now.replace(second=0, microsecond=0)
+    quarter = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    assert len(data["starts"]) == 96 and data["starts"][-1] == quarter
+    assert data["starts"][0] == quarter - dt.timedelta(hours=24) + dt.timedelta(minutes=15)
     series = data["series"]
     assert sum(series[states.SUCCESSFUL]) == 2
     assert sum(series[states.FAILURE]) == 2  # an agent's report and an operator's mark-failed
     assert sum(series[states.CANCELLED]) == 1 and sum(series[states.EXPIRED]) == 1
-    ten_ago = (now - dt.timedelta(seconds=600)).replace(second=0, microsecond=0)
-    assert series[states.SUCCESSFUL][data["starts"].index(ten_ago)] == 2
+    five_ago = quarter - dt.timedelta(hours=5)  # the same minute of the hour: that quarter
+    assert series[states.SUCCESSFUL][data["starts"].index(five_ago)] == 2
     assert series[states.FAILURE][-1] + series[states.FAILURE][-2] == 2
     del failed, cancelled, marked
 
