@@ -196,8 +196,14 @@ class Stack:
 
     # -- the API server --
 
-    def start_server(self, workers: int = 2, threads: int = 8) -> Proc:
-        self.server = self.start_replica(self.port, workers, threads, name="server")
+    def start_server(self, workers: int = 2, threads: int = 8, *,
+                     access_log: Path | None = None) -> Proc:
+        """The API server on the stack's port, replacing the one running there (stopped
+        first: a second gunicorn could not bind the port, and the first one would answer)."""
+        if self.server is not None and self.server.alive():
+            self.server.stop()
+        self.server = self.start_replica(self.port, workers, threads, name="server",
+                                         access_log=access_log)
         return self.server
 
     def start_replica(self, port: int, workers: int = 2, threads: int = 8, *,

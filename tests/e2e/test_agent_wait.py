@@ -19,7 +19,8 @@ def test_a_waiting_agent_starts_a_new_job_at_once(stack, make_agent, make_jobs, 
     # The wake-up, not the server's re-check (every 2 s by default) nor a poll, starts it:
     # the bound sits below both (on a slow, shared CI machine a pickup took over 1 s).
     stack.server_env["JOBQUEUE_WAIT_RECHECK_SECONDS"] = "60"
-    stack.start_server(workers=1, threads=16)
+    access = stack.tmp / "access.log"
+    stack.start_server(workers=1, threads=16, access_log=access)
     agent, token = make_agent(lease_seconds=10)
     a = stack.start_agent(agent, token, "A", idle_max=5)  # polling would sleep up to 5 s
     time.sleep(2)  # idle: its claim is held
@@ -29,6 +30,10 @@ def test_a_waiting_agent_starts_a_new_job_at_once(stack, make_agent, make_jobs, 
     started = time.monotonic() - created
     say(f"agent pickup (create -> job started) {started * 1000:.0f} ms")
     assert started < 3.0
+    # It waited: one claim, held through the idle seconds and answered with the job; a
+    # polling agent would have had empty answers (204) by now (0.2 s, 0.4 s, ... apart).
+    claims = [line for line in access.read_text().splitlines() if "/jobs/claim" in line]
+    assert len(claims) == 1 and '" 200 ' in claims[0], claims
     wait_for(lambda: Job.objects.get(id=job.id).status == states.SUCCESSFUL, 30, "success")
     assert a.stop() == 0
 
