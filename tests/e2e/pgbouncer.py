@@ -38,7 +38,7 @@ class PrivateBouncer:
             "[pgbouncer]\n"
             "listen_addr = 127.0.0.1\n"
             f"listen_port = {self.port}\n"
-            "unix_socket_dir =\n"
+            f"unix_socket_dir = {self.dir}\n"  # an online restart (-R) takes over through it
             "auth_type = trust\n"
             f"auth_file = {self.dir / 'userlist.txt'}\n"
             "pool_mode = transaction\n"
@@ -58,8 +58,8 @@ class PrivateBouncer:
     def url(self, database: str) -> str:
         return f"postgres://{self.user}@127.0.0.1:{self.port}/{database}"
 
-    def start(self) -> PrivateBouncer:
-        cmd = [PGBOUNCER, str(self.dir / "pgbouncer.ini")]
+    def start(self, *options: str) -> PrivateBouncer:
+        cmd = [PGBOUNCER, *options, str(self.dir / "pgbouncer.ini")]
         if self._as_postgres:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
         self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -103,6 +103,17 @@ class PrivateBouncer:
         t0 = time.monotonic()
         self.stop()
         self.start()
+        return time.monotonic() - t0
+
+    def restart_online(self) -> float:
+        """PgBouncer's online restart (`pgbouncer -R`): a new process takes the listening
+        sockets and every client and server connection over from the running one, which then
+        exits; nothing is closed. The seconds until the old one has gone."""
+        t0 = time.monotonic()
+        old = self.popen
+        self.start("-R")
+        assert old is not None
+        old.wait(timeout=30)  # the new process shut it down once it held its sockets
         return time.monotonic() - t0
 
     def log(self) -> str:

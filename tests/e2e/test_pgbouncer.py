@@ -202,6 +202,26 @@ def test_pgbouncer_restarted_mid_run_loses_nothing(bouncer, replicas, make_agent
     assert set(errors) <= {503} and len(errors) <= 2 * 2 * 8  # replicas x workers x threads
 
 
+def test_pgbouncer_restarted_online_mid_run_fails_no_request(bouncer, replicas, make_agent,
+                                                             make_jobs, say):
+    """`pgbouncer -R`, the restart that keeps the connections (docs/deploying.md): not one
+    request of the run answers 5xx, and nothing is lost or run twice."""
+    stack, servers, urls, logs = replicas
+    ids, agents = run_fleet(stack, urls, make_agent, make_jobs, 200)
+    wait_for(lambda: finished(ids) >= 40, 120, "work to be under way", on_fail=stack.logs)
+    took = bouncer.restart_online()
+    assert finished(ids) < len(ids), "the restart should hit a queue with work left"
+    assert "old process killed, resuming work" in bouncer.log()
+    wait_for(lambda: finished(ids) == len(ids), 180, "every job to end after the restart",
+             on_fail=lambda: stack.logs() + bouncer.log())
+    check_all_done_once(ids)
+    assert [a.stop() for a in agents] == [0, 0, 0, 0]
+    codes = [c for per in statuses(logs) for c in per]
+    say(f"pgbouncer online restart: {took:.2f}s; {len(codes)} requests, "
+        f"5xx: {sorted(c for c in codes if c >= 500)}")
+    assert [c for c in codes if c >= 500] == []
+
+
 def test_the_core_cycle_through_pgbouncer_next_to_direct(bouncer, settings, say):
     """The claim + report cycle in this process: direct (prepared statements) and through
     PgBouncer (JOBQUEUE_PREPARED_STATEMENTS=0, as a pooled deployment runs it)."""
