@@ -54,7 +54,9 @@ def test_an_agent_notification_wakes_a_waiter_that_kept_its_connection_first(set
     settings.JOBQUEUE = {**settings.JOBQUEUE, "WARM_WAITS": 1}
     warm = hub.register("a:x")
     assert warm.warm and not any(w.warm for w in cold)
-    assert not hub.register("a:x").warm  # one warm waiter a process, as configured
+    extra = hub.register("a:x")
+    assert not extra.warm  # one warm waiter a process, as configured
+    cold.append(extra)
     hub.deliver("a:x")
     assert warm.event.is_set() and not any(w.event.is_set() for w in cold)
     hub.deliver("a:x")  # the warm one is already woken: a cold one next
