@@ -430,8 +430,7 @@ def wait_until(key: str, wait_seconds: float, check: Callable[[], object], *,
         if result:
             return result
         waited = True
-        if not waiter.warm:
-            _release_connection()
+        _before_sleep(waiter)
         deadline = time.monotonic() + wait_seconds
         while True:
             remaining = deadline - time.monotonic()
@@ -442,38 +441,36 @@ def wait_until(key: str, wait_seconds: float, check: Callable[[], object], *,
                 return None
             if woken:
                 waiter.event.clear()
-                if waiter.warm:
-                    _drop_unusable_connection()
+                _before_check(waiter)
                 result = check()
                 if result:
                     return result
-                if not waiter.warm:
-                    _release_connection()
-        if waiter.warm:
-            _drop_unusable_connection()
+                _before_sleep(waiter)
+        _before_check(waiter)
         return check()
     finally:
         hub().unregister(waiter)
-        if waited and not waiter.warm:
+        if waited:
             # Close now, not when the request ends: a burst of wake-ups would otherwise hold
             # a connection per answered wait until its answer is written.
-            _release_connection()
+            _before_sleep(waiter)
 
 
-def _release_connection() -> None:
+def _before_sleep(waiter: Waiter) -> None:
     """A held wait keeps no database connection (outside a transaction): hundreds of waits
     would otherwise hold hundreds of idle server connections. The first WARM_WAITS of a
     process keep theirs, and a wake-up goes to them first: a new connection and the first
     run of the claim statement on it (its plan) cost ~6 ms against ~0.8 ms on a kept one,
     paid by every process a notification wakes."""
     db = connections[DEFAULT_DB_ALIAS]
-    if not db.in_atomic_block:
+    if not waiter.warm and not db.in_atomic_block:
         db.close()
 
 
-def _drop_unusable_connection() -> None:
+def _before_check(waiter: Waiter) -> None:
     """A kept connection may have died while it idled (a database or pooler restart): check
-    it with one round trip and let the re-check open a new one if so."""
+    it with one round trip and let the check open a new one if so."""
     db = connections[DEFAULT_DB_ALIAS]
-    if db.connection is not None and not db.in_atomic_block and not db.is_usable():
+    if waiter.warm and db.connection is not None and not db.in_atomic_block \
+            and not db.is_usable():
         db.close()

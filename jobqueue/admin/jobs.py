@@ -446,6 +446,10 @@ def _secret_strings(value, found=None) -> list[str]:
             _secret_strings(item, found)
     return sorted(set(found), key=len, reverse=True)
 
+
+REDACTED = "[redacted]"
+
+
 def _redacted(text: str, secrets: list[str], *, cut: bool) -> str:
     """A log's tail without the dispatch_context's secrets an agent echoed: every whole one,
     and the part of one that the tail's cut (`cut`: the tail starts inside the log) or the
@@ -453,18 +457,14 @@ def _redacted(text: str, secrets: list[str], *, cut: bool) -> str:
     for secret in secrets:
         text = text.replace(secret, REDACTED)
     for secret in secrets:
-        for k in range(len(secret) - 1, 2, -1):
-            if cut and text.startswith(secret[-k:]):
-                text = REDACTED + text[k:]
-                break
-        for k in range(len(secret) - 1, 2, -1):
-            if text.endswith(secret[:k]):
-                text = text[:-k] + REDACTED
-                break
+        pieces = range(len(secret) - 1, 2, -1)  # the longest first
+        head = next((k for k in pieces if cut and text.startswith(secret[-k:])), 0)
+        tail = next((k for k in pieces if text.endswith(secret[:k])), 0)
+        text = (REDACTED if head else "") + text[head:len(text) - tail] + \
+            (REDACTED if tail else "")
     return text
 
 
-REDACTED = "[redacted]"
 TIMELINE_PAGE_SIZE = 100
 TIMELINE_PARAM = "timeline_before"
 
