@@ -33,10 +33,16 @@ def _static_files_without_collectstatic(tmp_path_factory):
         yield
 
 
-@pytest.fixture(scope="module")
-def wakeups_stopped_after(django_db_setup, django_db_blocker):
-    """For modules whose tests wait: the process's wake-up thread (and its LISTEN
-    connection) ends with the module, before pytest-django drops the test database."""
+@pytest.fixture
+def wakeups_stopped_after(request, django_db_setup):
+    """For modules whose tests wait: the process's wake-up thread (and its LISTEN connection)
+    ends with each test, before pytest-django empties the test database (a transactional
+    test's TRUNCATE) or drops it. The thread re-checks the waiters' jobs as soon as it has
+    connected: a re-check still running while the TRUNCATE took its locks deadlocked with it
+    (CI, once), and one running after the test touched a database the test no longer owned."""
+    if request.node.get_closest_marker("django_db"):
+        # Set up before this fixture, so torn down (the flush) after it.
+        request.getfixturevalue("_django_db_helper")
     yield
     from jobqueue import wakeups
 
