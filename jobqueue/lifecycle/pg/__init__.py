@@ -37,7 +37,6 @@ class PostgresBackend:
         (jobs, the database's time)."""
         params = {
             "agent": job_agent.id,
-            "limit": limit,
             "lease": lease,
             "kind": JobEvent.CLAIMED,
             "actor": actor,
@@ -45,7 +44,7 @@ class PostgresBackend:
             "holder": holder,
             "key": idempotency_key,
         }
-        statement = sql.JOB_CLAIM_NEXT if limit == 1 else sql.JOB_CLAIM_AVAILABLE
+        statement = sql.job_claim_up_to(limit)
         if job_id is not None:
             statement, params["job"] = sql.JOB_CLAIM_AVAILABLE_BY_ID, job_id
             if expected_attempt is not None:

@@ -67,28 +67,33 @@ def test_claim_statement_locks_through_the_partial_index_without_sorting():
 
 
 @pytest.mark.postgres_only
-def test_the_single_claim_keeps_one_generic_plan_without_a_sequential_scan():
-    """claim-next is planned once per connection, not on every call (its LIMIT is in the
-    text: with it a parameter, PostgreSQL re-planned the statement each time, or, on a
-    small table, kept a generic plan that scanned the whole job table)."""
+@pytest.mark.parametrize("limit", [1, 10])
+def test_a_claim_keeps_one_generic_plan_without_a_sequential_scan(limit):
+    """claim-next, and a batch claim of each size, is planned once per connection, not on
+    every call (its LIMIT is in the text: with it a parameter, PostgreSQL re-planned the
+    statement each time, or, on a small table, kept a generic plan that scanned the whole job
+    table)."""
     from jobqueue.lifecycle.pg import statements
     from tests.integration.core.test_races import bulk_jobs
 
     agent = JobAgentFactory()
+    statement = statements.job_claim_up_to(limit)
+    assert f"LIMIT {limit}\n" in statement and "%(limit)s" not in statement
     for rows in (200, 3000):
         bulk_jobs(agent, rows, status=states.SUCCESSFUL, completed_at=db_now(), attempt=1)
-        bulk_jobs(agent, 12)
+        bulk_jobs(agent, 12 * limit)
         with connection.cursor() as cur:
             cur.execute("ANALYZE job")
         connection.close()  # a new session: nothing prepared yet
         for _ in range(12):
-            assert lifecycle.claim_next_job(agent) is not None
-        names = re.findall(r"%\((\w+)\)s", statements.JOB_CLAIM_NEXT)
+            assert len(lifecycle.claim_next_jobs(agent, limit)) == limit
+        names = re.findall(r"%\((\w+)\)s", statement)
         values = {"agent": agent.id, "lease": 60, "kind": "claimed", "actor": "a",
                   "detail": "{}", "holder": "", "key": None}
         with connection.cursor() as cur:
             cur.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
-                        "WHERE statement LIKE %s", ["%LIMIT 1%FOR NO KEY UPDATE SKIP LOCKED%"])
+                        "WHERE statement LIKE %s",
+                        [f"%LIMIT {limit}\n%FOR NO KEY UPDATE SKIP LOCKED%"])
             ((name, generic, custom),) = cur.fetchall()
             assert custom <= 5 and generic >= 7, (rows, generic, custom)
             cur.execute("SET plan_cache_mode = force_generic_plan")
@@ -101,6 +106,7 @@ def test_the_single_claim_keeps_one_generic_plan_without_a_sequential_scan():
                 cur.execute("RESET plan_cache_mode")
         if rows > 1000:  # (on a tiny table scanning it is the cheap plan, and is chosen)
             assert "Seq Scan on job " not in plan and "job_pkey" in plan, plan
+
 
 def _clauses(sql: str, params) -> dict:
     """A locking SELECT's WHERE (as a set of conditions), ORDER BY, LIMIT and lock, with
