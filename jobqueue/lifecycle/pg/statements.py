@@ -183,13 +183,17 @@ _NOTIFY_ENDED = """
 )"""
 
 # The end of a report's UPDATE of the job row (its guards, the claim row in its WHERE) and the
-# deletion of that claim row, shared by the final and the retryable report.
+# deletion of that claim row, shared by the final and the retryable report. The deletion names the
+# job's id as well as `done`'s: with only the join, the generic plan of a connection that
+# prepared it while job_claim was small and unanalysed scanned the whole table for the claim_id
+# on every report (tests/integration/core/test_pg_fastpath).
 _END_CLAIM = """        updated_at = STATEMENT_TIMESTAMP()
     FROM job_claim c""" + _REPORT_GUARD + """
       AND c.job_id = job.id AND c.claim_id = %(claim)s
     RETURNING """ + JOB_COLUMNS + """
 ), gone AS (
-    DELETE FROM job_claim c USING done WHERE c.job_id = done.id AND c.claim_id = %(claim)s
+    DELETE FROM job_claim c USING done
+    WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
     RETURNING c.job_id"""
 
 JOB_SET_STATE_IF_RUNNING = """

@@ -108,6 +108,33 @@ def test_a_claim_keeps_one_generic_plan_without_a_sequential_scan(limit):
             assert "Seq Scan on job " not in plan and "job_pkey" in plan, plan
 
 
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("name", ["JOB_SET_STATE_IF_RUNNING", "JOB_FAIL_OR_RETRY_IF_RUNNING"])
+def test_a_report_finds_its_claim_row_by_the_primary_key_in_its_generic_plan(name):
+    """A report's generic plan (the one a connection keeps) deletes the claim row through
+    job_claim's primary key, not by scanning the table for the claim_id: job_claim churns a
+    row per job, and a plan made while the table was small and unanalysed (a new install,
+    after a TRUNCATE) would otherwise scan every page it grows to, on every report."""
+    from jobqueue.lifecycle.pg import statements
+
+    text = getattr(statements, name)
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", text)))
+    for i, n in enumerate(names):
+        text = text.replace(f"%({n})s", f"${i + 1}")
+    with connection.cursor() as cur:
+        cur.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            cur.execute(f"PREPARE report_plan AS {text}")
+            cur.execute(f"EXPLAIN EXECUTE report_plan({', '.join(['NULL'] * len(names))})")
+            plan = "\n".join(row[0] for row in cur.fetchall())
+        finally:
+            cur.execute("DEALLOCATE ALL")
+            cur.execute("RESET plan_cache_mode")
+    assert "Seq Scan on job_claim" not in plan, plan
+    deletion = plan.split("CTE gone", 1)[1].split("CTE ", 1)[0]
+    assert "job_claim_pkey" in deletion, plan
+
+
 def _clauses(sql: str, params) -> dict:
     """A locking SELECT's WHERE (as a set of conditions), ORDER BY, LIMIT and lock, with
     Django's quoting, qualifiers and positional parameters written as the statement's."""
