@@ -8,7 +8,7 @@ receivers may also connect to `transition` directly. A listener must be fast. Da
 carries dispatch_context, results or tokens.
 
 Kinds: claimed(job_agent_id, count), heartbeat(job_agent_id[, count]), progress(job_agent_id),
-reported(job_agent_id, status), released(job_agent_id), refused(operation, code),
+reported(job_agent_id, status[, count]), released(job_agent_id), refused(operation, code),
 reaped(requeued, expired), cancelled(), requeued(), created(job_agent_id),
 agent_paused(job_agent_id), agent_resumed(job_agent_id); from the edge:
 throttle_cache_failed(error).

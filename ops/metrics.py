@@ -105,7 +105,7 @@ def on_event(kind: str, **data) -> None:
     elif kind == "progress":
         REPORTS.labels("in_progress").inc()
     elif kind == "reported":
-        REPORTS.labels(str(data.get("status", ""))).inc()
+        REPORTS.labels(str(data.get("status", ""))).inc(data.get("count", 1))
     elif kind == "released":
         RELEASES.labels(_agent_label(data.get("job_agent_id"))).inc()
     elif kind == "refused":

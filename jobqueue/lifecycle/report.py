@@ -10,6 +10,7 @@ content was not taken.
 
 from __future__ import annotations
 
+import collections
 import uuid
 from collections.abc import Sequence
 
@@ -121,11 +122,12 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     if retried:
         _announce_retried(Job.objects.filter(id__in=retried).only(
             "job_agent_id", "attempt", "available_at", "updated_at"), actor)
+    counted = collections.Counter(_counted(status) for status, _at, _ws in done.values())
+    for status, count in counted.items():  # one notification a status, not one a job
+        observe.emit("reported", job_agent_id=job_agent_id, status=status, count=count)
     results = []
     for r in reports:
         if r.job_id in done:
-            observe.emit("reported", job_agent_id=job_agent_id,
-                         status=_counted(done[r.job_id][0]))
             results.append(ReportOutcome(r.job_id, True, *done[r.job_id][:2]))
         elif codes[r.job_id] is None:  # a retry of the job's final report
             f = facts[r.job_id]

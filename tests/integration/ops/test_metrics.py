@@ -190,3 +190,24 @@ def test_a_wait_past_the_cap_is_counted(client, settings):
     before = value(scrape(client), "jobqueue_waits_at_capacity_total")
     assert lifecycle.claim_next_waiting(agent, None, 20) == []  # answered at once
     assert value(scrape(client), "jobqueue_waits_at_capacity_total") - before == 1
+
+
+def test_a_batch_report_counts_every_report_it_applied_by_status(client):
+    agent = JobAgentFactory(lease_seconds=60, max_attempts=3)
+    JobFactory.create_batch(4, job_agent=agent)
+    grants = lifecycle.claim_next_jobs(agent, 4)
+    before = scrape(client)
+    out = lifecycle.report_many(agent.id, [
+        lifecycle.ReportItem(grants[0].job.id, grants[0].claim_id, states.SUCCESSFUL),
+        lifecycle.ReportItem(grants[1].job.id, grants[1].claim_id, states.SUCCESSFUL),
+        lifecycle.ReportItem(grants[2].job.id, grants[2].claim_id, states.FAILURE, retry=True),
+        lifecycle.ReportItem(grants[3].job.id, grants[0].claim_id, states.SUCCESSFUL),  # stale
+    ])
+    assert [r.accepted for r in out.results] == [True, True, True, False]
+    after = scrape(client)
+
+    def moved(status):
+        return value(after, "jobqueue_reports_total", status=status) - value(
+            before, "jobqueue_reports_total", status=status)
+
+    assert (moved("successful"), moved("retrying"), moved("failure")) == (2, 1, 0)
