@@ -40,7 +40,8 @@ def wakeups_stopped_after(request, django_db_setup):
     test's TRUNCATE) or drops it. The thread re-checks the waiters' jobs as soon as it has
     connected: a re-check still running while the TRUNCATE took its locks deadlocked with it
     (CI, once), and one running after the test touched a database the test no longer owned."""
-    if request.node.get_closest_marker("django_db"):
+    if request.node.get_closest_marker("django_db") or (
+            {"db", "transactional_db", "live_server"} & set(request.fixturenames)):
         # Set up before this fixture, so torn down (the flush) after it.
         request.getfixturevalue("_django_db_helper")
     yield

@@ -37,6 +37,7 @@ class PostgresBackend:
         (jobs, the database's time)."""
         params = {
             "agent": job_agent.id,
+            "limit": limit,  # used by batches past statements.LITERAL_LIMITS only
             "lease": lease,
             "kind": JobEvent.CLAIMED,
             "actor": actor,

@@ -89,16 +89,24 @@ WITH locked AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED""" + _CLAIM_LOCKED
 
 # JobClaimNext / JobClaimUpTo(n): the statement above with its LIMIT written in the text, one
-# text per batch size (n is an int the caller validated, 1..JOBQUEUE_MAX_CLAIM_BATCH). With the
-# limit a parameter, PostgreSQL's plan cache cannot price a generic plan (it assumes a tenth of
-# the table): it plans the whole statement on every execution (0.3 ms of server time, a
-# quarter of a batch claim's cost in a raw loop) or, on a small table, keeps a generic plan
-# that joins the UPDATE to a sequential scan of `job`. With the limit in the text the generic
-# plan is the index-only one, and the cache keeps it after its first five executions
-# (docs/performance.md, "Prepared statements"; tests/integration/core/test_pg_fastpath). An
-# agent asks for one batch size, so a connection prepares one or two of these texts.
+# text per batch size up to LITERAL_LIMITS (n is an int the caller validated,
+# 1..JOBQUEUE_MAX_CLAIM_BATCH). With the limit a parameter, PostgreSQL's plan cache cannot
+# price a generic plan (it assumes a tenth of the table): it plans the whole statement on
+# every execution (0.3 ms of server time, a quarter of a batch claim's cost in a raw loop) or,
+# on a small table, keeps a generic plan that joins the UPDATE to a sequential scan of `job`.
+# With the limit in the text the generic plan is the index-only one, and the cache keeps it
+# after its first five executions (docs/performance.md, "Prepared statements";
+# tests/integration/core/test_pg_fastpath). The reference agent asks for as many jobs as it
+# has free slots, so one connection sees several sizes: a text each up to LITERAL_LIMITS
+# (psycopg keeps at most 100 prepared statements a connection, evicting the oldest), and the
+# parameter beyond, where a batch that large amortizes its planning.
+LITERAL_LIMITS = 32
+
+
 @functools.cache
 def job_claim_up_to(limit: int) -> str:
+    if limit > LITERAL_LIMITS:
+        return JOB_CLAIM_AVAILABLE
     return JOB_CLAIM_AVAILABLE.replace("LIMIT %(limit)s", f"LIMIT {int(limit):d}")
 
 

@@ -269,12 +269,17 @@ def test_a_warm_waiter_whose_connection_died_while_it_waited_still_claims(settin
     waiter = in_thread(pool, lifecycle.claim_next_waiting, fresh(agent), None, 20)
     until_waiting(1)
     deadline = time.monotonic() + 10
-    while True:  # the waiter's connection: every session but this one and the listener's
-        with connection.cursor() as c:  # (it opens with the wait's first check)
-            c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                      "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                      "AND application_name <> %s AND state = 'idle'",
-                      [wakeups.LISTENER_NAME])
+    # The waiter's connection, idle since the wait's first check (a claim) ended: not the
+    # listener's, nor the re-check's, nor one between preparing the claim and running it
+    # (idle too for that moment, with the claim's text).
+    while True:
+        with connection.cursor() as c:
+            c.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND application_name <> %s AND state = 'idle' AND query LIKE %s "
+                "AND state_change < clock_timestamp() - interval '200 milliseconds'",
+                [wakeups.LISTENER_NAME, "%FOR NO KEY UPDATE SKIP LOCKED%"])
             if c.fetchall():
                 break
         assert time.monotonic() < deadline, "the warm waiter held no connection to cut off"

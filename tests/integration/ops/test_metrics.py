@@ -3,7 +3,7 @@
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobqueue import lifecycle, reaper, states
+from jobqueue import lifecycle, observe, reaper, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import ClaimSuperseded, JobFinished
 from jobqueue.models import JobClaim
@@ -197,12 +197,24 @@ def test_a_batch_report_counts_every_report_it_applied_by_status(client):
     JobFactory.create_batch(4, job_agent=agent)
     grants = lifecycle.claim_next_jobs(agent, 4)
     before = scrape(client)
-    out = lifecycle.report_many(agent.id, [
-        lifecycle.ReportItem(grants[0].job.id, grants[0].claim_id, states.SUCCESSFUL),
-        lifecycle.ReportItem(grants[1].job.id, grants[1].claim_id, states.SUCCESSFUL),
-        lifecycle.ReportItem(grants[2].job.id, grants[2].claim_id, states.FAILURE, retry=True),
-        lifecycle.ReportItem(grants[3].job.id, grants[0].claim_id, states.SUCCESSFUL),  # stale
-    ])
+    seen = []
+
+    def listener(kind, **data):
+        if kind == "reported":
+            seen.append((data["status"], data.get("count", 1)))
+
+    observe.subscribe(listener)
+    try:
+        out = lifecycle.report_many(agent.id, [
+            lifecycle.ReportItem(grants[0].job.id, grants[0].claim_id, states.SUCCESSFUL),
+            lifecycle.ReportItem(grants[1].job.id, grants[1].claim_id, states.SUCCESSFUL),
+            lifecycle.ReportItem(grants[2].job.id, grants[2].claim_id, states.FAILURE,
+                                 retry=True),
+            lifecycle.ReportItem(grants[3].job.id, grants[0].claim_id, states.SUCCESSFUL),  # stale
+        ])
+    finally:
+        observe.unsubscribe(listener)
+    assert sorted(seen) == [("retrying", 1), ("successful", 2)]  # one notification a status
     assert [r.accepted for r in out.results] == [True, True, True, False]
     after = scrape(client)
 
