@@ -252,13 +252,14 @@ def pg_cli_args():
 
 def lifecycle_sql_file() -> str:
     """The lifecycle's claim-next and terminal report statements, for the raw psycopg loop."""
-    from jobqueue.lifecycle.pg import statements
+    from jobqueue.lifecycle.pg import claim_statement
+    from jobqueue.sql import postgresql
 
     path = ROOT / "var" / "bench-lifecycle-sql.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps({
-        "claim": statements.JOB_CLAIM_NEXT,
-        "report": statements.JOB_SET_STATE_IF_RUNNING,
+        "claim": claim_statement(1),
+        "report": postgresql.job_set_state_if_running,
     }))
     return str(path)
 

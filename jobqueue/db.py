@@ -56,15 +56,10 @@ class NowPlusSeconds(Func):
 
 
 def db_now():
-    """The database's current time, read with one query."""
-    from django.db import connection
+    """The database's current time, read with one query (the backend's clock_now)."""
+    from jobqueue.lifecycle.backends import backend
 
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT STATEMENT_TIMESTAMP()")
-            return cursor.fetchone()[0]
-        cursor.execute("SELECT " + sqlite_clock(), [])
-        return parse_db_datetime(cursor.fetchone()[0])
+    return backend().now()
 
 
 __all__ = ["Now", "NowPlusSeconds", "db_now", "parse_db_datetime", "sqlite_clock"]
