@@ -475,7 +475,8 @@ def cmd_logs(client, args, out) -> int:
                     out.note(f"--- attempt {attempt} ---")
                 continue
             started = time.monotonic()
-            job = client.get(args.id, wait_seconds=max(1, round(args.interval)))
+            job = client.get(args.id, wait_seconds=min(client.max_wait_seconds,
+                                                       max(1, round(args.interval))))
             if job["status"] not in TERMINAL_STATUSES:  # a server at its cap answers early
                 time.sleep(max(0.0, args.interval - (time.monotonic() - started)))
     except KeyboardInterrupt:
