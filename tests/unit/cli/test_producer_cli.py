@@ -449,3 +449,13 @@ def test_every_field_of_post_jobs_has_its_option():
               "expires_at", "external_id", "group", "hold", "idempotency_key"}
     for field in fields:
         assert OPTION_OF_FIELD[field].split()[0] in options, field
+
+
+def test_logs_follow_never_asks_for_a_longer_wait_than_the_server_allows(env, capsysbinary):
+    """A long --interval pauses up to it between reads, but each long-poll asks for at most
+    the client's max_wait_seconds (50, the server's default bound: beyond is a 400)."""
+    code, server = run(["jobs", "logs", "j1", "--follow", "--interval", "120"],
+                       (200, job(status="in_progress", attempt=1)), log(b"", 1, 0),
+                       (200, job(status="successful", attempt=1)), log(b"x", 1, 1))
+    assert code == 0 and capsysbinary.readouterr().out == b"x"
+    assert server.seen[2].url.params["wait_seconds"] == "50"
