@@ -22,15 +22,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 JOBQUEUE = str(Path(sys.executable).with_name("jobqueue"))  # the installed entry point
 
 
-@pytest.fixture
-def cli_stack(transactional_db, tmp_path):
-    store = tmp_path / "artifacts"
-    with Stack(tmp_path, server_env={
-        "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(store)}),
-    }) as s:
-        yield s
-
-
 class Cli:
     """Runs `jobqueue` with the workspace's settings in its environment."""
 
@@ -63,14 +54,14 @@ def shown(text: str) -> dict:
 
 
 @pytest.fixture
-def world(cli_stack, make_agent):
+def world(out_stack, make_agent):
     """A job agent (a lease of 6 s: it hears of a cancel within 2 s), a running
     `jobqueue-agent` for it, and the CLI configured for its workspace."""
     agent, token = make_agent(lease_seconds=6, max_attempts=1, name="cli")
     key = credentials.issue_workspace_api_key(agent.workspace)
-    cli_stack.start_agent(agent, token, "cli", concurrency=2,
+    out_stack.start_agent(agent, token, "cli", concurrency=2,
                           extra_env={"JOBQUEUE_LOG_INTERVAL": "0.2"})
-    return agent, Cli(cli_stack, agent.workspace_id, key)
+    return agent, Cli(out_stack, agent.workspace_id, key)
 
 
 def test_create_wait_logs_and_artifacts(world, tmp_path):
