@@ -83,6 +83,10 @@ def explain(exc: ApiError, *, what: str, settings) -> str:
         return (f"no answer from {settings.url} ({exc.detail}): check JOBQUEUE_URL (or --url) "
                 "and that the server is running")
     if isinstance(exc, AuthError):
+        if settings.api_key.startswith("jqa_"):
+            return (f"the server refused the credential ({exc.code}): JOBQUEUE_API_KEY (or "
+                    "--api-key) holds an agent token (jqa_…); the producer commands need "
+                    "the workspace's API key (jqk_…)")
         if exc.status == 403:
             return (f"the server refused this credential here ({exc.code}): the producer "
                     "commands need a workspace API key (jqk_…) in JOBQUEUE_API_KEY (or "

@@ -459,3 +459,12 @@ def test_logs_follow_never_asks_for_a_longer_wait_than_the_server_allows(env, ca
                        (200, job(status="successful", attempt=1)), log(b"x", 1, 1))
     assert code == 0 and capsysbinary.readouterr().out == b"x"
     assert server.seen[2].url.params["wait_seconds"] == "50"
+
+
+def test_an_agent_token_given_as_the_api_key_is_named_as_such(env, capsys):
+    env.setenv("JOBQUEUE_API_KEY", "jqa_0123456789ab_agent")
+    answer = (401, {"code": "authentication_failed", "detail": "Invalid key."})
+    assert run(["jobs", "list"], answer)[0] == 4
+    err = capsys.readouterr().err
+    assert "JOBQUEUE_API_KEY (or --api-key) holds an agent token (jqa_…)" in err
+    assert "jqa_0123456789ab_agent" not in err
