@@ -141,6 +141,11 @@ class Output:
     def text(self, text: str) -> None:
         print(text, flush=True)
 
+    def write(self, text: str) -> None:
+        """As it is, no newline added (a JSON array printed item by item)."""
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
     def note(self, text: str) -> None:
         """Something for the person at the terminal (stderr; not in machine output)."""
         if not self.machine:
@@ -241,10 +246,24 @@ def job_text(job: dict, *, events: bool = False) -> str:
     return "\n".join(parts)
 
 
-def jobs_table(jobs: list[dict]) -> str:
-    return table(["ID", "STATUS", "ATTEMPT", "PRIORITY", "GROUP", "CREATED_AT"],
-                 [[j["id"], j["status"], f"{j['attempt']}/{j['max_attempts']}", j["priority"],
-                   j.get("group"), j["created_at"]] for j in jobs])
+# A list is printed as it is read (`--all` may be millions of jobs), so its columns have
+# fixed widths, wide enough for what they hold (an id is 36 characters, the longest status
+# 11, a timestamp 27), and the group, of any length, comes last.
+JOB_COLUMNS = [("ID", 36), ("STATUS", 11), ("ATTEMPT", 7), ("PRIORITY", 8), ("CREATED_AT", 27),
+               ("GROUP", 0)]
+
+
+def _fixed(cells: list[str]) -> str:
+    return "  ".join(c.ljust(w) for c, (_, w) in zip(cells, JOB_COLUMNS, strict=True)).rstrip()
+
+
+def jobs_header() -> str:
+    return _fixed([name for name, _ in JOB_COLUMNS])
+
+
+def job_row(job: dict) -> str:
+    return _fixed([job["id"], job["status"], f"{job['attempt']}/{job['max_attempts']}",
+                   str(job["priority"]), job["created_at"], job.get("group") or "-"])
 
 
 def group_text(group: dict) -> str:

@@ -43,8 +43,9 @@ from .cli_output import (
     exit_code_of,
     explain,
     group_text,
+    job_row,
     job_text,
-    jobs_table,
+    jobs_header,
     log_document,
 )
 from .client import ApiError
@@ -410,22 +411,26 @@ def cmd_wait(client, args, out) -> int:
 
 
 def cmd_list(client, args, out) -> int:
+    """Printed as the pages come (a JSON array too): `--all` holds no list in memory."""
     limit = None if args.all else args.limit
-    # One more than asked for, to tell whether there were more.
+    # One more than shown, to tell whether there were more.
     page_size = MAX_PAGE_SIZE if limit is None else min(MAX_PAGE_SIZE, limit + 1)
-    jobs = list(client.list(status=args.status, group=args.group, job_agent_id=args.agent,
-                            page_size=page_size, limit=None if limit is None else limit + 1))
-    more = limit is not None and len(jobs) > limit
-    jobs = jobs[:limit] if limit is not None else jobs
+    jobs = client.list(status=args.status, group=args.group, job_agent_id=args.agent,
+                       page_size=page_size, limit=None if limit is None else limit + 1)
+    shown = 0
+    for job in jobs:
+        if shown == limit:
+            out.note(f"(the newest {limit}; --limit N or --all for more)")
+            break
+        if out.machine:
+            out.write(("[\n  " if shown == 0 else ",\n  ") + json.dumps(job, ensure_ascii=False))
+        else:
+            out.text((jobs_header() + "\n" if shown == 0 else "") + job_row(job))
+        shown += 1
     if out.machine:
-        out.document(jobs)
-        return EXIT_OK
-    if jobs:
-        out.text(jobs_table(jobs))
-    else:
+        out.write("\n]\n" if shown else "[]\n")
+    elif not shown:
         out.note("no jobs match")
-    if more:
-        out.note(f"(the newest {limit}; --limit N or --all for more)")
     return EXIT_OK
 
 

@@ -468,3 +468,19 @@ def test_an_agent_token_given_as_the_api_key_is_named_as_such(env, capsys):
     err = capsys.readouterr().err
     assert "JOBQUEUE_API_KEY (or --api-key) holds an agent token (jqa_…)" in err
     assert "jqa_0123456789ab_agent" not in err
+
+
+def test_a_list_is_printed_as_its_pages_come(env, capsys):
+    """`--all` holds no list in memory: the first page is out before the second is asked
+    for (here the second fails: what came stays printed, the exit status says it failed)."""
+    page1 = {"results": [job(id="a", group="a very long group name")], "previous": None,
+             "next": "http://jq.test/v1/workspaces/ws/jobs?cursor=c2"}
+    failed = (503, {"code": "server_error", "detail": "Down."})
+    assert run(["jobs", "list", "--all"], (200, page1), failed, failed, failed)[0] == 5
+    out = capsys.readouterr()
+    assert out.out.splitlines()[1].split() == ["a", "queued", "0/3", "0",
+                                               "2030-01-01T00:00:00Z", "a", "very", "long",
+                                               "group", "name"]
+    assert "the server failed (503 server_error: Down.)" in out.err
+    assert run(["jobs", "list", "--all", "--json"], (200, page1), failed, failed, failed)[0] == 5
+    assert capsys.readouterr().out.startswith('[\n  {"id": "a"')
