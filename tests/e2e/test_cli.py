@@ -4,8 +4,11 @@ JOBQUEUE_WORKSPACE and JOBQUEUE_API_KEY, while a real `jobqueue-agent` runs the 
 creates. What the CLI prints and its exit status are checked against the database."""
 
 import json
+import os
+import select
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -51,6 +54,22 @@ def shown(text: str) -> dict:
     """The `name  value` lines a job's or a group's text starts with."""
     head = text.split("\n\n")[0].splitlines()
     return dict(line.split(None, 1) for line in head if not line.startswith(" "))
+
+
+def read_until(pipe, end: bytes, timeout: float) -> bytes:
+    """What a process wrote to `pipe` up to and including `end`, or what came within
+    `timeout` seconds (a bounded wait: a hung process fails the test, never hangs it)."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    while end not in got and time.monotonic() < deadline:
+        ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        piece = os.read(pipe.fileno(), 4096)
+        if not piece:
+            break
+        got += piece
+    return got
 
 
 @pytest.fixture
@@ -150,7 +169,7 @@ def test_logs_follow_a_running_job_to_its_end(world, tmp_path):
     uuid.UUID(job_id)  # -q prints the id alone
     follower = jq.popen("jobs", "logs", job_id, "--follow", "--interval", "1")
     try:
-        first = follower.stdout.readline()  # printed while the job still runs
+        first = read_until(follower.stdout, b"\n", 60)  # printed while the job still runs
         assert first == b"line 1\n", jq.stack.logs()
         assert Job.objects.get(id=job_id).status == states.IN_PROGRESS
         gate.touch()
