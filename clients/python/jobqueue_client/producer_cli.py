@@ -49,7 +49,7 @@ from .cli_output import (
     log_document,
 )
 from .client import ApiError
-from .producer import TERMINAL_STATUSES, ProducerClient, WaitTimeout
+from .producer import TERMINAL_STATUSES, LogChunk, ProducerClient, WaitTimeout
 
 STATUSES = ["pending", "queued", "in_progress", "successful", "failure", "cancelled", "expired"]
 DEFAULT_LIST_LIMIT = 100
@@ -455,22 +455,26 @@ def cmd_logs(client, args, out) -> int:
     going on to each later attempt's log unless --attempt names one."""
     attempt, offset, printed = args.attempt, 0, False
     job = client.get(args.id) if args.follow else None
+    whole = bytearray()  # --json without --follow: one document, however many reads
     try:
         while True:
             chunk = client.read_log(args.id, attempt=attempt, offset=offset)
             attempt = chunk.attempt if attempt is None else attempt
             if chunk.data:
                 printed = True
-                if out.machine:
-                    (out.line if args.follow else out.document)(log_document(args.id, chunk))
-                else:
+                if not out.machine:
                     out.raw(chunk.data)
+                elif args.follow:
+                    out.line(log_document(args.id, chunk))
+                else:
+                    whole += chunk.data
             offset = chunk.next_offset
             if offset < chunk.length:
                 continue  # more is there already (a read answers at most 16 MiB)
             if not args.follow:
-                if out.machine and not printed:
-                    out.document(log_document(args.id, chunk))
+                if out.machine:
+                    out.document(log_document(args.id, LogChunk(bytes(whole), chunk.attempt,
+                                                                0, chunk.length)))
                 return EXIT_OK
             if job["status"] in TERMINAL_STATUSES or (args.attempt and job["attempt"] > attempt):
                 return outcome(job) if job["status"] in TERMINAL_STATUSES else EXIT_OK

@@ -484,3 +484,13 @@ def test_a_list_is_printed_as_its_pages_come(env, capsys):
     assert "the server failed (503 server_error: Down.)" in out.err
     assert run(["jobs", "list", "--all", "--json"], (200, page1), failed, failed, failed)[0] == 5
     assert capsys.readouterr().out.startswith('[\n  {"id": "a"')
+
+
+def test_logs_json_is_one_document_however_many_reads_the_log_takes(env, capsys):
+    """A read answers at most 16 MiB; a longer log (a raised JOBQUEUE_MAX_LOG_BYTES) takes
+    several, and --json still prints one document with all of it."""
+    code, server = run(["jobs", "logs", "j1", "--json"], log(b"abc", 1, 5), log(b"de", 1, 5))
+    assert code == 0
+    assert json.loads(capsys.readouterr().out) == {"job_id": "j1", "attempt": 1, "offset": 0,
+                                                   "length": 5, "text": "abcde"}
+    assert [dict(r.url.params) for r in server.seen] == [{}, {"attempt": "1", "offset": "3"}]
