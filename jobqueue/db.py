@@ -2,7 +2,8 @@
 
 On SQLite, Django stores datetimes as text (UTC) in SQLITE_DATETIME_FORMAT; the database's
 clock is written in the same format, so that comparing it with stored values compares equal
-texts. `sqlite_clock()` is that clock as SQL, for every statement that needs it.
+texts. `sqlite_clock()` is that clock as SQL, for NowPlusSeconds (an ORM expression); the
+hand-written statements write it whole (jobqueue/sql/sqlite.sql).
 """
 
 from datetime import UTC, datetime

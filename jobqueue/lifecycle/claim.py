@@ -139,8 +139,8 @@ def claim_next(job_agent: JobAgent, limit: int | None = None,
     as they are current, instead of new ones. `holder` names the agent process (kept on the
     claim and its event, for operators only). Each value is checked here, by the lifecycle's
     rules (inputs.py), whoever calls."""
+    wait = inputs.wait_seconds(wait_seconds)  # first, as before: its error wins
     count = 1 if limit is None else inputs.claim_limit(limit)
-    wait = inputs.wait_seconds(wait_seconds)
 
     def claim() -> list[ClaimGrant]:
         return _claim(job_agent, count, holder=holder, idempotency_key=idempotency_key)

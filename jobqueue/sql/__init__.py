@@ -50,6 +50,8 @@ def parse(text: str) -> dict[str, str]:
         statement = "\n".join(lines).strip()
         if name in texts:
             raise ValueError(f"statement {name!r} is named twice")
+        if hasattr(Queries, name):
+            raise ValueError(f"statement {name!r} would hide Queries.{name}")
         if not statement:
             raise ValueError(f"statement {name!r} has no text")
         texts[name] = statement

@@ -21,6 +21,8 @@ def test_a_name_given_twice_or_without_text_is_refused():
         sql.parse("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
     with pytest.raises(ValueError, match="no text"):
         sql.parse("-- name: a\n-- only words\n")
+    with pytest.raises(ValueError, match="would hide Queries.names"):
+        sql.parse("-- name: names\nSELECT 1\n")
 
 
 def test_an_unknown_name_fails_loudly_and_each_database_has_its_file():
