@@ -30,7 +30,8 @@ STATUS = re.compile(r'" (\d{3}) ')
 @pytest.fixture
 def bouncer(transactional_db):
     d = connection.settings_dict
-    b = PrivateBouncer(d.get("HOST") or "127.0.0.1", int(d.get("PORT") or 5432)).start()
+    b = PrivateBouncer(d.get("HOST") or "127.0.0.1", int(d.get("PORT") or 5432),
+                        d["NAME"]).start()
     try:
         yield b
     finally:
