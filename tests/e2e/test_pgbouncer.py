@@ -243,7 +243,8 @@ def test_the_core_cycle_through_pgbouncer_next_to_direct(bouncer, settings, say)
     settings.JOBQUEUE = {**settings.JOBQUEUE, "PREPARED_STATEMENTS": False}
     try:
         connection.close()
-        connection.settings_dict.update(HOST="127.0.0.1", PORT=bouncer.port)
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=bouncer.port,
+                                        PASSWORD=bouncer.password)
         pooled = cycle_rate()
         with connection.cursor() as cur:  # nothing was prepared on the pooled connection
             cur.execute("SELECT count(*) FROM pg_prepared_statements")
