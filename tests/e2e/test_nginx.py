@@ -41,7 +41,7 @@ def one_worker(request, transactional_db, tmp_path):
     pages need it when DEBUG is off)."""
     stack = Stack(tmp_path, server_env={
         "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(tmp_path / "artifacts")}),
-        "DJANGO_STATIC_ROOT": tmp_path / "static"})
+        "DJANGO_STATIC_ROOT": tmp_path / "static", "DJANGO_SECURE_COOKIES": "1"})
     try:
         if getattr(request, "param", {}).get("static"):
             subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"],
@@ -138,11 +138,13 @@ def test_the_scheme_comes_from_nginx_never_from_the_client(one_worker, nginx, ma
 def test_an_operator_logs_in_to_the_admin_through_nginx(one_worker, nginx):
     """A browser's login form over https: Django's CSRF check compares the Origin with the
     request's scheme and host, so it passes only when the https scheme reached Django (from
-    nginx's X-Forwarded-Proto, through gunicorn): no DJANGO_CSRF_TRUSTED_ORIGINS needed."""
+    nginx's X-Forwarded-Proto, through gunicorn): no DJANGO_CSRF_TRUSTED_ORIGINS needed. The
+    cookies are https-only (DJANGO_SECURE_COOKIES=1, as documented) and still work."""
     User.objects.create_superuser("ops", "ops@example.com", "a-long-pass-phrase")
     with httpx.Client(verify=nginx.client_context(), timeout=10) as browser:
         form = browser.get(f"{nginx.url}/admin/login/")
         assert form.status_code == 200
+        assert "; secure" in form.headers["set-cookie"].lower()
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)[1]
         r = browser.post(f"{nginx.url}/admin/login/?next=/admin/",
                          data={"username": "ops", "password": "a-long-pass-phrase",

@@ -3,8 +3,10 @@ verbatim): the docs show them as they are, nginx's limits and timeouts fit the s
 settings, and systemd accepts the units (`systemd-analyze verify`). nginx and PgBouncer load
 their files in the e2e suite (tests/e2e/test_nginx.py, tests/e2e/test_pgbouncer.py)."""
 
+import os
 import re
 import runpy
+import secrets
 import shutil
 import subprocess
 import sys
@@ -72,6 +74,28 @@ def test_nginx_fits_the_service_settings():
     assert gunicorn["bind"] == upstream
     assert "keepalive_timeout" not in conf.split("upstream jobqueue {")[1].split("}")[0]
     assert gunicorn["keepalive"] > 60
+
+
+def test_the_documented_settings_pass_djangos_deployment_checks(tmp_path):
+    """`manage.py check --deploy` with /etc/jobqueue/env as the install steps make it (a new
+    secret key put in; a throw-away database and directory here) warns only of the choices
+    docs/deploying.md explains: no SECURE_SSL_REDIRECT (W008: nginx redirects http to https
+    before Django), HSTS for this host only, not its domain's others (W005) nor the browsers'
+    preload list (W021)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DJANGO_", "JOBQUEUE_", "DATABASE_URL"))}
+    for line in deploy_file("env").splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            env[key] = value
+    assert env["DJANGO_SECRET_KEY"] == "CHANGE-ME"  # step 5 replaces it with this:
+    env["DJANGO_SECRET_KEY"] = secrets.token_urlsafe(50)
+    env.update(DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}", JOBQUEUE_VAR_DIR=str(tmp_path),
+               DJANGO_SETTINGS_MODULE="config.settings")
+    out = subprocess.run([sys.executable, "manage.py", "check", "--deploy"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    warned = re.findall(r"\((\w+\.\w\d+)\)", out.stdout + out.stderr)
+    assert warned == ["security.W005", "security.W008", "security.W021"], out.stdout + out.stderr
 
 
 def test_systemd_accepts_the_units(tmp_path):
