@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.deploy_files import deploy_file
 
-from .harness import free_port, wait_for
+from .harness import free_port, tail_of, wait_for
 
 NGINX = "/usr/sbin/nginx"
 
@@ -101,10 +101,7 @@ class PrivateNginx:
         return self.client_context().wrap_socket(raw, server_hostname="127.0.0.1")
 
     def log(self) -> str:
-        try:
-            return (self.dir / "error.log").read_text(errors="replace")[-3000:]
-        except OSError:
-            return ""
+        return tail_of(self.dir / "error.log")
 
     def close(self) -> None:
         """SIGTERM: nginx's fast shutdown (closes every connection, slow clients included)."""

@@ -19,7 +19,7 @@ import psycopg
 
 from tests.deploy_files import deploy_file
 
-from .harness import free_port
+from .harness import free_port, tail_of
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 
@@ -130,13 +130,7 @@ class PrivateBouncer:
         return time.monotonic() - t0
 
     def log(self) -> str:
-        text = ""
-        for name in ("pgbouncer.stderr", "pgbouncer.log"):
-            try:
-                text += (self.dir / name).read_text(errors="replace")[-3000:]
-            except OSError:
-                pass
-        return text
+        return tail_of(self.dir / "pgbouncer.stderr", self.dir / "pgbouncer.log")
 
     def close(self) -> None:
         try:
