@@ -46,6 +46,10 @@ def _local_secret_key(path: Path) -> str:
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _local_secret_key(VAR_DIR / "secret_key")
 ALLOWED_HOSTS = env("DJANGO_ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# Served over https only (docs/deploying.md: nginx redirects http): the session and CSRF
+# cookies go over https only, and browsers are told to use https (HSTS) for this long.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
+SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=0)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
