@@ -509,7 +509,8 @@ class JobCreateInput(serializers.Serializer):
     )
     group = StrictCharField(
         required=False, allow_null=True, min_length=1, max_length=200, trim_whitespace=False,
-        help_text='The job\'s group (a run): 1 to 200 printable characters without "/". '
+        help_text='The job\'s group (a run): 1 to 200 printable characters without "/", and '
+        'not "." or "..". '
         "A cancelled group takes no new jobs (409 group_cancelled).",
     )
 
