@@ -65,6 +65,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Times every request for /metrics (first, so that it sees the whole request).
     "ops.middleware.RequestMetricsMiddleware",
+    # A Host not in ALLOWED_HOSTS: 400, one WARNING line (Django logs a traceback at ERROR).
+    "agents.middleware.DisallowedHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Refuses oversized /v1/ request bodies (413) before anything reads them.
     "agents.middleware.RequestSizeLimitMiddleware",
