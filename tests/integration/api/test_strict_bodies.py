@@ -1,7 +1,7 @@
 """One rule for request bodies (issue #32, items 13 and 14), checked on every JSON body the
 OpenAPI schema describes: a number is a JSON integer (not "2", 2.0 or true), a field the body
 does not declare is a 400 naming it, a value out of bounds is a 400 naming the field and its
-bounds; and a refused body changes nothing."""
+bounds; and a refused body changes nothing. Numbers come back the same on both databases."""
 
 import json
 
@@ -219,3 +219,53 @@ def test_a_rule_naming_the_apis_words_is_not_replaced(world):
         "claim_id": str(grant.claim_id), "status": "successful", "retry": True})
     assert r.json()["fields"] == {"retry": ["retry may be true only with status failure."]}
 
+
+# --- numbers come back as they are stored, the same on both databases
+
+NUMBERS = ('{"big": 1.5e308, "neg_zero": -0.0, "e16": 1E16, "under": 9999999999999998.0, '
+           '"small": 1e-7, "third": 0.30000000000000004, "one": 1.0, "int": -0, '
+           '"huge_int": 123456789012345678901234567890, "neg": -2.5e20}')
+STORED = {"big": 15 * 10**307, "neg_zero": 0.0, "e16": 10**16, "under": 9999999999999998.0,
+          "small": 1e-07, "third": 0.30000000000000004, "one": 1.0, "int": 0,
+          "huge_int": 123456789012345678901234567890, "neg": -25 * 10**19}
+
+
+def with_numbers(fields: dict, *names: str) -> bytes:
+    """`fields` as JSON, each of `names` added with NUMBERS as its value, as sent."""
+    added = "".join(f', "{name}": {NUMBERS}' for name in names)
+    return (json.dumps(fields)[:-1] + added + "}").encode()
+
+
+def canonical(value) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def test_numbers_come_back_as_stored_on_both_databases(world):
+    """Issue #32, item 13: on PostgreSQL (jsonb) a checkpoint of 1.5e308 came back as a
+    309-digit integer and -0.0 as 0.0, on SQLite as sent. Now both give back what the
+    parser read (agents/parsers.py), in a result, a checkpoint, a job's config and context:
+    the same JSON text on both databases (but for the order of an object's keys, which
+    PostgreSQL sorts)."""
+    expected = canonical(STORED)
+    raw = with_numbers({"job_agent_id": str(world.agent.id)}, "job_agent_config",
+                       "dispatch_context")
+    producer, agent = world.producer(), world.agent_caller()
+    r = producer.request("POST", "jobs", raw=raw)
+    assert r.status_code == 201, r.content
+    job_id = r.json()["id"]
+    claim = agent.post(f"job-agents/{world.agent.id}/jobs/{job_id}/claim").json()
+    assert canonical(claim["job"]["job_agent_config"]) == expected
+    assert canonical(claim["job"]["dispatch_context"]) == expected
+    claim_id = claim["claim"]["claim_id"]
+    r = agent.request("POST", f"jobs/{job_id}/heartbeat",
+                      raw=with_numbers({"claim_id": claim_id}, "checkpoint"))
+    assert r.status_code == 200, r.content
+    assert agent.post(f"jobs/{job_id}/release", json={"claim_id": claim_id}).status_code == 200
+    claim = agent.post(f"job-agents/{world.agent.id}/jobs/{job_id}/claim").json()
+    assert canonical(claim["claim"]["checkpoint"]) == expected
+    r = agent.request("PUT", f"jobs/{job_id}/status", raw=with_numbers(
+        {"claim_id": claim["claim"]["claim_id"], "status": "successful"}, "result"))
+    assert r.status_code == 200, r.content
+    assert canonical(r.json()["result"]) == expected
+    assert canonical(producer.get(f"jobs/{job_id}").json()["result"]) == expected
+    assert canonical(Job.objects.get(id=job_id).result) == expected
