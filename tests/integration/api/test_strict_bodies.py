@@ -16,19 +16,6 @@ from .test_no_echo import Bodies, resolve
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def target(world):
-    job = JobFactory(job_agent=world.agent)
-    grant = lifecycle.claim_job(world.agent, job.id)
-    lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-x")
-    return {
-        "path": {"workspace_id": world.workspace.id, "agent_id": world.agent.id,
-                 "job_id": job.id, "group": "run-x"},
-        "ids": {"claim_id": str(grant.claim_id), "job_id": str(job.id),
-                "job_agent_id": str(world.agent.id)},
-    }
-
-
 def state():
     """What a refused request must leave as it was."""
     return (
