@@ -69,6 +69,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Times every request for /metrics (first, so that it sees the whole request).
     "ops.middleware.RequestMetricsMiddleware",
+    # A Host not in ALLOWED_HOSTS: 400, one WARNING line (Django logs a traceback at ERROR).
+    "agents.middleware.DisallowedHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Refuses oversized /v1/ request bodies (413) before anything reads them.
     "agents.middleware.RequestSizeLimitMiddleware",
@@ -350,4 +352,7 @@ SPECTACULAR_SETTINGS = {
         "FinalReportStatusEnum": ["cancelled", "failure", "successful"],
     },
     "SCHEMA_PATH_PREFIX": r"/v1/",
+    # Request bodies take their declared fields only (an unknown one is a 400).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "agents.schema.closed_request_bodies"],
 }
