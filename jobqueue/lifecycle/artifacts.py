@@ -204,8 +204,8 @@ def published_artifacts(job_id: uuid.UUID, *, workspace_id=None):
                 .order_by("name"))
 
 
-def open_artifact(job_id: uuid.UUID, name: str, *, workspace_id=None):
-    """(the published artifact `name`, its file opened for reading), or NotFound."""
+def published_artifact(job_id: uuid.UUID, name: str, *, workspace_id=None) -> JobArtifact:
+    """The job's published artifact `name`, or NotFound."""
     job = fetch_job(job_id, workspace_id=workspace_id)
     row = None
     if NAME.fullmatch(name):
@@ -213,7 +213,12 @@ def open_artifact(job_id: uuid.UUID, name: str, *, workspace_id=None):
                                          published_at__isnull=False).first()
     if row is None:
         raise NotFound("No such artifact.")
-    return row, artifact_storage().open(row.storage_key, "rb")
+    return row
+
+
+def open_artifact(row: JobArtifact):
+    """The artifact's file, opened for reading."""
+    return artifact_storage().open(row.storage_key, "rb")
 
 
 def unpublished_garbage():

@@ -369,14 +369,55 @@ def test_downloads_take_one_byte_range(world, claimed):
         assert r.status_code == 206, rng
         assert b"".join(r.streaming_content) == body
         assert r["Content-Range"] == content_range and r["Content-Length"] == str(len(body))
-    for rng in ("bytes=10-", "bytes=5-2", "bytes=-0"):
+    for rng in ("Bytes=2-4", "bytes=2-4, ", "bytes=0000000000000000000002-4"):
+        r = get(rng)  # the unit in any case; empty list elements; leading zeros
+        assert r.status_code == 206 and r["Content-Range"] == "bytes 2-4/10", rng
+    r = get("bytes=2-99999999999999999999999")  # past any size: to the end
+    assert r.status_code == 206 and r["Content-Range"] == "bytes 2-9/10"
+    for rng in ("bytes=10-", "bytes=-0", "bytes=99999999999999999999999-"):
         r = get(rng)
         assert r.status_code == 416 and r["Content-Range"] == "bytes */10", rng
     assert get("bytes=-1", "empty").status_code == 416
-    for rng in ("bytes=-", "items=1-2", "bytes=1-2,4-5", "x" * 50):  # ignored: all of it
+    # Ignored (RFC 9110: an invalid range, another unit, several ranges): all of it, 200.
+    for rng in ("bytes=5-3", "bytes=-", "items=1-2", "bytes=1-2,4-5", "x" * 50,
+                "bytes=\u0663-4", "bytes=1 - 2", "bytes 1-2"):
         r = get(rng)
         assert r.status_code == 200 and b"".join(r.streaming_content) == b"0123456789", rng
-        assert r["Accept-Ranges"] == "bytes"
+        assert r["Accept-Ranges"] == "bytes" and r["Content-Length"] == "10"
+
+
+def test_conditional_downloads_follow_rfc_9110(world, claimed):
+    """If-None-Match by weak comparison (`*`, lists, `W/` tags: 304), evaluated before Range;
+    If-Range by strong comparison (a match: the range; anything else: the whole file)."""
+    job, claim = claimed
+    agent = world.agent_caller()
+    upload(agent, job.id, claim, "a.bin", b"0123456789")
+    report(agent, job.id, claim)
+    etag = f'"{hashlib.sha256(b"0123456789").hexdigest()}"'
+    producer = world.producer()
+
+    def get(**headers):
+        return producer.get(f"jobs/{job.id}/artifacts/a.bin",
+                            headers={k.replace("_", "-"): v for k, v in headers.items()})
+
+    for inm in (etag, "*", f"W/{etag}", f'"other", {etag}', f' "x,y" , W/{etag} '):
+        r = get(If_None_Match=inm, Range="bytes=0-1")
+        assert r.status_code == 304 and r["ETag"] == etag, inm
+        assert r.content == b"" and "Content-Range" not in r
+        r = producer.request("HEAD", f"jobs/{job.id}/artifacts/a.bin",
+                             headers={"If-None-Match": inm})
+        assert r.status_code == 304, inm
+    for inm in ('"other"', "W/\"other\"", etag.strip('"'), ""):
+        r = get(If_None_Match=inm)
+        assert r.status_code == 200 and b"".join(r.streaming_content) == b"0123456789", inm
+    r = get(If_Range=etag, Range="bytes=2-4")
+    assert r.status_code == 206 and b"".join(r.streaming_content) == b"234"
+    for if_range in (f"W/{etag}", '"other"', "Fri, 04 Dec 2026 04:00:00 GMT"):
+        r = get(If_Range=if_range, Range="bytes=2-4")
+        assert r.status_code == 200 and b"".join(r.streaming_content) == b"0123456789"
+        assert "Content-Range" not in r
+    r = get(If_Range='"other"', Range="bytes=20-")  # not the current file: all of it
+    assert r.status_code == 200
 
 
 def test_the_counted_body_fills_each_read_from_short_reads():
@@ -397,3 +438,28 @@ def test_the_counted_body_fills_each_read_from_short_reads():
     assert body.read(10 * PIECE) == b"x" * 5 and body.read(10) == b""
     assert body.size == 3 * PIECE + 5
     assert body.hash.hexdigest() == hashlib.sha256(b"x" * (3 * PIECE + 5)).hexdigest()
+
+
+def test_head_answers_as_get_without_a_body_and_never_writes(world, claimed):
+    """HEAD on the upload URL, with an X-Claim-Id and all, is a download's headers: the
+    staged file stays as it was (HEAD once ran the upload and staged an empty file)."""
+    job, claim = claimed
+    agent = world.agent_caller()
+    assert upload(agent, job.id, claim, "a.bin", b"0123456789").status_code == 201
+    staged = JobArtifact.objects.get(state="staged")
+    r = agent.request("HEAD", f"jobs/{job.id}/artifacts/a.bin", headers={"X-Claim-Id": claim})
+    assert r.status_code == 403  # as a GET by the agent: producers only
+    assert list(JobArtifact.objects.values_list("pk", "state", "size")) == [
+        (staged.pk, "staged", 10)]
+    report(agent, job.id, claim)
+    producer = world.producer()
+    for headers, status, length in [({}, 200, "10"), ({"Range": "bytes=2-4"}, 206, "3"),
+                                    ({"X-Claim-Id": claim}, 200, "10")]:
+        r = producer.request("HEAD", f"jobs/{job.id}/artifacts/a.bin", headers=headers)
+        assert r.status_code == status, headers
+        assert r["Content-Length"] == length and r.content == b""
+        assert r["ETag"] == f'"{staged.sha256}"' and r["Accept-Ranges"] == "bytes"
+    assert listed(world, job.id)["a.bin"]["size"] == 10
+    assert stored_files() == [staged.storage_key]
+    got = producer.get(f"jobs/{job.id}/artifacts/a.bin")
+    assert b"".join(got.streaming_content) == b"0123456789"
