@@ -5,6 +5,7 @@ seed-004 stale-attempt sequence; names, caps, media types; clean-up. In-process 
 import hashlib
 
 import pytest
+from django.core.files.storage import FileSystemStorage
 
 from jobqueue import lifecycle
 from jobqueue.db import NowPlusSeconds
@@ -92,22 +93,53 @@ def test_upload_stages_and_the_successful_report_publishes(world, claimed):
     assert again.status_code == 304 and again["ETag"] == got["ETag"]
 
 
-def test_the_same_name_again_replaces_it_and_the_old_file_is_cleaned(world, claimed):
+def test_the_same_name_again_replaces_it_and_the_old_file_is_deleted(world, claimed):
     job, claim = claimed
     agent = world.agent_caller()
     upload(agent, job.id, claim, "out.txt", b"first")
     r = upload(agent, job.id, claim, "out.txt", b"second!", content_type="text/html")
     assert r.status_code == 201 and r.json()["size"] == 7
+    assert len(stored_files()) == 1 and sweep() == 0  # the first file went with the 201
     report(agent, job.id, claim)
     assert listed(world, job.id)["out.txt"]["content_type"] == "text/html"
     got = world.producer().get(f"jobs/{job.id}/artifacts/out.txt")
     assert b"".join(got.streaming_content) == b"second!"
     assert got["Content-Type"] == "application/octet-stream"  # never the stored type
+
+
+class FlakyDeleteStorage(FileSystemStorage):
+    """The filesystem, except that deleting fails while `failing` is set (a storage outage)."""
+
+    failing = False
+
+    def delete(self, name):
+        if FlakyDeleteStorage.failing:
+            raise OSError("storage unavailable")
+        super().delete(name)
+
+
+def test_a_replaced_file_the_storage_cannot_delete_yet_goes_at_clean_up(world, claimed,
+                                                                       settings, tmp_path,
+                                                                       caplog):
+    settings.STORAGES = {**settings.STORAGES, "artifacts": {
+        "BACKEND": f"{__name__}.FlakyDeleteStorage",
+        "OPTIONS": {"location": str(tmp_path / "artifacts")}}}
+    job, claim = claimed
+    agent = world.agent_caller()
+    upload(agent, job.id, claim, "out.txt", b"first")
+    FlakyDeleteStorage.failing = True
+    try:
+        r = upload(agent, job.id, claim, "out.txt", b"second!")
+    finally:
+        FlakyDeleteStorage.failing = False
+    assert r.status_code == 201 and r.json()["size"] == 7  # the upload itself succeeded
+    assert "could not delete the replaced file" in caplog.text
+    assert sorted(JobArtifact.objects.values_list("state", flat=True)) == ["replaced",
+                                                                          "staged"]
     assert len(stored_files()) == 2
     assert sweep() == 1
     assert len(stored_files()) == 1
-    assert b"".join(world.producer().get(
-        f"jobs/{job.id}/artifacts/out.txt").streaming_content) == b"second!"
+    assert JobArtifact.objects.get().state == "staged"
 
 
 def test_seed_004_a_stale_attempt_can_never_overwrite_the_winning_set(world, claimed):
@@ -463,3 +495,27 @@ def test_head_answers_as_get_without_a_body_and_never_writes(world, claimed):
     assert stored_files() == [staged.storage_key]
     got = producer.get(f"jobs/{job.id}/artifacts/a.bin")
     assert b"".join(got.streaming_content) == b"0123456789"
+
+
+def test_replacing_a_file_deletes_the_old_one_at_once_and_the_cap_holds(world, claimed,
+                                                                       settings):
+    """15 replacements of a 1 KiB `a` under a 3 KiB attempt cap: each is accepted (the
+    attempt stages one file), and the replaced file is gone when the 201 answers, so the
+    attempt never holds more than its cap on disk (replaced files once stayed until the
+    cleaner ran: 15 of them here)."""
+    job, claim = claimed
+    agent = world.agent_caller()
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_ATTEMPT_ARTIFACT_BYTES": 3 * 1024}
+    for i in range(15):
+        r = upload(agent, job.id, claim, "a", bytes([i]) * 1024)
+        assert r.status_code == 201, r.content
+        assert len(stored_files()) == 1
+        assert JobArtifact.objects.count() == 1
+    assert upload(agent, job.id, claim, "b", b"b" * 1024).status_code == 201
+    assert upload(agent, job.id, claim, "c", b"c" * 1024).status_code == 201
+    r = upload(agent, job.id, claim, "d", b"d")
+    assert r.status_code == 413 and r.json()["code"] == "output_too_large"
+    assert len(stored_files()) == 3 and sweep() == 0
+    report(agent, job.id, claim)
+    got = world.producer().get(f"jobs/{job.id}/artifacts/a")
+    assert b"".join(got.streaming_content) == bytes([14]) * 1024
