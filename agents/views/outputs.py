@@ -12,7 +12,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 
 from jobqueue.lifecycle import artifacts, logs
@@ -25,6 +25,10 @@ from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet, parse_
 # GitLab's runner sends "0-99"; RFC 9110 writes "bytes 0-99/*" (or a total for the last).
 CONTENT_RANGE = re.compile(r"(?:bytes[ =])?(\d{1,15})-(\d{1,15})(?:/(?:\d{1,15}|\*))?")
 MAX_READ_BYTES = 16 * 1024 * 1024
+
+RAW_BODY_400 = OpenApiResponse(
+    ErrorSerializer, description="validation_error: missing or invalid input (see `fields`); "
+    "incomplete_body: the body ended before its Content-Length or its last chunk")
 
 CLAIM_HEADER = OpenApiParameter(
     "X-Claim-Id", OpenApiTypes.UUID, OpenApiParameter.HEADER, required=True,
@@ -109,7 +113,7 @@ class JobOutputViewSet(ApiViewSet):
             416: OpenApiResponse(ErrorSerializer,
                                  description="log_range_gap: resend from the Range header's "
                                  "length"),
-            **errors(400, 409, 411, 413, *COMMON),
+            **errors(409, 411, 413, *COMMON), 400: RAW_BODY_400,
         },
     )
     @action(detail=False, methods=["get", "patch"], url_path="log", url_name="log",
@@ -119,7 +123,7 @@ class JobOutputViewSet(ApiViewSet):
         if request.method in READS:
             return self._read_log(job_id)
         claim_id = claim_header(request)
-        data = request._request.body  # bounded by RequestSizeLimitMiddleware
+        data = whole_body(request._request)
         state = logs.append_log(job_id, claim_id, data, start=content_range(request, len(data)),
                                 **self.job_scope())
         return Response(os_.LogAppendSerializer(state).data, status=status.HTTP_202_ACCEPTED,
@@ -194,7 +198,8 @@ class JobOutputViewSet(ApiViewSet):
         "report)",
         parameters=[CLAIM_HEADER],
         request={"application/octet-stream": OpenApiTypes.BINARY},
-        responses={201: os_.ArtifactSerializer, **errors(400, 409, 411, 413, *COMMON)},
+        responses={201: os_.ArtifactSerializer, 400: RAW_BODY_400,
+                   **errors(409, 411, 413, *COMMON)},
     )
     @action(detail=False, methods=["get", "put"], url_path="artifacts/<anyid:name>",
             url_name="artifact", permission_classes=AGENT, name="Artifact")
@@ -310,20 +315,61 @@ class LimitedReader:
 
 
 def upload_stream(request):
-    """The request body as a stream, and its declared length (None for a chunked body). A
-    chunked body is read from the server's input when the server marks where it ends
-    (gunicorn does); elsewhere it is a 411, as for every other body (agents/middleware.py)."""
+    """The request body as a stream (ClientBody), and its declared length (None for a
+    chunked body). A chunked body is read from the server's input when the server marks
+    where it ends (gunicorn does); elsewhere it is a 411, as for every other body
+    (agents/middleware.py)."""
     meta = request.META
     raw = meta.get("CONTENT_LENGTH")
     if raw not in (None, ""):
         if not raw.isdigit():
             raise ValidationError({"Content-Length": ["Must be an integer."]})
-        return request, int(raw)
+        return ClientBody(request, int(raw)), int(raw)
     if "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower():
         if not meta.get("wsgi.input_terminated"):
             raise LengthRequired()
-        return meta["wsgi.input"], None
-    return request, 0
+        return ClientBody(meta["wsgi.input"], None), None
+    return ClientBody(request, 0), 0
+
+
+def whole_body(request) -> bytes:
+    """A small request body (bounded by RequestSizeLimitMiddleware), all of it: one that
+    ends before its Content-Length is an IncompleteBody, never a shorter chunk."""
+    return ClientBody(request, request.META.get("CONTENT_LENGTH") or None).read()
+
+
+try:  # what gunicorn raises for a malformed or cut chunked body (its NoMoreData is OSError)
+    from gunicorn.http.errors import ParseException as _ServerParseError
+except ImportError:  # pragma: no cover - gunicorn is a dependency
+    _ServerParseError = OSError
+
+
+class ClientBody:
+    """The request body as the client sent it. A body that ends before its declared length
+    (the client stopped sending and closed its side), a cut connection or a malformed chunk
+    is an IncompleteBody (400), so that nothing takes a part of a body for the whole."""
+
+    def __init__(self, stream, declared):
+        self.stream = stream
+        self.left = None if declared is None else int(declared)
+
+    def read(self, n=-1):
+        try:
+            data = self.stream.read(n)
+        except (OSError, _ServerParseError) as exc:
+            raise IncompleteBody() from exc
+        if self.left is not None:
+            self.left -= len(data)
+            if self.left > 0 and (not data or n is None or n < 0):
+                raise IncompleteBody()
+        return data
+
+
+class IncompleteBody(APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = ("The request body ended before its end (Content-Length, or the "
+                      "chunked body's last chunk): send the whole body.")
+    default_code = "incomplete_body"
 
 
 class LengthRequired(PayloadTooLarge):

@@ -353,11 +353,18 @@ def test_the_upload_stream_by_how_the_body_comes(world, claimed):
     from django.test import RequestFactory
     from rest_framework.exceptions import ValidationError
 
-    from agents.views.outputs import LengthRequired, upload_stream
+    from agents.views.outputs import IncompleteBody, LengthRequired, upload_stream
 
     rf = RequestFactory()
     request = rf.put("/x", data=b"abc", content_type="application/octet-stream")
-    assert upload_stream(request) == (request, 3)
+    stream, size = upload_stream(request)
+    assert size == 3 and stream.read(10) == b"abc" and stream.read(10) == b""
+    short = rf.put("/x", data=b"abc", content_type="application/octet-stream")
+    short.META["CONTENT_LENGTH"] = "5"  # the client stopped after 3 of 5 bytes
+    stream, size = upload_stream(short)
+    assert size == 5 and stream.read(10) == b"abc"
+    with pytest.raises(IncompleteBody):
+        stream.read(10)
     request.META["CONTENT_LENGTH"] = "3x"
     with pytest.raises(ValidationError):
         upload_stream(request)
@@ -371,7 +378,8 @@ def test_the_upload_stream_by_how_the_body_comes(world, claimed):
     assert size is None and stream.read() == b"streamed"
     empty = rf.put("/x")
     empty.META.pop("CONTENT_LENGTH", None)
-    assert upload_stream(empty) == (empty, 0)
+    stream, size = upload_stream(empty)
+    assert size == 0 and stream.read(10) == b""
 
 
 def test_an_agent_key_of_the_workspace_may_upload_and_an_empty_file_is_fine(world, claimed):
