@@ -96,3 +96,76 @@ def test_a_log_chunk_cut_short_is_400_and_appends_nothing(server, claimed):
     assert response.status == 400, raw
     assert json.loads(raw)["code"] == "incomplete_body"
     assert not JobLogChunk.objects.filter(log__job=job).exists()
+
+
+def refused_upload(claimed, refusal):
+    """Headers of a 10 MiB request refused before its body is read, and the answer due."""
+    job, base, headers = claimed
+    ten_mib = str(10 * 1024 * 1024)
+    if refusal == "413-artifact":  # over JOBQUEUE_MAX_ARTIFACT_BYTES: refused at once
+        return ("PUT", f"{base}/artifacts/a.bin",
+                {**headers, "Content-Length": ten_mib}, 413, "output_too_large")
+    if refusal == "409-stale-claim":  # the claim ended: nothing it sends is read
+        lifecycle.cancel_job(job.id)
+        return ("PUT", f"{base}/artifacts/a.bin",  # under the cap, over what gunicorn drains
+                {**headers, "Content-Length": str(MAX_ARTIFACT)}, 409, "job_cancelled")
+    if refusal == "413-json":  # over JOBQUEUE_MAX_REQUEST_BYTES, refused by the middleware
+        return ("POST", f"{base}/heartbeat", {**headers, "Content-Type": "application/json",
+                                              "Content-Length": ten_mib},
+                413, "payload_too_large")
+    assert refusal == "401"
+    return ("PUT", f"{base}/artifacts/a.bin",
+            {**headers, "Authorization": "Bearer jqa_nope", "Content-Length": ten_mib},
+            401, "authentication_failed")
+
+
+@pytest.mark.parametrize("refusal", ["413-artifact", "409-stale-claim", "413-json", "401"])
+def test_an_early_refusal_of_a_large_body_says_connection_close_and_closes(server, claimed,
+                                                                          refusal):
+    """The client has sent the headers and the first KiB of a 10 MiB body when the refusal
+    comes: the answer says `Connection: close` and the server closes the connection, so
+    the client sends its next request on a new one (the answer once said keep-alive, and
+    the connection was dropped under the next request)."""
+    method, path, headers, status, code = refused_upload(claimed, refusal)
+    response, raw, sock = exchange(server, head_of(method, path, headers) + b"x" * 1024,
+                                   half_close=False)
+    try:
+        assert (response.status, json.loads(raw)["code"]) == (status, code)
+        assert response.getheader("Connection") == "close"
+        assert sock.recv(1) == b""  # the server closed its side, without the rest
+    finally:
+        sock.close()
+
+
+def test_a_body_read_to_its_end_keeps_the_connection(server, claimed):
+    """An upload, and a refusal that read the whole body first, keep the connection alive:
+    the next request goes on the same connection."""
+    job, base, headers = claimed
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request("PUT", f"{base}/artifacts/a.bin", body=b"x" * 90_000, headers=headers)
+        response = conn.getresponse()
+        assert response.status == 201 and response.getheader("Connection") == "keep-alive"
+        response.read()
+        sock = conn.sock
+        body = json.dumps({"claim_id": "not-a-uuid", "pad": "x" * 90_000})
+        conn.request("POST", f"{base}/heartbeat", body=body,
+                     headers={**headers, "Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 400 and response.getheader("Connection") == "keep-alive"
+        response.read()
+        conn.request("PATCH", f"{base}/log", body=b"hello\n",
+                     headers={**headers, "Content-Type": "text/plain"})
+        response = conn.getresponse()
+        assert response.status == 202
+        response.read()
+        conn.request("HEAD", f"{base}/log", headers=headers)  # headers only, then the next
+        response = conn.getresponse()
+        assert response.status == 200 and response.getheader("Content-Length") == "6"
+        assert response.read() == b""
+        conn.request("GET", f"{base}/log", headers=headers)
+        response = conn.getresponse()
+        assert response.status == 200 and response.read() == b"hello\n"
+        assert conn.sock is sock  # one connection all along
+    finally:
+        conn.close()
