@@ -11,10 +11,9 @@ import pytest
 
 from jobqueue import lifecycle
 from jobqueue.models import JobArtifact, JobLogChunk
-from tests.e2e.harness import Stack
 from tests.factories import JobFactory
 
-from .conftest import make_world
+from .conftest import artifact_server, make_world
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -23,17 +22,8 @@ MAX_ARTIFACT = 100_000
 
 @pytest.fixture
 def server(transactional_db, tmp_path):
-    store = tmp_path / "artifacts"
-    stack = Stack(tmp_path, server_env={
-        "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(store)}),
-        "JOBQUEUE_MAX_ARTIFACT_BYTES": MAX_ARTIFACT,
-    })
-    stack.store = store
-    try:
-        stack.start_server(workers=1, threads=4)
+    with artifact_server(tmp_path, MAX_ARTIFACT, threads=4) as stack:
         yield stack
-    finally:
-        stack.close()
 
 
 @pytest.fixture
