@@ -226,7 +226,7 @@ class JobOutputViewSet(ApiViewSet):
         etag = f'"{row.sha256}"'
         headers = {"ETag": etag, "Accept-Ranges": "bytes", "X-Content-Type-Options": "nosniff",
                    "Cache-Control": "private, no-transform"}
-        if none_match_fails(request.headers.get("If-None-Match"), etag):
+        if not_modified(request.headers.get("If-None-Match"), etag):
             return HttpResponse(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
         wanted = None
         if request.headers.get("If-Range", etag) == etag:  # else: the whole, current file
@@ -289,7 +289,7 @@ def byte_range(header: str | None, size: int):
     return start, size - 1 if last is None else min(last, size - 1)
 
 
-def none_match_fails(header: str | None, etag: str) -> bool:
+def not_modified(header: str | None, etag: str) -> bool:
     """Whether If-None-Match names the current file (a 304): `*`, or any of its entity
     tags by RFC 9110's weak comparison (`W/"x"` matches `"x"`)."""
     if header is None:
