@@ -12,12 +12,13 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from jobqueue.lifecycle import artifacts, logs
 
 from .. import output_serializers as os_
+from ..bodies import ClientBody
 from ..exceptions import PayloadTooLarge
 from ..schema import COMMON, ErrorSerializer, errors
 from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet, parse_uuid
@@ -336,40 +337,6 @@ def whole_body(request) -> bytes:
     """A small request body (bounded by RequestSizeLimitMiddleware), all of it: one that
     ends before its Content-Length is an IncompleteBody, never a shorter chunk."""
     return ClientBody(request, request.META.get("CONTENT_LENGTH") or None).read()
-
-
-try:  # what gunicorn raises for a malformed or cut chunked body (its NoMoreData is OSError)
-    from gunicorn.http.errors import ParseException as _ServerParseError
-except ImportError:  # pragma: no cover - gunicorn is a dependency
-    _ServerParseError = OSError
-
-
-class ClientBody:
-    """The request body as the client sent it. A body that ends before its declared length
-    (the client stopped sending and closed its side), a cut connection or a malformed chunk
-    is an IncompleteBody (400), so that nothing takes a part of a body for the whole."""
-
-    def __init__(self, stream, declared):
-        self.stream = stream
-        self.left = None if declared is None else int(declared)
-
-    def read(self, n=-1):
-        try:
-            data = self.stream.read(n)
-        except (OSError, _ServerParseError) as exc:
-            raise IncompleteBody() from exc
-        if self.left is not None:
-            self.left -= len(data)
-            if self.left > 0 and (not data or n is None or n < 0):
-                raise IncompleteBody()
-        return data
-
-
-class IncompleteBody(APIException):
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_detail = ("The request body ended before its end (Content-Length, or the "
-                      "chunked body's last chunk): send the whole body.")
-    default_code = "incomplete_body"
 
 
 class LengthRequired(PayloadTooLarge):

@@ -353,7 +353,8 @@ def test_the_upload_stream_by_how_the_body_comes(world, claimed):
     from django.test import RequestFactory
     from rest_framework.exceptions import ValidationError
 
-    from agents.views.outputs import IncompleteBody, LengthRequired, upload_stream
+    from agents.bodies import IncompleteBody
+    from agents.views.outputs import LengthRequired, upload_stream
 
     rf = RequestFactory()
     request = rf.put("/x", data=b"abc", content_type="application/octet-stream")

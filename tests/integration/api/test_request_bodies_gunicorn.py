@@ -159,3 +159,17 @@ def test_a_body_read_to_its_end_keeps_the_connection(server, claimed):
         assert conn.sock is sock  # one connection all along
     finally:
         conn.close()
+
+
+def test_a_chunked_json_or_log_body_cut_short_is_400(server, claimed):
+    """A chunked body the size cap reads (agents/middleware.py) cut short mid-chunk."""
+    job, base, headers = claimed
+    for method, path, ctype in [("PATCH", f"{base}/log", "text/plain"),
+                                ("POST", f"{base}/heartbeat", "application/json")]:
+        response, raw, sock = exchange(server, head_of(method, path, {
+            **headers, "Content-Type": ctype, "Transfer-Encoding": "chunked"})
+            + b"3e8\r\n0123456789", half_close=True)
+        sock.close()
+        assert response.status == 400, raw
+        assert json.loads(raw)["code"] == "incomplete_body"
+    assert not JobLogChunk.objects.filter(log__job=job).exists()
