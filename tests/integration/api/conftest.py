@@ -111,6 +111,24 @@ def make_world(base_url=None) -> World:
     )
 
 
+@contextmanager
+def artifact_server(tmp_path, max_artifact_bytes: int, *, threads: int):
+    """A real gunicorn (one worker) whose artifacts go to `tmp_path/artifacts` (`.store`)."""
+    from tests.e2e.harness import Stack
+
+    store = tmp_path / "artifacts"
+    stack = Stack(tmp_path, server_env={
+        "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(store)}),
+        "JOBQUEUE_MAX_ARTIFACT_BYTES": max_artifact_bytes,
+    })
+    stack.store = store
+    try:
+        stack.start_server(workers=1, threads=threads)
+        yield stack
+    finally:
+        stack.close()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_health_cache():
     health.forget_seen()
@@ -133,20 +151,3 @@ def live_world(live_server, transactional_db):
     """A real HTTP connection to a live server thread (its own DB connections)."""
     return make_world(base_url=live_server.url)
 
-
-@contextmanager
-def artifact_server(tmp_path, max_artifact_bytes: int, *, threads: int):
-    """A real gunicorn (one worker) whose artifacts go to `tmp_path/artifacts` (`.store`)."""
-    from tests.e2e.harness import Stack
-
-    store = tmp_path / "artifacts"
-    stack = Stack(tmp_path, server_env={
-        "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(store)}),
-        "JOBQUEUE_MAX_ARTIFACT_BYTES": max_artifact_bytes,
-    })
-    stack.store = store
-    try:
-        stack.start_server(workers=1, threads=threads)
-        yield stack
-    finally:
-        stack.close()
