@@ -150,4 +150,3 @@ def world(db):
 def live_world(live_server, transactional_db):
     """A real HTTP connection to a live server thread (its own DB connections)."""
     return make_world(base_url=live_server.url)
-
