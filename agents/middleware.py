@@ -24,6 +24,8 @@ from django.utils.log import log_response
 
 from jobqueue.conf import jobqueue_settings
 
+from .bodies import BODY_READ_ERRORS, IncompleteBody
+
 API_PREFIX = "/v1/"
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
 
@@ -78,12 +80,15 @@ class RequestSizeLimitMiddleware:
                 411, "length_required", "Send a Content-Length header with the request body."
             )
         chunks, size = [], 0
-        while size <= cap:
-            chunk = stream.read(min(65536, cap + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        try:
+            while size <= cap:
+                chunk = stream.read(min(65536, cap + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except BODY_READ_ERRORS:  # cut short: nothing of it is taken
+            return _error(400, IncompleteBody.default_code, IncompleteBody.default_detail)
         if size > cap:
             return _too_large(cap)
         body = b"".join(chunks)

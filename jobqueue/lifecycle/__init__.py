@@ -18,8 +18,8 @@ One function per transition, each in the module that names it:
                  (jobqueue.reaper loops them)
     logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
     artifacts.py upload_artifact, publish (the ORM report's), published_artifacts,
-                 open_artifact, clean_artifacts: files staged per claim, published by its
-                 successful report
+                 published_artifact, open_artifact, clean_artifacts: files staged per
+                 claim, published by its successful report
 
 and what they share:
 

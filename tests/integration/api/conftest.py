@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -109,6 +110,24 @@ def make_world(base_url=None) -> World:
         other_workspace_agent=foreign,
         base_url=base_url,
     )
+
+
+@contextmanager
+def artifact_server(tmp_path, max_artifact_bytes: int, *, threads: int):
+    """A real gunicorn (one worker) whose artifacts go to `tmp_path/artifacts` (`.store`)."""
+    from tests.e2e.harness import Stack
+
+    store = tmp_path / "artifacts"
+    stack = Stack(tmp_path, server_env={
+        "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(store)}),
+        "JOBQUEUE_MAX_ARTIFACT_BYTES": max_artifact_bytes,
+    })
+    stack.store = store
+    try:
+        stack.start_server(workers=1, threads=threads)
+        yield stack
+    finally:
+        stack.close()
 
 
 @pytest.fixture(autouse=True)
