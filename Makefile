@@ -29,7 +29,10 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# A PostgreSQL DATABASE_URL whose server or database is missing stops here with a hint
+# (scripts/check_postgres.py), not in a traceback.
 migrate: install
+	@$(BIN)/python scripts/check_postgres.py --database "$$DATABASE_URL"
 	$(BIN)/python manage.py migrate --noinput
 
 # Runs the service on SQLite (var/jobqueue.sqlite3) unless DATABASE_URL says otherwise:
