@@ -22,7 +22,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: requirements.txt pyproject.toml clients/python/pyproject.toml | $(BIN)/python
+# The version files too: the installed distributions' metadata carries the version.
+$(VENV)/.installed: requirements.txt pyproject.toml clients/python/pyproject.toml \
+  jobqueue/__init__.py clients/python/jobqueue_client/version.py | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps --force-reinstall -e . -e ./clients/python
 	touch $@
