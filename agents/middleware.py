@@ -1,5 +1,6 @@
-"""Request size cap for the HTTP API, enforced before anything reads the body; and forms
-Django cannot read refused before CSRF reads them (UnreadableFormMiddleware, below).
+"""Request size cap for the HTTP API, enforced before anything reads the body; forms Django
+cannot read refused before CSRF reads them (UnreadableFormMiddleware, below); and a Host this
+server does not serve refused in one log line (DisallowedHostMiddleware).
 
 `JOBQUEUE["MAX_REQUEST_BYTES"]` (env `JOBQUEUE_MAX_REQUEST_BYTES`, default 1 MiB) bounds every
 request body under /v1/. A declared Content-Length above it is refused at once. A chunked body
@@ -15,7 +16,8 @@ import logging
 import re
 import threading
 
-from django.core.exceptions import BadRequest, SuspiciousOperation
+from django.conf import settings
+from django.core.exceptions import BadRequest, DisallowedHost, SuspiciousOperation
 from django.core.handlers.wsgi import LimitedStream
 from django.http import JsonResponse
 from django.http.multipartparser import MultiPartParserError
@@ -134,6 +136,40 @@ class UnreadableFormMiddleware:
         else:
             log_response("Bad Request: %s (%s)", request.path, str(exc), response=response,
                          request=request)
+        return response
+
+
+class DisallowedHostMiddleware:
+    """A Host header this server does not serve (DJANGO_ALLOWED_HOSTS) gets its 400 here,
+    logged as one WARNING line on Django's security logger, before any other layer asks for
+    the host. Left to Django, every such request, unauthenticated, logged a traceback of
+    ~15 lines at ERROR (CommonMiddleware's get_host() raises DisallowedHost)."""
+
+    MAX_LOGGED_HOST = 100
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        try:
+            request.get_host()
+        except DisallowedHost as exc:
+            return self._refuse(request, exc)
+        return self.get_response(request)
+
+    def _refuse(self, request, exc):
+        from .exceptions import bad_request_view
+
+        response = bad_request_view(request, exc)
+        host = request.META.get("HTTP_X_FORWARDED_HOST") if settings.USE_X_FORWARDED_HOST \
+            else None
+        host = host or request.META.get("HTTP_HOST") or request.META.get("SERVER_NAME", "")
+        cut = self.MAX_LOGGED_HOST
+        shown = repr(host[:cut]) + ("..." if len(host) > cut else "")
+        log_response("Refused a Host not in DJANGO_ALLOWED_HOSTS: %s: %s", shown, request.path,
+                     response=response, request=request,
+                     logger=logging.getLogger("django.security.DisallowedHost"),
+                     level="warning")
         return response
 
 

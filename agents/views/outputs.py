@@ -18,12 +18,14 @@ from jobqueue.lifecycle import artifacts, logs
 
 from .. import output_serializers as os_
 from ..exceptions import PayloadTooLarge
+from ..query import DIGITS, query_int
 from ..schema import COMMON, ErrorSerializer, errors
 from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet, parse_uuid
 
 # GitLab's runner sends "0-99"; RFC 9110 writes "bytes 0-99/*" (or a total for the last).
 CONTENT_RANGE = re.compile(r"(?:bytes[ =])?(\d{1,15})-(\d{1,15})(?:/(?:\d{1,15}|\*))?")
 MAX_READ_BYTES = 16 * 1024 * 1024
+MAX_QUERY_INT = 10**15 - 1  # ?offset=, ?attempt=
 
 CLAIM_HEADER = OpenApiParameter(
     "X-Claim-Id", OpenApiTypes.UUID, OpenApiParameter.HEADER, required=True,
@@ -54,12 +56,7 @@ def content_range(request, size: int) -> int | None:
 
 
 def non_negative_int(request, name):
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    if not raw.isdigit() or len(raw) > 15:
-        raise ValidationError({name: ["Must be a non-negative integer."]})
-    return int(raw)
+    return query_int(request, name, 0, MAX_QUERY_INT)
 
 
 class JobOutputViewSet(ApiViewSet):
@@ -272,7 +269,7 @@ def upload_stream(request):
     meta = request.META
     raw = meta.get("CONTENT_LENGTH")
     if raw not in (None, ""):
-        if not raw.isdigit():
+        if not DIGITS.fullmatch(raw):
             raise ValidationError({"Content-Length": ["Must be an integer."]})
         return request, int(raw)
     if "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower():

@@ -1,6 +1,6 @@
 """Job artifacts: files an attempt uploads while it holds its claim, staged per claim, and
 published as the job's artifact set by that claim's accepted `successful` report, in the
-report's own statement (pg/statements.py; orm.py on SQLite). Nothing else ever publishes.
+report's own statement (jobqueue/sql/postgresql.sql; orm.py on SQLite). Nothing else ever publishes.
 
 An upload is three short steps, none of them holding a transaction across the transfer:
 

@@ -9,9 +9,9 @@ commits, never when it rolls back). Never for a write that changed nothing (a re
 a retried final report, cancelling a cancelled job). A new path that ends jobs (clocks,
 retries, group cancel) calls it the same way.
 
-PostgreSQL's report statements (pg/statements.py) write their outbox rows in the statement
-itself (one autocommit statement is the whole transaction) and so pass outbox_written=True,
-as the ORM backend does, which writes them in its own transaction.
+PostgreSQL's report statements (jobqueue/sql/postgresql.sql) write their outbox rows in the
+statement itself (one autocommit statement is the whole transaction) and so pass
+outbox_written=True, as the ORM backend does, which writes them in its own transaction.
 """
 
 from __future__ import annotations

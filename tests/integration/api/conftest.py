@@ -11,7 +11,8 @@ import pytest
 from django.test import Client
 
 from agents import credentials, health
-from tests.factories import JobAgentFactory, WorkspaceFactory
+from jobqueue import lifecycle
+from tests.factories import JobAgentFactory, JobFactory, WorkspaceFactory
 
 _open_callers: list = []
 
@@ -131,3 +132,18 @@ def world(db):
 def live_world(live_server, transactional_db):
     """A real HTTP connection to a live server thread (its own DB connections)."""
     return make_world(base_url=live_server.url)
+
+
+@pytest.fixture
+def target(world):
+    """A claimed job, a grouped job, and the ids of a request that reaches them: the path's
+    and the body's (test_no_echo, test_strict_bodies)."""
+    job = JobFactory(job_agent=world.agent)
+    grant = lifecycle.claim_job(world.agent, job.id)
+    lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-x")
+    return {
+        "path": {"workspace_id": world.workspace.id, "agent_id": world.agent.id,
+                 "job_id": job.id, "group": "run-x"},
+        "ids": {"claim_id": str(grant.claim_id), "job_id": str(job.id),
+                "job_agent_id": str(world.agent.id)},
+    }
