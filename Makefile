@@ -5,9 +5,14 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 WORKERS ?= 3
+# What the service writes (config/settings.py reads the same JOBQUEUE_VAR_DIR).
+VAR_DIR ?= $(or $(JOBQUEUE_VAR_DIR),var)
 # prometheus-client multiprocess mode: gunicorn's workers write their counters here and
 # /metrics adds them up. `make run` empties it at start (stale files would count twice).
-PROMETHEUS_DIR ?= var/prometheus
+# Per port, like gunicorn's control socket: two `make run PORT=...` from one checkout share
+# neither.
+PROMETHEUS_DIR ?= $(VAR_DIR)/prometheus-$(PORT)
+CONTROL_SOCKET ?= $(VAR_DIR)/gunicorn-$(PORT).ctl
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
 export JOBQUEUE_REAPER_INTERVAL_SECONDS ?= 5
 
@@ -17,7 +22,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: requirements.txt pyproject.toml clients/python/pyproject.toml | $(BIN)/python
+# The version files too: the installed distributions' metadata carries the version.
+$(VENV)/.installed: requirements.txt pyproject.toml clients/python/pyproject.toml \
+  jobqueue/__init__.py clients/python/jobqueue_client/version.py | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps --force-reinstall -e . -e ./clients/python
 	touch $@
@@ -29,23 +36,27 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# A PostgreSQL DATABASE_URL whose server or database is missing stops here with a hint
+# (scripts/check_postgres.py), not in a traceback.
 migrate: install
+	@$(BIN)/python scripts/check_postgres.py --database "$$DATABASE_URL"
 	$(BIN)/python manage.py migrate --noinput
 
 # Runs the service on SQLite (var/jobqueue.sqlite3) unless DATABASE_URL says otherwise:
 # migrates, collects static files, prints demo credentials, then serves with gunicorn while
 # maintenance (the reaper, the pruner: run_maintenance --loop) runs beside it. Ctrl-C stops both.
+# `make run PORT=8001` (HOST=0.0.0.0, WORKERS=N) serves elsewhere.
 run: migrate
 	$(BIN)/python manage.py collectstatic --noinput -v0
 	$(BIN)/python manage.py bootstrap_demo
 	@echo "Serving on http://$(HOST):$(PORT)/  (API under /v1/, admin under /admin/)"
-	@rm -rf $(PROMETHEUS_DIR) && mkdir -p $(PROMETHEUS_DIR)
+	@rm -rf "$(PROMETHEUS_DIR)" && mkdir -p "$(PROMETHEUS_DIR)"
 	@set -m; \
 	$(BIN)/python manage.py run_maintenance --loop & MAINTENANCE=$$!; \
 	trap 'kill -TERM $$MAINTENANCE 2>/dev/null; wait $$MAINTENANCE 2>/dev/null' EXIT INT TERM; \
 	PROMETHEUS_MULTIPROC_DIR="$(abspath $(PROMETHEUS_DIR))" \
 	$(BIN)/gunicorn -c config/gunicorn.conf.py --bind $(HOST):$(PORT) --workers $(WORKERS) \
-	  --access-logfile -
+	  --control-socket "$(abspath $(CONTROL_SOCKET))" --access-logfile -
 
 # Installs the test tools, then runs the suite in three passes: the unit layer (tests/unit,
 # no database at all), then integration + acceptance (tests/integration, tests/e2e) on SQLite

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import threading
 
 from django.conf import settings
 from django.core.exceptions import BadRequest, DisallowedHost, SuspiciousOperation
@@ -175,3 +176,53 @@ class DisallowedHostMiddleware:
                      logger=logging.getLogger("django.security.DisallowedHost"),
                      level="warning")
         return response
+
+
+# --- client versions ---------------------------------------------------------------------
+
+# What every jobqueue_client sends: `jobqueue-client/<version>` in its User-Agent.
+CLIENT_VERSION = re.compile(r"\bjobqueue-client/((\d{1,6})\.(\d{1,6})[0-9A-Za-z.+-]{0,40})")
+# Distinct old versions logged per process; past it, one last line says that more came.
+MAX_LOGGED_CLIENT_VERSIONS = 100
+client_log = logging.getLogger("agents.clients")
+
+
+def min_client_version() -> tuple[int, int]:
+    """JOBQUEUE_MIN_CLIENT_VERSION as (major, minor); settings.py refuses a malformed one."""
+    major, _, minor = str(jobqueue_settings().get("MIN_CLIENT_VERSION") or "0.0").partition(".")
+    return int(major), int(minor or 0)
+
+
+class ClientVersionMiddleware:
+    """Logs, once per version and process (WARNING, one line), an API request from a
+    jobqueue-client older than JOBQUEUE_MIN_CLIENT_VERSION (major.minor). The request is
+    served all the same: the log tells the operator which agents to upgrade before a release
+    that drops what they rely on. Other User-Agents (curl, a generated client) are not
+    judged."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.logged: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, request):
+        if request.path.startswith(API_PREFIX):
+            match = CLIENT_VERSION.search(request.META.get("HTTP_USER_AGENT", ""))
+            if match and (int(match[2]), int(match[3])) < min_client_version():
+                self._warn(match[1])
+        return self.get_response(request)
+
+    def _warn(self, version: str) -> None:
+        with self.lock:
+            if version in self.logged or len(self.logged) > MAX_LOGGED_CLIENT_VERSIONS:
+                return
+            self.logged.add(version)
+            last = len(self.logged) > MAX_LOGGED_CLIENT_VERSIONS
+        minimum = ".".join(map(str, min_client_version()))
+        if last:
+            client_log.warning("unsupported clients: more than %d old versions seen; no more "
+                               "are logged until a restart", MAX_LOGGED_CLIENT_VERSIONS)
+            return
+        client_log.warning("unsupported client: jobqueue-client/%s is older than %s "
+                           "(JOBQUEUE_MIN_CLIENT_VERSION); upgrade the agents or producers "
+                           "that run it", version, minimum)

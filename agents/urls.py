@@ -21,6 +21,7 @@ from .views import (
     TokenViewSet,
     WebhookViewSet,
 )
+from .views.meta import VersionView
 
 
 class AnyId:
@@ -66,5 +67,6 @@ router.register(W + "jobs/<anyid:job_id>", JobOutputViewSet, basename="job-outpu
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("version", VersionView.as_view(), name="api-version"),
     *router.urls,
 ]

@@ -5,10 +5,14 @@ DJANGO_DEBUG. Without DATABASE_URL the service runs on an embedded SQLite file u
 """
 
 import os
+import re
 import time
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
+
+from jobqueue import __version__ as jobqueue_version
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("JOBQUEUE_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -79,6 +83,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     # Refuses forms Django cannot read (400, one log line) before CSRF reads them.
     "agents.middleware.UnreadableFormMiddleware",
+    # Logs a jobqueue-client older than JOBQUEUE_MIN_CLIENT_VERSION (once per version).
+    "agents.middleware.ClientVersionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -307,6 +313,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = max(JOBQUEUE["MAX_REQUEST_BYTES"], 2621440)
 # A request authenticated by an agent token refreshes its agent's last_seen_at at most this
 # often per process (one UPDATE of job_agent, never of job).
 JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] = env.float("JOBQUEUE_AGENT_SEEN_WRITE_SECONDS", 15.0)
+# The oldest jobqueue-client (major.minor, read from its User-Agent) this server supports: an
+# older one is logged once per version and process, WARNING (agents/middleware.py). Requests
+# are answered all the same. GET /v1/version says it too.
+JOBQUEUE["MIN_CLIENT_VERSION"] = env.str("JOBQUEUE_MIN_CLIENT_VERSION", "0.2")
+if not re.fullmatch(r"\d{1,6}(\.\d{1,6})?", JOBQUEUE["MIN_CLIENT_VERSION"]):
+    raise ImproperlyConfigured("JOBQUEUE_MIN_CLIENT_VERSION must be MAJOR.MINOR, e.g. 0.2")
 
 # Throttle counters live in the default cache. The default LocMem cache is per process, so
 # with N server processes a client gets up to N times the rate; point CACHE_URL at a shared
@@ -337,7 +349,8 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "jobqueue API",
     "DESCRIPTION": "Pull-based job agents: poll, claim with a lease, heartbeat, report. "
     "See docs/api.md.",
-    "VERSION": "1",
+    # The server's version (jobqueue/__init__.py), as /healthz and GET /v1/version say it.
+    "VERSION": jobqueue_version,
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_AUTHENTICATION": [],
     "SWAGGER_UI_DIST": "SIDECAR",

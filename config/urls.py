@@ -1,9 +1,13 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from ops.views import landing
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("ops.urls")),
+    # The landing page (ops.views.landing) answers /v1/ too: the API's root names no resource.
+    path("v1/", landing, name="api-landing"),
     path("v1/", include("agents.urls")),
 ]
 

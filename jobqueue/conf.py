@@ -59,6 +59,8 @@ DEFAULTS = {
     "WEBHOOK_RESPONSE_BYTES": 4096,
     "WEBHOOK_ALLOWED_NETWORKS": "",
     "PREPARED_STATEMENTS": True,
+    # The oldest jobqueue-client (major.minor) the API supports; older ones are logged.
+    "MIN_CLIENT_VERSION": "0.2",
 }
 
 

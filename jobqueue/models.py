@@ -541,6 +541,7 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         db_table = "webhook_delivery"
+        verbose_name_plural = "webhook deliveries"  # not Django's "deliverys"
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["next_attempt_at"], condition=Q(status="pending"),

@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import close_old_connections
@@ -49,13 +50,15 @@ class SweepResult:
 
 def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
           dry_run: bool = False, record: bool = True, actor: str = REAPER,
-          idle_run_id: int | None = None) -> SweepResult:
+          idle_run_id: int | None = None,
+          on_batch: Callable[[int, int], None] | None = None) -> SweepResult:
     """Reap every expired claim, `batch_size` per transaction, at most `max_batches`.
 
     `actor` names who reaped in the job events ("operator:<username>" from the admin).
     `idle_run_id`: the row of this process's previous sweep when that one reaped nothing;
     an idle sweep then extends that row (sweeps + 1) instead of adding one, so a reaper
-    looping every few seconds does not grow reaper_run by thousands of rows a day."""
+    looping every few seconds does not grow reaper_run by thousands of rows a day.
+    `on_batch(batches, claims reaped)` after each batch."""
     batch_size = batch_size or jobqueue_settings()["REAPER_BATCH_SIZE"]
     started = time.monotonic()
     result = SweepResult(dry_run=dry_run)
@@ -75,6 +78,8 @@ def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
             result.batches += 1
             result.requeued += batch.requeued
             result.expired += batch.expired
+            if on_batch is not None:
+                on_batch(result.batches, result.requeued + result.expired)
             if batch.reaped >= batch_size:
                 todo.append(reap)
     result.duration_seconds = time.monotonic() - started

@@ -1,15 +1,19 @@
-"""Operational endpoints: /metrics (Prometheus) and /healthz (is the database reachable?).
+"""Operational endpoints: /metrics (Prometheus), /healthz (is the database reachable?) and
+the landing page at / and /v1/ (links to the API docs, the schema and the admin).
 
-Neither needs a session or a credential; expose them to your monitoring network only.
-/healthz says "ok" or "unavailable" and nothing else: no versions, no hosts, no errors.
+None needs a session or a credential; expose /metrics to your monitoring network only.
+/healthz says "ok" or "unavailable" and the server's version, nothing else: no hosts, no
+errors.
 """
 
 import logging
 
 from django.http import HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+import jobqueue
 from jobqueue.lifecycle.backends import backend
 
 from . import metrics
@@ -32,5 +36,12 @@ def healthz(request):
         backend().ping()
     except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
         log.warning("healthz: database unreachable (%s)", type(exc).__name__)
-        return JsonResponse({"status": "unavailable"}, status=503)
-    return JsonResponse({"status": "ok"})
+        return JsonResponse({"status": "unavailable", "version": jobqueue.__version__},
+                            status=503)
+    return JsonResponse({"status": "ok", "version": jobqueue.__version__})
+
+
+@require_GET
+def landing(request):
+    """/ and /v1/: what is served here, with links (the admin's "View site" comes here)."""
+    return render(request, "landing.html", {"version": jobqueue.__version__})

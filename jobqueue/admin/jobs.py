@@ -28,6 +28,7 @@ from jobqueue.lifecycle import logs
 from jobqueue.models import Job, JobArtifact, JobEvent, JobGroup
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
+from .live import LIVE_POLL_MS, LiveJobViews
 from .recovery import RecoveryViews
 
 log = logging.getLogger("jobqueue.admin")
@@ -95,7 +96,7 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(RecoveryViews, admin.ModelAdmin):
+class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
     list_display = [
         "id",
         "job_agent",
@@ -380,6 +381,10 @@ class JobAdmin(RecoveryViews, admin.ModelAdmin):
             **(extra_context or {}),
             "can_act": self.can_act(request),
             "changelist_url": reverse("admin:jobqueue_job_changelist"),
+            # The live page (live.py): the page polls this while the job is not terminal.
+            "live_url": reverse("admin:jobqueue_job_live", args=[object_id]),
+            "live_poll_ms": LIVE_POLL_MS,
+            "terminal_statuses": sorted(states.TERMINAL),
         }
         return super().change_view(request, object_id, form_url, extra_context)
 

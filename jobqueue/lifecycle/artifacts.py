@@ -26,6 +26,7 @@ import hashlib
 import logging
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.core.files import File
@@ -254,8 +255,10 @@ def unpublished_garbage():
 
 
 def clean_artifacts(batch_size: int, *, max_batches: int | None = None,
-                    dry_run: bool = False) -> CleanResult:
-    """Delete the files, then the rows, of unpublished_garbage(), `batch_size` at a time.
+                    dry_run: bool = False,
+                    on_batch: Callable[[int, int], None] | None = None) -> CleanResult:
+    """Delete the files, then the rows, of unpublished_garbage(), `batch_size` at a time;
+    `on_batch(batches, deleted)` after each batch.
 
     No transaction is held across the storage: a row found here can never become published
     (its claim is gone), so it is read, its file deleted, then the row deleted. A crash in
@@ -275,6 +278,8 @@ def clean_artifacts(batch_size: int, *, max_batches: int | None = None,
         n, _ = JobArtifact.objects.filter(id__in=[r[0] for r in rows],
                                           published_at__isnull=True).delete()
         deleted += n
+        if on_batch is not None:
+            on_batch(batches, deleted)
         if len(rows) < batch_size:
             break
     return CleanResult(deleted=deleted, batches=batches)

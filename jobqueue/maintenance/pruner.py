@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.db.models import Count
@@ -79,9 +80,10 @@ def _groups(days: dict[str, float]) -> list[tuple[list[str], int]]:
 
 def run_once(*, older_than_days: float | None = None, batch_size: int | None = None,
              max_batches: int | None = None, dry_run: bool = False, record: bool = True,
-             idle_run_id: int | None = None) -> PruneResult:
+             idle_run_id: int | None = None,
+             on_batch: Callable[[int, int], None] | None = None) -> PruneResult:
     """Delete (or, dry_run, count) what retention allows, `batch_size` jobs per transaction,
-    at most `max_batches` batches in all."""
+    at most `max_batches` batches in all; `on_batch(batches, jobs)` after each batch."""
     batch_size = batch_size or jobqueue_settings()["PRUNE_BATCH_SIZE"]
     started = time.monotonic()
     days = retention_days(older_than_days)
@@ -98,6 +100,8 @@ def run_once(*, older_than_days: float | None = None, batch_size: int | None = N
                 break
             result.batches += 1
             done.update(batch)
+            if on_batch is not None:
+                on_batch(result.batches, sum(done.values()))
             if sum(batch.values()) < batch_size:
                 break
     result.by_status = dict(sorted(done.items()))

@@ -49,3 +49,49 @@ def test_the_shell_agent_runs_jobs_end_to_end(stack, make_agent, make_jobs, tmp_
     failed = Job.objects.get(id=failing[0].id)
     assert failed.message == "exit status 3"
     assert "stopped" in said and token not in said
+
+
+def claim_answers(access_log: Path, status: str) -> int:
+    """How many claim-next requests the server answered with `status` (gunicorn's access
+    log: one line per answered request)."""
+    return sum(1 for line in access_log.read_text().splitlines()
+               if "/jobs/claim HTTP" in line and f'" {status} ' in line)
+
+
+def test_the_shell_agent_long_polls_instead_of_polling(stack, make_agent, make_jobs,
+                                                       tmp_path: Path):
+    """Idle, it holds one claim open (wait_seconds) instead of asking every second: over a
+    few idle seconds the server answers none of its claims empty; a job created meanwhile is
+    handed to the held claim; SIGTERM ends the next held claim and the agent exits 0."""
+    import signal
+    import time
+
+    from .harness import wait_for
+
+    access_log = tmp_path / "access.log"
+    stack.start_server(access_log=access_log)
+    agent, token = make_agent(lease_seconds=30, name="shell-wait")
+    env = stack.env(JOBQUEUE_SERVER=stack.url, JOBQUEUE_WORKSPACE=agent.workspace_id,
+                    JOBQUEUE_AGENT=agent.id, JOBQUEUE_TOKEN=token, JOBQUEUE_WAIT_SECONDS=20,
+                    JOBQUEUE_IDLE_SECONDS=1, E2E_AGENT="sh")
+    log = tmp_path / "shell-agent.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["sh", str(SHELL_AGENT)], env=env, cwd=tmp_path, stdout=out,
+                                stderr=subprocess.STDOUT)
+        try:
+            time.sleep(4)  # idle: a polling agent would have been answered 204 three times
+            assert claim_answers(access_log, "204") == 0, access_log.read_text()
+            [job] = make_jobs(agent, 1, stack.command("true"))
+            wait_for(lambda: Job.objects.get(id=job.id).status == states.SUCCESSFUL, 60,
+                     "the held claim to get the job", on_fail=stack.logs)
+            assert claim_answers(access_log, "200") == 1
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    said = log.read_text()
+    assert code == 0, said
+    assert "stopped" in said and token not in said
+    assert claim_answers(access_log, "204") == 0, access_log.read_text()

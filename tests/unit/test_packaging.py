@@ -113,6 +113,15 @@ def test_the_agent_installs_alone_with_httpx_and_no_django(agent_venv):
     no_django = run_in(agent_venv, "python", "-c", "import django")
     assert no_django.returncode == 1 and "ModuleNotFoundError" in no_django.stderr
 
+    version = run_in(agent_venv, "jobqueue-agent", "--version")
+    assert version.returncode == 0 and re.fullmatch(r"jobqueue-agent \d+\.\d+\.\d+\S*\n",
+                                                    version.stdout), version.stdout
+    meta = run_in(agent_venv, "python", "-c",
+                  "import importlib.metadata as m, jobqueue_client as c; "
+                  "d = m.metadata('jobqueue-client'); "
+                  "print(d['Version'] == c.__version__, d['License-Expression'])")
+    assert meta.stdout.split() == ["True", "Apache-2.0"], meta.stdout + meta.stderr
+
     missing = run_in(agent_venv, "jobqueue-agent")
     assert missing.returncode == 2 and "missing --server (JOBQUEUE_SERVER)" in missing.stderr
 
@@ -149,7 +158,9 @@ def test_the_installed_agent_runs_and_stops_cleanly_on_sigterm(agent_venv):
             lines.append(line)
             if "event=claim_retry" in line or not line:
                 break
-        assert any(re.search(r"event=claim_retry code=network_error", x) for x in lines), lines
+        # The address it tried is in the line (no credential is part of it).
+        assert any(re.search(r"event=claim_retry code=network_error url=http://127\.0\.0\.1:9/v1/"
+                             r"workspaces/w/job-agents/a/jobs/claim", x) for x in lines), lines
         proc.send_signal(signal.SIGTERM)
         _, rest = proc.communicate(timeout=60)
     finally:

@@ -33,10 +33,11 @@ from .producer import (
     ProducerClient,
     WaitTimeout,
 )
+from .version import USER_AGENT, __version__
 
 __all__ = [
     "AgentClient", "ApiError", "AuthError", "ChecksumMismatch", "Conflict", "GroupCancelled",
     "IdempotencyKeyReused", "InvalidRequest", "InvalidTransition", "JobFinished", "LeaseLost",
     "LogChunk", "NotClaimable", "NotFound", "ProducerClient", "ServerError", "Throttled",
-    "TransportError", "WaitTimeout",
+    "TransportError", "USER_AGENT", "WaitTimeout", "__version__",
 ]

@@ -3,6 +3,7 @@
     jobqueue-agent --server URL --workspace ID --agent ID --token TOKEN
                    [--concurrency N] [--drain-timeout S] [--kill-grace S] [--idle-max S]
                    [--wait-seconds S] [--log-level L]
+    jobqueue-agent --version
 
 Every option can also come from the environment (JOBQUEUE_SERVER, JOBQUEUE_WORKSPACE,
 JOBQUEUE_AGENT, JOBQUEUE_TOKEN, JOBQUEUE_CONCURRENCY, JOBQUEUE_DRAIN_TIMEOUT,
@@ -29,6 +30,7 @@ import sys
 
 from .client import AgentClient
 from .runner import Agent, AgentOptions
+from .version import __version__
 
 ENV = {
     "server": "JOBQUEUE_SERVER",
@@ -128,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default=env.get(ENV["log_level"], "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="default INFO [JOBQUEUE_LOG_LEVEL]")
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {__version__}",
+                        help="print the version of the agent (jobqueue-client) and exit")
     return parser
 
 

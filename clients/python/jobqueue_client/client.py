@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from . import version
+
 # Codes that mean "this claim is no longer yours": stop the job, publish nothing.
 LEASE_LOST_CODES = frozenset({"claim_superseded", "lease_expired", "job_cancelled", "job_finished",
                               "deadline_exceeded"})
@@ -33,6 +35,8 @@ class ApiError(Exception):
 
     #: True when the same request may succeed later (network, 5xx, 429).
     transient = False
+    #: The address tried when no answer came (TransportError), for the logs.
+    url: str | None = None
 
     def __init__(self, status: int, code: str, detail: str = "", *, fields=None,
                  retry_after: float | None = None, length: int | None = None):
@@ -46,12 +50,22 @@ class ApiError(Exception):
 
 
 class TransportError(ApiError):
-    """No response: connection refused or reset, timeout, DNS, protocol error."""
+    """No response: connection refused or reset, timeout, DNS, protocol error. `url` is the
+    address that was tried (no credential is ever part of it), for the logs."""
 
     transient = True
 
-    def __init__(self, detail: str):
+    def __init__(self, detail: str, url: str | None = None):
         super().__init__(0, "network_error", detail)
+        self.url = url
+
+    @classmethod
+    def of(cls, exc: httpx.TransportError) -> TransportError:
+        try:
+            url = str(exc.request.url)
+        except RuntimeError:  # httpx: an error raised before a request was attached
+            url = None
+        return cls(f"{type(exc).__name__}: {exc}", url)
 
 
 class ServerError(ApiError):
@@ -259,14 +273,14 @@ class ApiClient:
 
     def __init__(self, server: str, workspace_id: str, credential_headers: dict[str, str], *,
                  timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
-                 user_agent: str = "jobqueue-client/1"):
+                 user_agent: str | None = None):
         self.server = server.rstrip("/")
         self.workspace_id = str(workspace_id)
         self.timeout = timeout
         self._http = httpx.Client(
             base_url=f"{self.server}/v1/workspaces/{self.workspace_id}/",
             headers={**credential_headers, "Accept": "application/json",
-                     "User-Agent": user_agent},
+                     "User-Agent": version.user_agent(user_agent)},
             timeout=timeout,
             transport=transport,
         )
@@ -334,13 +348,13 @@ class ApiClient:
             # httpx: the client was closed under the request (abort_wait)
             raise TransportError(f"The wait was aborted: {exc}") from None
         except httpx.TransportError as exc:
-            raise TransportError(f"{type(exc).__name__}: {exc}") from None
+            raise TransportError.of(exc) from None
         if response.status_code >= 400:
             if stream:
                 try:
                     response.read()
                 except httpx.TransportError as exc:
-                    raise TransportError(f"{type(exc).__name__}: {exc}") from None
+                    raise TransportError.of(exc) from None
                 finally:
                     response.close()
             raise self.error_from_response(response)
@@ -360,7 +374,7 @@ class AgentClient(ApiClient):
 
     def __init__(self, server: str, workspace_id: str, agent_id: str, token: str, *,
                  timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
-                 user_agent: str = "jobqueue-agent/1", holder: str | None = None,
+                 user_agent: str | None = "jobqueue-agent", holder: str | None = None,
                  claim_sends: int = CLAIM_SENDS):
         super().__init__(server, workspace_id, {"Authorization": f"Bearer {token}"},
                          timeout=timeout, transport=transport, user_agent=user_agent)

@@ -150,7 +150,7 @@ class ProducerClient(ApiClient):
 
     def __init__(self, server: str, workspace_id: str, api_key: str, *,
                  timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
-                 user_agent: str = "jobqueue-producer/1", sends: int = SENDS,
+                 user_agent: str | None = "jobqueue-producer", sends: int = SENDS,
                  max_wait_seconds: int = MAX_WAIT_SECONDS):
         super().__init__(server, workspace_id, {"X-API-Key": api_key}, timeout=timeout,
                          transport=transport, user_agent=user_agent)
@@ -416,7 +416,7 @@ class ProducerClient(ApiClient):
                     size += len(chunk)
                     out.write(chunk)
             except httpx.TransportError as exc:
-                raise TransportError(f"{type(exc).__name__}: {exc}") from None
+                raise TransportError.of(exc) from None
             finally:
                 if path is not None:
                     out.close()

@@ -50,6 +50,7 @@ from .client import (
     TransportError,
     Unsupported,
 )
+from .version import __version__
 from .workdir import ARTIFACTS_DIR, ChildFileError, JobDir, base_dir, remove_stale_dirs
 
 log = logging.getLogger("jobqueue.agent")
@@ -455,7 +456,8 @@ class LogStream:
             except (LeaseLost, InvalidRequest, AuthError, NotFound) as exc:
                 return self._stop(exc.code)
             except ApiError as exc:
-                log_event("log_retry", level=logging.DEBUG, job=self.job_id, code=exc.code)
+                log_event("log_retry", level=logging.DEBUG, job=self.job_id, code=exc.code,
+                          url=exc.url)
                 return False
             except Exception:  # noqa: BLE001 - the log must never take the job down
                 log.exception("event=log_error job=%s", self.job_id)
@@ -719,7 +721,7 @@ class Heartbeater(threading.Thread):
         remaining = lease.deadline - time.monotonic()
         log_event("heartbeat_retry", level=logging.WARNING, job=lease.job_id,
                   attempt=lease.attempt, code=exc.code, status=exc.status or None,
-                  retry_in=delay, lease_left=remaining)
+                  url=exc.url, retry_in=delay, lease_left=remaining)
 
 
 class _Single(Exception):  # noqa: N818 - an internal signal, not an error
@@ -906,7 +908,8 @@ class Agent:
 
     def run(self) -> int:
         self._sweep_stale_dirs()  # before "started": what a dead agent left is gone by then
-        log_event("started", agent=self.client.agent_id, concurrency=self.options.concurrency)
+        log_event("started", agent=self.client.agent_id, concurrency=self.options.concurrency,
+                  version=__version__)
         self.heartbeater.start()
         if self.reporter is not None:
             self.reporter.start()
@@ -946,7 +949,7 @@ class Agent:
                     break  # the wait was aborted to stop
                 delay = exc.retry_after if exc.retry_after is not None else errors.next()
                 log_event("claim_retry", level=logging.WARNING, code=exc.code,
-                          status=exc.status or None, retry_in=delay)
+                          status=exc.status or None, url=exc.url, retry_in=delay)
                 self._stop.wait(delay)
                 continue
             errors.reset()
@@ -1146,7 +1149,8 @@ class Agent:
                     if exc.transient and time.monotonic() < lease.deadline and not lease.lost:
                         delay = exc.retry_after if exc.retry_after is not None else backoff.next()
                         log_event("upload_retry", level=logging.WARNING, job=claim.job_id,
-                                  attempt=claim.attempt, code=exc.code, retry_in=delay)
+                                  attempt=claim.attempt, code=exc.code, url=exc.url,
+                                  retry_in=delay)
                         time.sleep(delay)
                         continue
                     return f"artifact {name} was not uploaded ({exc.code})"
@@ -1198,13 +1202,14 @@ class Agent:
                             started + TERMINAL_REPORT_CAP_SECONDS)
                 if isinstance(exc, AuthError | NotFound) or now >= limit:
                     log_event("report_abandoned", level=logging.ERROR, job=claim.job_id,
-                              attempt=claim.attempt, code=exc.code, status=exc.status or None)
+                              attempt=claim.attempt, code=exc.code, status=exc.status or None,
+                              url=exc.url)
                     return
                 delay = exc.retry_after if exc.retry_after is not None else backoff.next()
                 delay = max(0.0, min(delay, limit - now))
                 log_event("report_retry", level=logging.WARNING, job=claim.job_id,
                           attempt=claim.attempt, code=exc.code, status=exc.status or None,
-                          retry_in=delay)
+                          url=exc.url, retry_in=delay)
                 time.sleep(delay)
                 continue
             log_event("reported", job=claim.job_id, attempt=claim.attempt, status=status,

@@ -3,6 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from jobqueue.lifecycle import artifacts
+from jobqueue.management.progress import Progress
 
 
 class Command(BaseCommand):
@@ -20,15 +21,21 @@ class Command(BaseCommand):
                             help="stop after this many batches")
         parser.add_argument("--dry-run", action="store_true",
                             help="count what would be deleted; change nothing")
-        parser.add_argument("--json", action="store_true", help="one JSON object")
+        parser.add_argument("--json", action="store_true",
+                            help="one JSON object (and no progress line)")
 
     def handle(self, *args, **opts):
         if opts["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1")
         if opts["max_batches"] is not None and opts["max_batches"] < 1:
             raise CommandError("--max-batches must be at least 1")
-        result = artifacts.clean_artifacts(opts["batch_size"], max_batches=opts["max_batches"],
-                                           dry_run=opts["dry_run"])
+        progress = Progress.for_command("artifacts deleted", opts)
+        try:
+            result = artifacts.clean_artifacts(opts["batch_size"],
+                                               max_batches=opts["max_batches"],
+                                               dry_run=opts["dry_run"], on_batch=progress)
+        finally:
+            progress.finish()
         if opts["json"]:
             self.stdout.write(json.dumps({"deleted": result.deleted, "batches": result.batches,
                                           "dry_run": opts["dry_run"]}))

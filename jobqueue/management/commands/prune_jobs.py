@@ -4,6 +4,7 @@ import math
 from django.core.management.base import BaseCommand, CommandError
 
 from jobqueue.maintenance import pruner
+from jobqueue.management.progress import Progress
 
 
 class Command(BaseCommand):
@@ -23,7 +24,8 @@ class Command(BaseCommand):
                             help="stop after this many batches")
         parser.add_argument("--dry-run", action="store_true",
                             help="count what would be deleted; delete nothing")
-        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--json", action="store_true",
+                            help="print one JSON object (and no progress line)")
 
     def handle(self, *args, **opts):
         older_than = opts["older_than"]
@@ -32,11 +34,15 @@ class Command(BaseCommand):
         for name in ("batch_size", "max_batches"):
             if opts[name] is not None and opts[name] < 1:
                 raise CommandError(f"--{name.replace('_', '-')} must be at least 1")
+        progress = Progress.for_command("finished jobs deleted", opts)
         try:
             result = pruner.run_once(older_than_days=older_than, batch_size=opts["batch_size"],
-                                     max_batches=opts["max_batches"], dry_run=opts["dry_run"])
+                                     max_batches=opts["max_batches"], dry_run=opts["dry_run"],
+                                     on_batch=progress)
         except Exception as exc:  # noqa: BLE001 - turned into a clear exit status
             raise CommandError(f"prune failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            progress.finish()
         if opts["json"]:
             self.stdout.write(json.dumps(result.as_dict()))
             return

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobqueue import reaper
 from jobqueue.conf import jobqueue_settings
+from jobqueue.management.progress import Progress
 
 
 class Command(BaseCommand):
@@ -27,7 +28,8 @@ class Command(BaseCommand):
                             help="seconds between sweeps with --loop")
         parser.add_argument("--dry-run", action="store_true",
                             help="count what would be reaped; change nothing")
-        parser.add_argument("--json", action="store_true", help="one JSON object per sweep")
+        parser.add_argument("--json", action="store_true",
+                            help="one JSON object per sweep (and no progress line)")
 
     def handle(self, *args, **opts):
         batch_size = opts["batch_size"]
@@ -42,11 +44,15 @@ class Command(BaseCommand):
             raise CommandError("--interval must be positive")
 
         if not opts["loop"]:
+            # One sweep: a progress line on a terminal (the loop's sweeps print their counts).
+            progress = Progress.for_command("claims reaped", opts)
             try:
                 result = reaper.sweep(batch_size=batch_size, max_batches=opts["max_batches"],
-                                      dry_run=opts["dry_run"])
+                                      dry_run=opts["dry_run"], on_batch=progress)
             except Exception as exc:  # noqa: BLE001 - turned into a clear exit status
                 raise CommandError(f"reap failed: {type(exc).__name__}: {exc}") from exc
+            finally:
+                progress.finish()
             self._print(result, opts["json"])
             return
 

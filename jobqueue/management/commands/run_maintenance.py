@@ -11,9 +11,9 @@ from jobqueue.maintenance import loop
 
 class Command(BaseCommand):
     help = (
-        "Run every maintenance service (the reaper, the webhook sender, the pruner) once, or "
-        "with --loop each "
-        "whenever it is due (its own interval, or --interval for all) until SIGTERM or SIGINT."
+        "Run every maintenance service (the reaper, the group watcher, the webhook sender, the "
+        "pruner, the artifact cleaner) once, or with --loop each whenever it is due (its own "
+        "interval, or --interval for all) until SIGTERM or SIGINT."
     )
 
     def add_arguments(self, parser):

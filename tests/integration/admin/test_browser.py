@@ -163,3 +163,62 @@ def test_operator_requeues_an_expired_job_from_the_recovery_page(live_server, br
     browser.get(live_server.url + "/admin/jobqueue/job/recovery/")
     assert "(0)" in wait_for(browser, "#recently-expired").text
     assert Job.objects.filter(status=states.EXPIRED).count() == 0
+
+
+def login(browser, live_server, username, password):
+    from selenium.webdriver.common.by import By
+
+    browser.get(live_server.url + "/admin/login/?next=/admin/")
+    wait_for(browser, "#id_username").send_keys(username)
+    browser.find_element(By.ID, "id_password").send_keys(password)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait_for(browser, "#content")
+
+
+def test_a_running_jobs_page_follows_it_without_a_reload(live_server, browser,
+                                                         django_user_model):
+    """The live job page: a log line the agent writes after the page loaded appears (its
+    secret redacted), then the successful report; the page then stops asking."""
+    from jobqueue_client import AgentClient
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from agents import credentials
+
+    django_user_model.objects.create_superuser("lea", "lea@example.com", "pw-lea-browser")
+    agent = JobAgentFactory(name="builder", lease_seconds=60)
+    _, token = credentials.create_agent_token(agent)
+    job = JobFactory(job_agent=agent, dispatch_context={"password": SECRET})
+    grant = lifecycle.claim_job(agent, job.id)
+    client = AgentClient(live_server.url, str(agent.workspace_id), str(agent.id), token,
+                         holder="ci-runner-7:4242")
+    start = client.append_log(str(job.id), str(grant.claim_id), b"step 1: fetched\n", 0)
+
+    login(browser, live_server, "lea", "pw-lea-browser")
+    browser.get(live_server.url + f"/admin/jobqueue/job/{job.id}/change/")
+    assert wait_for(browser, "#jq-live-state").get_attribute("data-state") == "live"
+    logs_cell = browser.find_element(By.CSS_SELECTOR, ".field-logs_display .readonly")
+    assert "step 1: fetched" in logs_cell.text and "step 2" not in logs_cell.text
+    browser.execute_script("window.jqSamePage = true;")  # gone if the page reloads
+
+    # The agent writes a line (with the secret the job's context holds) after the page loaded.
+    client.append_log(str(job.id), str(grant.claim_id),
+                      f"step 2: logging in with {SECRET}\n".encode(), start)
+    cell = ".field-logs_display .readonly"
+    WebDriverWait(browser, 30).until(
+        lambda d: "step 2" in d.find_element(By.CSS_SELECTOR, cell).text)
+    text = browser.find_element(By.CSS_SELECTOR, cell).text
+    assert "step 2: logging in with [redacted]" in text
+    assert SECRET not in browser.page_source
+    assert browser.execute_script("return window.jqSamePage") is True
+    shot(browser, "job-live.png")
+
+    # The agent reports: the status changes on the page, and the page stops polling.
+    client.report(str(job.id), str(grant.claim_id), states.SUCCESSFUL)
+    WebDriverWait(browser, 30).until(
+        lambda d: d.find_element(By.ID, "jq-live-state").get_attribute("data-state") == "final")
+    assert browser.find_element(By.CSS_SELECTOR, ".field-status .readonly").text == "Successful"
+    assert "1 / " in browser.find_element(By.CSS_SELECTOR, ".field-attempts .readonly").text
+    assert "The job ended (successful)" in browser.find_element(By.ID, "jq-live-state").text
+    assert browser.execute_script("return window.jqSamePage") is True
+    assert SECRET not in browser.page_source

@@ -61,3 +61,13 @@ def test_redeliver_needs_the_change_permission(op_client, viewer, failed_deliver
     d = WebhookDelivery.objects.get()
     assert (d.status, d.attempts) == ("pending", 0)
     assert WebhookAttempt.objects.count() == 2  # the log stays
+
+
+def test_the_admin_says_webhook_deliveries(op_client):
+    from django.apps import apps
+
+    index = op_client.get(reverse("admin:index")).content.decode()
+    assert "Webhook deliveries" in index and "deliverys" not in index.lower()
+    # And no model of ours has Django's naive plural of a word in -y.
+    for model in apps.get_app_config("jobqueue").get_models():
+        assert not str(model._meta.verbose_name_plural).endswith("ys"), model

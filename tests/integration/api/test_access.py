@@ -261,3 +261,21 @@ def test_credentials_of_the_wrong_kind_are_refused(world):
     )
     r = swapped.get("jobs")
     assert r.status_code == 401 and r.json()["code"] == "authentication_failed"
+
+
+def test_the_version_is_public_to_every_caller(world):
+    """GET /v1/version (outside any workspace) answers everyone alike, with or without a
+    credential, a valid, revoked or malformed one; it changes nothing."""
+    before = _snapshot()
+    callers = [world.anonymous(), world.producer(), world.agent_caller(),
+               world.anonymous().with_headers({"X-API-Key": "nonsense"}),
+               world.anonymous().with_headers({"Authorization": "Bearer jqa_short_x"})]
+    answers = []
+    for caller in callers:
+        r = caller.get("/v1/version")
+        assert r.status_code == 200, r.content
+        assert "WWW-Authenticate" not in r.headers
+        answers.append(r.json())
+    assert all(a == answers[0] for a in answers)
+    assert set(answers[0]) == {"server", "version", "api", "min_client_version"}
+    assert _snapshot() == before

@@ -25,11 +25,46 @@ def test_create_workspace_and_job_agent_print_ids(capsys):
     ws = Workspace.objects.get(id=out["workspace_id"])
     assert ws.name == "acme"
     call_command("create_job_agent", "--workspace", str(ws.id), "builder",
-                 "--lease-seconds", "30", "--max-attempts", "4", "--json")
+                 "--lease-seconds", "30", "--max-attempts", "4", "--max-runtime-seconds",
+                 "600", "--json")
     out = json.loads(capsys.readouterr().out)
     agent = JobAgent.objects.get(id=out["job_agent_id"])
-    assert (agent.name, agent.lease_seconds, agent.max_attempts) == ("builder", 30, 4)
+    assert (agent.name, agent.lease_seconds, agent.max_attempts, agent.max_runtime_seconds) \
+        == ("builder", 30, 4, 600)
     assert agent.workspace_id == ws.id
+
+
+def command_parser(name: str):
+    from django.core.management import load_command_class
+
+    return load_command_class(
+        "agents" if name == "create_job_agent" else "jobqueue", name
+    ).create_parser("manage.py", name)
+
+
+def command_help(name: str) -> str:
+    return " ".join(command_parser(name).format_help().split())
+
+
+def test_every_option_of_create_job_agent_has_help():
+    helps = {a.dest: a.help or "" for a in command_parser("create_job_agent")._actions}
+    for dest, words in [("lease_seconds", "how long a dead agent's job waits"),
+                        ("max_attempts", "claims a job of this agent may use"),
+                        ("max_runtime_seconds", "longest one attempt"),
+                        ("name", "name"), ("workspace", "workspace id")]:
+        assert words in helps[dest], dest
+
+
+def test_run_maintenance_help_names_every_service():
+    from jobqueue.maintenance.loop import SERVICES
+
+    said = {"reaper": "the reaper", "group_watcher": "the group watcher",
+            "webhooks": "the webhook sender", "pruner": "the pruner",
+            "artifact_cleaner": "the artifact cleaner"}
+    assert set(said) == {service.SERVICE for service in SERVICES}
+    text = command_help("run_maintenance")
+    for words in said.values():
+        assert words in text
 
 
 @pytest.mark.parametrize(
@@ -39,6 +74,7 @@ def test_create_workspace_and_job_agent_print_ids(capsys):
         ["--workspace", "00000000-0000-0000-0000-000000000000", "x"],
         ["--lease-seconds", "1", "x"],
         ["--max-attempts", "0", "x"],
+        ["--max-runtime-seconds", "0", "x"],
     ],
 )
 def test_create_job_agent_rejects_bad_input(args):

@@ -7,6 +7,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 
+import jobqueue
+
 pytestmark = pytest.mark.django_db
 
 
@@ -34,7 +36,7 @@ def asgi_get(path: str, headers=()):
 
 def test_the_asgi_application_answers_health_and_api_errors():
     status, _, body = asgi_get("/healthz")
-    assert (status, json.loads(body)) == (200, {"status": "ok"})
+    assert (status, json.loads(body)) == (200, {"status": "ok", "version": jobqueue.__version__})
     status, headers, body = asgi_get("/v1/workspaces/00000000-0000-0000-0000-000000000000/jobs",
                                      headers=[(b"host", b"testserver")])
     assert status == 401 and headers[b"Content-Type"] == b"application/json"

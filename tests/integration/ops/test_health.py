@@ -1,4 +1,4 @@
-"""/healthz answers whether the database is reachable, and nothing else."""
+"""/healthz answers whether the database is reachable and the server's version, nothing else."""
 
 import contextlib
 import json
@@ -6,6 +6,8 @@ import socket
 
 import pytest
 from django.db import connection
+
+import jobqueue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +37,7 @@ def database_unreachable(tmp_path):
 def test_healthz_ok(client):
     response = client.get("/healthz")
     assert response.status_code == 200
-    assert json.loads(response.content) == {"status": "ok"}
+    assert json.loads(response.content) == {"status": "ok", "version": jobqueue.__version__}
     assert "no-cache" in response["Cache-Control"]
 
 
@@ -44,7 +46,8 @@ def test_healthz_503_when_the_database_is_unreachable(client, tmp_path):
         response = client.get("/healthz")
     assert response.status_code == 503
     body = json.loads(response.content)
-    assert body == {"status": "unavailable"}  # no error text, host, port or version
+    # no error text, host or port
+    assert body == {"status": "unavailable", "version": jobqueue.__version__}
     # And it recovers as soon as the database answers again.
     assert client.get("/healthz").status_code == 200
 

@@ -406,3 +406,37 @@ def test_an_empty_log_append_sends_no_range_and_answers_the_length():
     assert "Content-Range" not in seen[0].headers
     assert seen[0].headers["X-Claim-Id"] == "c"
     client.close()
+
+
+# --- versions and addresses --------------------------------------------------------------
+
+
+def test_every_request_names_the_client_and_its_version():
+    from jobqueue_client import ProducerClient, __version__
+
+    sent = []
+
+    def answer(request):
+        sent.append(request.headers["User-Agent"])
+        return httpx.Response(200, json={"results": [], "next": None})
+
+    transport = httpx.MockTransport(answer)
+    api.AgentClient("http://jq.test/", "ws", "ag", "jqa_0123456789ab_secret",
+                    transport=transport, holder="").list_jobs()
+    ProducerClient("http://jq.test/", "ws", "jqk_x", transport=transport).list_page()
+    assert sent[0].startswith(f"jobqueue-agent jobqueue-client/{__version__} python/")
+    assert sent[1].startswith(f"jobqueue-producer jobqueue-client/{__version__} python/")
+    assert f"httpx/{httpx.__version__}" in sent[0]
+
+
+def test_a_network_error_carries_the_address_it_tried():
+    def refuse(request):
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    client = api.AgentClient("http://jq.test:9/", "ws", "ag", "jqa_0123456789ab_secret",
+                             transport=httpx.MockTransport(refuse), holder="")
+    with pytest.raises(api.TransportError) as caught:
+        client.list_jobs()
+    assert caught.value.code == "network_error"
+    assert caught.value.url.startswith("http://jq.test:9/v1/workspaces/ws/job-agents/ag/jobs")
+    assert "secret" not in caught.value.url
