@@ -11,13 +11,15 @@ An attempt asks before it acts (`begin_effect`) and records the outcome after
                system (the `effect_id` is that system's idempotency key) and commits
     committed  done, with its `result`: do not do it again
 
-Both writes are guarded by the claim like every agent write: under the job row's lock (FOR
-NO KEY UPDATE, the job row first as everywhere; the claim row is not touched), the job must be
-in progress under this claim_id and within its clocks (the ORM report's guard). Every
-transition that ends a claim (a report, release, reap, cancel, requeue, a new claim) updates
-the job row, so it waits for a begin or commit in flight, or the begin or commit finds the claim
-gone and writes nothing; a refused write is explained and recorded as every other
-(refusals.refuse_one, operation "effect"). On SQLite the transaction holds the write lock.
+Both writes are guarded by the claim like every agent write, as a checkpoint is: the
+backend's `hold_claim` finds the claim current (its row, this claim_id, the caller's scope,
+its deadline not passed) and holds it until the write's transaction ends (PostgreSQL:
+claim_hold_if_current, the claim row FOR SHARE; SQLite: the transaction's write lock). A
+reap, release, report, requeue or cancel ending the claim waits for a begin or commit in
+flight, or the begin or commit finds the claim gone and writes nothing. The job row is not
+locked (only the foreign key's KEY SHARE), so a claim's SKIP LOCKED never skips a job for a
+stale writer. A refused write is explained and recorded as every other (refusals.refuse_one,
+operation "effect").
 
 The rows belong to the job, not to an attempt: retries, reaps and requeues keep them, prune
 deletes them with their job.
@@ -32,7 +34,6 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models.functions import Now
 
-from jobqueue import states
 from jobqueue.exceptions import (
     ClaimSuperseded,
     EffectAlreadyCommitted,
@@ -41,9 +42,9 @@ from jobqueue.exceptions import (
 )
 from jobqueue.models import JobEffect
 
-from .clocks import within_deadline
+from .backends import backend
 from .inputs import report_content
-from .records import fetch_job, scoped_jobs
+from .records import fetch_job
 from .refusals import refuse_one
 
 EFFECT = "effect"
@@ -71,15 +72,8 @@ def effect_key(key: str) -> str:
 
 
 def _held_attempt(job_id, claim_id, workspace_id, job_agent_id) -> int | None:
-    """Lock the job's row if `claim_id` holds it now (in progress, within its clocks, in the
-    caller's scope): its attempt, or None (nothing locked)."""
-    return (
-        scoped_jobs(workspace_id, job_agent_id)
-        .filter(within_deadline(), id=job_id, status=states.IN_PROGRESS, last_claim_id=claim_id)
-        .select_for_update(no_key=True, of=("self",))
-        .values_list("attempt", flat=True)
-        .first()
-    )
+    """The claim's attempt if it is current, held until the caller's transaction ends."""
+    return backend().hold_claim(job_id, claim_id, job_agent_id, workspace_id)
 
 
 def _refuse(job_id, claim_id, workspace_id, job_agent_id):
