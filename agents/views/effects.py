@@ -26,6 +26,13 @@ STATE_ANSWER = OpenApiResponse(
     "(with its result).")
 
 
+def _effect_write(operation_id, summary, request, responses):
+    """The schema of an agent's effect write: the key in the path, a JSON body, 409 refusals."""
+    return extend_schema(
+        tags=AGENT_TAGS, operation_id=operation_id, summary=summary, parameters=[KEY_PARAM],
+        request=request, responses={**responses, **errors(409, *WITH_BODY, *COMMON)})
+
+
 class JobEffectViewSet(ApiViewSet):
     # workspaces/{workspace_id}/jobs/{job_id}/effects
 
@@ -42,20 +49,13 @@ class JobEffectViewSet(ApiViewSet):
                                   workspace_id=self.principal.workspace_id)
         return Response({"results": es.EffectSerializer(rows, many=True).data})
 
-    @extend_schema(
-        tags=AGENT_TAGS,
-        operation_id="begin_effect",
-        summary="Begin an effect outside the service, or learn that an earlier attempt did",
-        parameters=[KEY_PARAM],
-        request=es.EffectBeginInput,
-        responses={
-            201: OpenApiResponse(es.EffectAnswerSerializer,
-                                 description="started: this attempt began it (again, for a "
-                                 "repeat); do it now, then commit its outcome."),
-            200: STATE_ANSWER,
-            **errors(409, *WITH_BODY, *COMMON),
-        },
-    )
+    @_effect_write("begin_effect",
+                   "Begin an effect outside the service, or learn that an earlier attempt did",
+                   es.EffectBeginInput,
+                   {201: OpenApiResponse(es.EffectAnswerSerializer,
+                                         description="started: this attempt began it (again, "
+                                         "for a repeat); do it now, then commit its outcome."),
+                    200: STATE_ANSWER})
     @action(detail=False, methods=["post"], url_path="effects/<anyid:key>/begin",
             url_name="effect-begin", permission_classes=AGENT, name="Begin effect")
     def begin_effect(self, request, workspace_id, job_id, key):
@@ -65,18 +65,10 @@ class JobEffectViewSet(ApiViewSet):
         return Response(s.represent(es.EffectAnswerSerializer, answer),
                         status=status.HTTP_201_CREATED if answer.created else status.HTTP_200_OK)
 
-    @extend_schema(
-        tags=AGENT_TAGS,
-        operation_id="commit_effect",
-        summary="Record the outcome of an effect this attempt began (once)",
-        parameters=[KEY_PARAM],
-        request=es.EffectCommitInput,
-        responses={
-            200: OpenApiResponse(es.EffectAnswerSerializer,
-                                 description="committed (or the same result again)."),
-            **errors(409, *WITH_BODY, *COMMON),
-        },
-    )
+    @_effect_write("commit_effect", "Record the outcome of an effect this attempt began (once)",
+                   es.EffectCommitInput,
+                   {200: OpenApiResponse(es.EffectAnswerSerializer,
+                                         description="committed (or the same result again).")})
     @action(detail=False, methods=["put"], url_path="effects/<anyid:key>",
             url_name="effect", permission_classes=AGENT, name="Effect")
     def commit_effect(self, request, workspace_id, job_id, key):
