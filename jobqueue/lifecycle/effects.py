@@ -44,7 +44,7 @@ from jobqueue.models import JobEffect
 
 from .backends import backend
 from .inputs import report_content
-from .records import fetch_job
+from .records import fetch_job, scoped_jobs
 from .refusals import refuse_one
 
 EFFECT = "effect"
@@ -112,7 +112,8 @@ def begin_effect(job_id: uuid.UUID, claim_id: uuid.UUID, key: str, *, workspace_
 def commit_effect(job_id: uuid.UUID, claim_id: uuid.UUID, key: str, result, *,
                   workspace_id=None, job_agent_id=None) -> EffectAnswer:
     """Record the outcome of the effect `key`, which the claim's attempt began: once (the
-    same result again is accepted unchanged; another is EffectAlreadyCommitted)."""
+    same result again is accepted unchanged, also once the claim has ended; another is
+    EffectAlreadyCommitted)."""
     key = effect_key(key)
     report_content(None, result)
     with transaction.atomic():
@@ -128,6 +129,15 @@ def commit_effect(job_id: uuid.UUID, claim_id: uuid.UUID, key: str, result, *,
             JobEffect.objects.filter(pk=row.pk).update(
                 result=result, committed_attempt=attempt, committed_at=Now())
             return EffectAnswer(COMMITTED, row.id, attempt, result)
+    # Its own commit again after its claim ended (a retry after a lost answer): accepted,
+    # as a final report's repeat is. A committed row keeps its committer's claim_id (a begin
+    # answers `committed` without taking it over).
+    mine = (JobEffect.objects.filter(job_id=job_id, key=key, claim_id=claim_id,
+                                     committed_at__isnull=False,
+                                     job__in=scoped_jobs(workspace_id, job_agent_id))
+            .first())
+    if mine is not None and mine.result == result:
+        return _committed(mine)
     _refuse(job_id, claim_id, workspace_id, job_agent_id)
 
 

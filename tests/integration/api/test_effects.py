@@ -203,3 +203,21 @@ def test_the_list_needs_the_job(world):
     assert r.status_code == 404
     job = JobFactory(job_agent=world.agent)
     assert world.producer().get(f"jobs/{job.id}/effects").json() == {"results": []}
+
+
+def test_a_commit_repeated_after_its_claim_ended_is_answered_as_recorded(world):
+    """A retry after a lost answer: the committer's own commit, the same result."""
+    job = JobFactory(job_agent=world.agent)
+    claim = _claim(world, job)
+    _begin(world, job, claim)
+    first = _commit(world, job, claim, {"charge": "ch_1"}).json()
+    lifecycle.report_status(job.id, claim, states.SUCCESSFUL)
+    again = _commit(world, job, claim, {"charge": "ch_1"})
+    assert again.status_code == 200 and again.json() == first
+    before = _ledger()
+    other = _commit(world, job, claim, {"charge": "ch_2"})
+    assert other.status_code == 409 and other.json()["code"] == "job_finished"
+    # Nor another claim's commit of the same result.
+    foreign = _commit(world, job, "00000000-0000-4000-8000-000000000000", {"charge": "ch_1"})
+    assert foreign.status_code == 409 and foreign.json()["code"] == "job_finished"
+    assert _ledger() == before
