@@ -31,7 +31,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
 from jobqueue.exceptions import (
@@ -76,6 +76,13 @@ def _held_attempt(job_id, claim_id, workspace_id, job_agent_id) -> int | None:
     return backend().hold_claim(job_id, claim_id, job_agent_id, workspace_id)
 
 
+def _locked(job_id, key) -> JobEffect | None:
+    """The entry, its row locked until the caller's transaction ends: the holder's own
+    begins and commits of one key, racing (an agent's retry), take turns (SQLite: the
+    transaction's write lock)."""
+    return JobEffect.objects.select_for_update().filter(job_id=job_id, key=key).first()
+
+
 def _refuse(job_id, claim_id, workspace_id, job_agent_id):
     refuse_one(job_id, claim_id, EFFECT, workspace_id=workspace_id, job_agent_id=job_agent_id)
     raise ClaimSuperseded()  # pragma: no cover - refuse_one raises for an effect write
@@ -92,11 +99,15 @@ def begin_effect(job_id: uuid.UUID, claim_id: uuid.UUID, key: str, *, workspace_
     with transaction.atomic():
         attempt = _held_attempt(job_id, claim_id, workspace_id, job_agent_id)
         if attempt is not None:
-            row = JobEffect.objects.filter(job_id=job_id, key=key).first()
+            row = _locked(job_id, key)
             if row is None:
-                row = JobEffect.objects.create(job_id=job_id, key=key, attempt=attempt,
-                                               claim_id=claim_id)
-                return EffectAnswer(STARTED, row.id, attempt, created=True)
+                try:
+                    with transaction.atomic():
+                        row = JobEffect.objects.create(job_id=job_id, key=key,
+                                                       attempt=attempt, claim_id=claim_id)
+                    return EffectAnswer(STARTED, row.id, attempt, created=True)
+                except IntegrityError:  # the same attempt's begin, racing this one, made it
+                    row = _locked(job_id, key)
             if row.committed:
                 return _committed(row)
             if row.claim_id != claim_id:  # an earlier attempt's: this one takes it over
@@ -119,7 +130,7 @@ def commit_effect(job_id: uuid.UUID, claim_id: uuid.UUID, key: str, result, *,
     with transaction.atomic():
         attempt = _held_attempt(job_id, claim_id, workspace_id, job_agent_id)
         if attempt is not None:
-            row = JobEffect.objects.filter(job_id=job_id, key=key).first()
+            row = _locked(job_id, key)
             if row is not None and row.committed:
                 if row.result != result:
                     raise EffectAlreadyCommitted()

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 
 from jobqueue import lifecycle
-from jobqueue.exceptions import ClaimSuperseded
+from jobqueue.exceptions import ClaimSuperseded, EffectAlreadyCommitted
 from jobqueue.lifecycle import effects
 from jobqueue.models import JobEffect
 from tests.factories import JobAgentFactory, JobFactory
@@ -96,6 +96,30 @@ def test_a_commit_racing_the_claims_end_lands_before_it_or_not_at_all():
             assert second == effects.COMMITTED and rows[job_id] == (1, "first")
         else:
             assert second == effects.UNKNOWN and rows[job_id] == (2, "second")
+
+
+def test_one_attempts_racing_begins_and_commits_of_one_key_take_turns():
+    """An agent's retries overlapping its first calls: every begin answers started, one row;
+    one commit is recorded, the others (another result each) are told it is."""
+    agent = JobAgentFactory()
+    job = JobFactory(job_agent=agent)
+    claim = lifecycle.claim_job(agent, job.id).claim_id
+
+    def holder(i, barrier):
+        barrier.wait()
+        answer = effects.begin_effect(job.id, claim, "charge")
+        barrier.wait()
+        try:
+            effects.commit_effect(job.id, claim, "charge", {"by": i})
+            return answer.state, "committed"
+        except EffectAlreadyCommitted:
+            return answer.state, "refused"
+
+    outcomes = run_threads(holder, 6)
+    assert {state for state, _ in outcomes} == {effects.STARTED}
+    assert sorted(done for _, done in outcomes) == ["committed"] + ["refused"] * 5
+    winner = next(i for i, (_, done) in enumerate(outcomes) if done == "committed")
+    assert list(JobEffect.objects.values_list("result", flat=True)) == [{"by": winner}]
 
 
 def _until(condition, bound=30.0):
