@@ -16,6 +16,7 @@ from rest_framework.routers import SimpleRouter
 from .views import (
     GroupViewSet,
     JobAgentViewSet,
+    JobEffectViewSet,
     JobOutputViewSet,
     JobViewSet,
     TokenViewSet,
@@ -63,6 +64,7 @@ router.register(W + "jobs", JobViewSet, basename="job")
 router.register(W + "groups", GroupViewSet, basename="group")
 router.register(W + "webhooks", WebhookViewSet, basename="webhook")
 router.register(W + "jobs/<anyid:job_id>", JobOutputViewSet, basename="job-output")
+router.register(W + "jobs/<anyid:job_id>", JobEffectViewSet, basename="job-effect")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),

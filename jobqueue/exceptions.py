@@ -97,3 +97,16 @@ class OutputTooLarge(JobQueueError):
 
     code = "output_too_large"
     default_detail = "This output is over its size cap."
+
+
+class EffectNotBegun(Conflict):
+    code = "effect_not_begun"
+    default_detail = (
+        "This attempt has not begun this effect: POST .../effects/{key}/begin first (its answer "
+        "says whether an earlier attempt began or committed it)."
+    )
+
+
+class EffectAlreadyCommitted(Conflict):
+    code = "effect_already_committed"
+    default_detail = "This effect's outcome is recorded already, with another result."

@@ -343,6 +343,43 @@ class JobCheckpoint(models.Model):
         return f"checkpoint of {self.job_id} (attempt {self.attempt})"
 
 
+class JobEffect(models.Model):
+    """One entry of a job's effect ledger: something outside the service that must happen
+    at most once for the job (a card charged, an email sent), keyed by the agent's `key`.
+
+    Begun by an attempt (POST .../effects/{key}/begin) before it acts, committed with its
+    outcome (PUT .../effects/{key}) after. The row outlives claims, retries, reaps and
+    requeues (it is the job's, not the attempt's); `id` is the effect_id an agent hands the
+    outside system as its idempotency key, stable for the job and key. `attempt`/`claim_id`
+    are the attempt that began it last; `earlier_attempt` the attempt that had begun it
+    before that one took it over (None: it was the first), which is what its begin answers
+    as `unknown`. claim_id is never shown."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="effects")
+    key = models.CharField(max_length=200)
+    attempt = models.PositiveIntegerField()
+    claim_id = models.UUIDField()
+    earlier_attempt = models.PositiveIntegerField(null=True, blank=True)
+    begun_at = models.DateTimeField(db_default=Now())
+    result = models.JSONField(null=True, blank=True)
+    committed_attempt = models.PositiveIntegerField(null=True, blank=True)
+    committed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "job_effect"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "key"], name="job_effect_job_key_uniq"),
+        ]
+
+    def __str__(self):
+        return f"effect {self.key} of {self.job_id}"
+
+    @property
+    def committed(self) -> bool:
+        return self.committed_at is not None
+
+
 class JobEvent(models.Model):
     """Append-only timeline. `detail` never holds dispatch_context, results or tokens."""
 

@@ -5,6 +5,7 @@ Agent actions accept an agent token (its own agent and jobs only) or the workspa
 the others need the key.
 """
 
+from .effects import JobEffectViewSet
 from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
@@ -12,5 +13,5 @@ from .outputs import JobOutputViewSet
 from .tokens import TokenViewSet
 from .webhooks import WebhookViewSet
 
-__all__ = ["GroupViewSet", "JobAgentViewSet", "JobOutputViewSet", "JobViewSet", "TokenViewSet",
-           "WebhookViewSet"]
+__all__ = ["GroupViewSet", "JobAgentViewSet", "JobEffectViewSet", "JobOutputViewSet", "JobViewSet",
+           "TokenViewSet", "WebhookViewSet"]

@@ -25,7 +25,7 @@ from jobqueue import history, lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
 from jobqueue.lifecycle import logs
-from jobqueue.models import Job, JobArtifact, JobEvent, JobGroup
+from jobqueue.models import Job, JobArtifact, JobEffect, JobEvent, JobGroup
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
 from .live import LIVE_POLL_MS, LiveJobViews
@@ -148,6 +148,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         "attempt_history",
         "logs_display",
         "artifacts_display",
+        "effects_display",
         "timeline",
     ]
     readonly_fields = fields
@@ -307,6 +308,26 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
             "</th><th>bytes</th><th>sha256</th></tr></thead><tbody>{}</tbody></table>",
             format_html_join(
                 "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="effects")
+    def effects_display(self, obj):
+        """The job's effect ledger (docs/effects.md), oldest first: read-only."""
+        rows = [
+            (e.key, e.id, "committed" if e.committed else "begun, outcome unknown",
+             e.attempt if e.earlier_attempt is None else f"{e.attempt} (after {e.earlier_attempt})",
+             "—" if e.committed_attempt is None else e.committed_attempt,
+             "—" if not e.committed else json.dumps(e.result))
+            for e in JobEffect.objects.filter(job_id=obj.pk).order_by("begun_at", "key")
+        ]
+        if not rows:
+            return "No effects."
+        return format_html(
+            '<table class="jq-effects"><thead><tr><th>key</th><th>effect_id</th><th>state</th>'
+            "<th>begun by attempt</th><th>committed by</th><th>result</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                             "<td><code>{}</code></td></tr>", rows),
         )
 
     def get_object(self, request, object_id, from_field=None):

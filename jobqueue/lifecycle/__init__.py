@@ -17,6 +17,8 @@ One function per transition, each in the module that names it:
     reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
                  (jobqueue.reaper loops them)
     logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
+    effects.py   begin_effect, commit_effect, effects_of: the job's effect ledger (what its
+                 attempts did outside the service, at most once; docs/effects.md)
     artifacts.py upload_artifact, publish (the ORM report's), published_artifacts,
                  published_artifact, open_artifact, clean_artifacts: files staged per
                  claim, published by its successful report

@@ -4,13 +4,15 @@ is on.
 
 A backend has the same methods on each database, takes typed values, and applies the same
 guards; the transitions around them (claim.py, lease.py, report.py, checkpoints.py,
-groups.py, jobqueue.wakeups) are written once:
+effects.py, groups.py, jobqueue.wakeups) are written once:
 
     claim, heartbeat, heartbeat_many, report, report_many   the hot transitions
     lock_claim_key(job_agent_id, key)      serialize one agent's claims with one idempotency key
     save_checkpoint(job_id, claim_id, data, job_agent_id, workspace_id)   if the claim is current
     hold_group(workspace_id, name)         hold a group's row until commit: (cancelled_at,
                                            finished_at), or None
+    hold_claim(job_id, claim_id, job_agent_id, workspace_id)   hold the claim until commit if
+                                           current (within its deadline): its attempt, or None
     notify(channel, payloads) / listener(hub)   wake-ups: NOTIFY/LISTEN, or the wake file
     now(), ping()                          the database's clock; a round trip
     reports_announce_ended                 whether the report statements wake the producers

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from jobqueue.db import parse_db_datetime
@@ -66,6 +67,18 @@ class SqliteBackend(OrmBackend):
             JobCheckpoint.objects.create(job_id=job_id, claim_id=claim_id, attempt=attempt,
                                          data=value)
         return True
+
+    def hold_claim(self, job_id, claim_id, job_agent_id, workspace_id) -> int | None:
+        """The attempt of `claim_id` if it is the job's current claim within its deadline:
+        a read is enough, the caller's transaction holds the write lock."""
+        claims = JobClaim.objects.filter(
+            Q(deadline_at__isnull=True) | Q(deadline_at__gt=Now()), job_id=job_id,
+            claim_id=claim_id)
+        if job_agent_id is not None:
+            claims = claims.filter(job_agent_id=job_agent_id)
+        if workspace_id is not None:
+            claims = claims.filter(job__workspace_id=workspace_id)
+        return claims.values_list("attempt", flat=True).first()
 
     def hold_group(self, workspace_id, name: str):
         """(cancelled_at, finished_at) of the group, or None: a read is enough, the caller's

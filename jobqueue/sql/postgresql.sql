@@ -477,6 +477,22 @@ ON CONFLICT (job_id) DO UPDATE SET claim_id = EXCLUDED.claim_id, attempt = EXCLU
 RETURNING job_id
 
 
+-- name: claim_hold_if_current
+-- The attempt of %(claim)s if it is the job's current claim and its deadline has not passed,
+-- in the caller's scope (%(agent)s, %(workspace)s; NULL: no such limit), the claim row held
+-- FOR SHARE until the caller's transaction ends: the effect ledger's guard
+-- (lifecycle/effects.py), as checkpoint_save_if_current's. A reap, release, report or
+-- operator transition ending the claim waits for the caller, or the caller finds the claim
+-- gone. No row: not current.
+SELECT c.attempt FROM job_claim c
+WHERE c.job_id = %(job)s AND c.claim_id = %(claim)s
+  AND (c.deadline_at IS NULL OR c.deadline_at > STATEMENT_TIMESTAMP())
+  AND (%(agent)s::uuid IS NULL OR c.job_agent_id = %(agent)s::uuid)
+  AND (%(workspace)s::uuid IS NULL
+       OR c.job_id IN (SELECT id FROM job WHERE workspace_id = %(workspace)s::uuid))
+FOR SHARE OF c
+
+
 -- name: group_hold
 -- Hold the group's row (FOR SHARE) until the caller commits: a cancel, which updates the row,
 -- waits for the transactions that hold it, and they see it cancelled if it came first.

@@ -75,6 +75,14 @@ class PostgresBackend:
             "workspace": workspace_id,
         }) is not None
 
+    def hold_claim(self, job_id, claim_id, job_agent_id, workspace_id) -> int | None:
+        """The attempt of `claim_id` if it is the job's current claim within its deadline,
+        its row held FOR SHARE until the caller commits; None: not current."""
+        row = self._one(sql.claim_hold_if_current, {
+            "job": job_id, "claim": claim_id, "agent": job_agent_id, "workspace": workspace_id,
+        })
+        return None if row is None else row[0]
+
     def hold_group(self, workspace_id, name: str):
         """(cancelled_at, finished_at) of the group, its row held FOR SHARE until the caller
         commits; None: no such group."""

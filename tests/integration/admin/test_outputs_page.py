@@ -72,3 +72,23 @@ def test_the_job_page_lists_its_artifacts_by_attempt_and_state(op_client, agent,
     page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
     assert "<td>win.txt</td><td>2</td><td>published</td><td>2</td>" in page
     assert "<td>stale.txt</td><td>1</td><td>staged</td><td>1</td>" in page
+
+
+def test_the_job_page_shows_its_effect_ledger(op_client, agent):
+    from jobqueue.lifecycle import effects
+
+    job = JobFactory(job_agent=agent)
+    page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "No effects." in page
+    grant = lifecycle.claim_job(agent, job.id)
+    charge = effects.begin_effect(job.id, grant.claim_id, "charge-card")
+    effects.begin_effect(job.id, grant.claim_id, "email")
+    effects.commit_effect(job.id, grant.claim_id, "email", {"id": "<m1>"})
+    lifecycle.release_job(job.id, grant.claim_id)
+    grant = lifecycle.claim_job(agent, job.id)
+    assert effects.begin_effect(job.id, grant.claim_id, "charge-card").state == "unknown"
+    page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert (f"<td>charge-card</td><td>{charge.effect_id}</td><td>begun, outcome unknown</td>"
+            "<td>2 (after 1)</td><td>—</td><td><code>—</code></td>") in page
+    assert ("<td>committed</td><td>1</td><td>1</td>"
+            "<td><code>{&quot;id&quot;: &quot;&lt;m1&gt;&quot;}</code></td>") in page

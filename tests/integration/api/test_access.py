@@ -16,6 +16,7 @@ from jobqueue.models import (
     Job,
     JobAgent,
     JobArtifact,
+    JobEffect,
     JobEvent,
     JobGroup,
     JobLog,
@@ -41,6 +42,10 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run")
         ("upload_artifact", "PUT", f"jobs/{job_id}/artifacts/a.txt", {"claim_id": claim_id}),
         ("list_artifacts", "GET", f"jobs/{job_id}/artifacts", None),
         ("download_artifact", "GET", f"jobs/{job_id}/artifacts/a.txt", None),
+        ("begin_effect", "POST", f"jobs/{job_id}/effects/charge/begin", {"claim_id": claim_id}),
+        ("commit_effect", "PUT", f"jobs/{job_id}/effects/charge",
+         {"claim_id": claim_id, "result": "done"}),
+        ("list_effects", "GET", f"jobs/{job_id}/effects", None),
         ("status", "PUT", f"jobs/{job_id}/status", {"claim_id": claim_id, "status": "failure"}),
         ("release", "POST", f"jobs/{job_id}/release", {"claim_id": claim_id}),
         ("claim_state", "GET", f"jobs/{job_id}/claims/{claim_id}", None),
@@ -68,7 +73,8 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run")
 
 ENDPOINT_NAMES = [e[0] for e in endpoints("a", "j", "c", "t")]
 AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "release",
-                   "claim_state", "append_log", "read_log", "upload_artifact"}
+                   "claim_state", "append_log", "read_log", "upload_artifact", "begin_effect",
+                   "commit_effect"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
 NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "list_agents", "create_agent", "list_webhooks",
                      "create_webhook"}
@@ -96,6 +102,7 @@ def _snapshot():
         sorted(WebhookEndpoint.objects.values_list("id", flat=True)),
         sorted(JobLog.objects.values_list("job_id", "attempt", "length")),
         sorted(JobArtifact.objects.values_list("job_id", "name", "state", "published_at")),
+        sorted(JobEffect.objects.values_list("job_id", "key", "attempt", "committed_at")),
     )
 
 

@@ -118,6 +118,8 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "webhooks/{webhook_id}/deliveries", "jobs/{job_id}/log",
         "jobs/{job_id}/artifacts", "jobs/{job_id}/artifacts/{name}",
         "job-agents/{agent_id}/pause", "job-agents/{agent_id}/resume",
+        "jobs/{job_id}/effects", "jobs/{job_id}/effects/{key}",
+        "jobs/{job_id}/effects/{key}/begin",
     ]:
         assert base + path in paths, path
     # The public version (no credential needed; tests/integration/ops/test_versions.py).

@@ -12,6 +12,7 @@ from django.db import connection
 
 from jobqueue import lifecycle, sql, states, wakeups
 from jobqueue.db import SQLITE_DATETIME_FORMAT, db_now
+from jobqueue.lifecycle import effects
 from jobqueue.lifecycle.backends import backend
 from jobqueue.models import Job
 from tests.factories import JobAgentFactory, JobFactory
@@ -64,8 +65,8 @@ def test_no_sql_is_written_in_python():
 
 def _cycle(agent):
     """Every hand-run path once: claims (next, batch, keyed, named), heartbeats (single,
-    batch, with a checkpoint), reports (progress, final, retry, batch), a group, wake-ups
-    and the clock."""
+    batch, with a checkpoint), an effect begun and committed, reports (progress, final,
+    retry, batch), a group, wake-ups and the clock."""
     ws = agent.workspace
     jobs = [lifecycle.create_job(workspace=ws, job_agent=agent, dispatch_context={"n": i},
                                  group=f"g{i % 2}")[0].id
@@ -80,6 +81,8 @@ def _cycle(agent):
     refs = [lifecycle.ClaimRef(g.job.id, g.claim_id) for g in batch]
     lifecycle.heartbeat_many(agent.id, refs)
     lifecycle.heartbeat_many(agent.id, refs, workspace_id=ws.id)
+    effects.begin_effect(first.job.id, first.claim_id, "charge", job_agent_id=agent.id)
+    effects.commit_effect(first.job.id, first.claim_id, "charge", 1, workspace_id=ws.id)
     lifecycle.report_status(first.job.id, first.claim_id, states.IN_PROGRESS, message="half",
                             checkpoint={"step": 2})
     lifecycle.report_status(first.job.id, first.claim_id, states.FAILURE, retry=True)
