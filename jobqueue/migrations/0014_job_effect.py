@@ -11,7 +11,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobqueue', '0012_job_watched'),
+        ('jobqueue', '0013_webhook_delivery_plural'),
     ]
 
     operations = [
