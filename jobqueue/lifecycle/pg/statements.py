@@ -160,13 +160,33 @@ _REPORT_EVENT = """
 )"""
 
 # The webhook outbox (lifecycle/finished.py): one pending delivery per ended job and endpoint of
-# its workspace that wants job.finished (events empty: all), in the report's own statement.
+# its workspace that wants job.finished (events empty: all), in the report's own statement,
+# its body fixed there: finished.job_payload(job_document(the job as `done` returns it)), times
+# as Python's isoformat() with a Z (no fraction when it is zero).
+_JSON_TIME = ("""regexp_replace(to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), """
+              r"""'\.000000$', '') || 'Z'""")
 _OUTBOX = """
-    INSERT INTO webhook_delivery (id, endpoint_id, job_id)
-    SELECT gen_random_uuid(), e.id, done.id
-    FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
-    WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
-      AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))
+    INSERT INTO webhook_delivery (id, endpoint_id, job_id, created_at, payload)
+    SELECT d.id, d.endpoint_id, d.job_id, STATEMENT_TIMESTAMP(), jsonb_build_object(
+        'id', d.id, 'event', 'job.finished',
+        'created_at', """ + _JSON_TIME.format("STATEMENT_TIMESTAMP()") + """, 'job', d.job)
+    FROM (SELECT gen_random_uuid() AS id, e.id AS endpoint_id, done.id AS job_id,
+                 jsonb_build_object(
+                     'id', done.id, 'workspace_id', done.workspace_id,
+                     'job_agent_id', done.job_agent_id, 'status', done.status,
+                     'job_agent_config', done.job_agent_config, 'result', done.result,
+                     'message', done.message, 'external_id', done.external_id,
+                     'attempt', done.attempt, 'max_attempts', done.max_attempts,
+                     'priority', done.priority,
+                     'available_at', """ + _JSON_TIME.format("done.available_at") + """,
+                     'created_at', """ + _JSON_TIME.format("done.created_at") + """,
+                     'started_at', """ + _JSON_TIME.format("done.started_at") + """,
+                     'completed_at', """ + _JSON_TIME.format("done.completed_at") + """,
+                     'updated_at', """ + _JSON_TIME.format("done.updated_at") + """,
+                     'idempotency_key', done.idempotency_key) AS job
+          FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
+          WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
+            AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))) d
 )"""
 
 # A successful report publishes its claim's staged artifacts (jobqueue/lifecycle/artifacts.py)
@@ -293,8 +313,7 @@ WITH req AS (
     FROM locked JOIN req ON req.job_id = locked.id
     WHERE job.id = locked.id AND job.status = 'in_progress' AND job.last_claim_id = req.claim_id
 """ + _WITHIN_DEADLINE.format(j="job") + """
-    RETURNING job.id, job.status, job.completed_at, job.attempt, job.last_claim_id,
-        job.workspace_id, job.watched
+    RETURNING """ + JOB_COLUMNS + """
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = done.id AND c.claim_id = done.last_claim_id
