@@ -374,14 +374,14 @@ class Batch:
 
     def _wait(self) -> float:
         now = time.monotonic()
-        with self.lock:
-            deadlines = [t.deadline for t in self.inflight]
+        with self.lock:  # a try already cut ends by itself: no deadline to wait for
+            deadlines = [t.deadline for t in self.inflight if not t.cut_for]
         return max(0.0, min([POLL_SECONDS, *(d - now for d in deadlines)]))
 
     def _cut_late_tries(self) -> None:
         now = time.monotonic()
         with self.lock:
-            late = [t for t in self.inflight if t.deadline <= now]
+            late = [t for t in self.inflight if t.deadline <= now and not t.cut_for]
         for t in late:
             t.cut("timeout")
 
@@ -402,7 +402,7 @@ class Batch:
             if error:
                 log.info("webhook %s try %d: %s", delivery.id, delivery.attempts, error)
         else:  # untried: after a failed try of its endpoint (rest), or too late to start
-            rest = item[2]
+            rest = item[2] and not self.stop.is_set()
             counts["deferred"] += give_back(delivery, backoff_seconds(1) if rest else 0.0)
 
     def _work(self, http: httpx.Client) -> None:
@@ -418,7 +418,7 @@ class Batch:
                     continue
                 result = self._try(http, delivery)
                 self.results.put((delivery, "sent", result))
-                failed = bool(result[1])
+                failed = bool(result[1]) and result[3] != "stopped"
 
     def _try(self, http: httpx.Client, delivery: WebhookDelivery) -> tuple:
         started = time.monotonic()

@@ -57,8 +57,6 @@ def test_the_job_page_lists_its_artifacts_by_attempt_and_state(op_client, agent,
     import io
 
     from jobqueue import states
-    from jobqueue.db import NowPlusSeconds
-    from jobqueue.models import Job
     from jobqueue.lifecycle import artifacts
 
     settings.STORAGES = {**settings.STORAGES, "artifacts": {

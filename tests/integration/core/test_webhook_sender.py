@@ -42,8 +42,14 @@ def finished_job(agent=None, status=states.SUCCESSFUL, **kw):
     return job
 
 
-def sent_jobs(receiver):
-    return [json.loads(r["body"])["job"]["id"] for r in receiver.requests]
+def send_dripped(settings, receiver, timeout, seconds_a_byte, body_bytes) -> dict:
+    """One delivery to a receiver that drips its whole answer; run_once's counts."""
+    conf(settings, WEBHOOK_TIMEOUT_SECONDS=timeout)
+    receiver.script = [("drip", seconds_a_byte, body_bytes)]
+    agent = JobAgentFactory()
+    webhooks.create_endpoint(agent.workspace_id, receiver.url)
+    finished_job(agent)
+    return webhooks.run_once()
 
 
 # --- one deadline per try -------------------------------------------------------------------
@@ -51,12 +57,7 @@ def sent_jobs(receiver):
 def test_a_receiver_dripping_its_answer_fails_the_try_at_the_deadline(receiver, settings):
     # One byte every 0.05 s never trips a per-read timeout of 0.5 s; the whole answer would
     # take 5 s: the try's deadline (0.5 s, connect to last byte) ends it first.
-    conf(settings, WEBHOOK_TIMEOUT_SECONDS=0.5)
-    receiver.script = [("drip", 0.05, 60)]
-    agent = JobAgentFactory()
-    webhooks.create_endpoint(agent.workspace_id, receiver.url)
-    finished_job(agent)
-    assert webhooks.run_once()["retrying"] == 1
+    assert send_dripped(settings, receiver, 0.5, 0.05, 60)["retrying"] == 1
     d = WebhookDelivery.objects.get()
     assert (d.last_error, d.last_status_code) == ("timeout", None)
     (attempt,) = WebhookAttempt.objects.all()
@@ -65,12 +66,7 @@ def test_a_receiver_dripping_its_answer_fails_the_try_at_the_deadline(receiver, 
 
 
 def test_a_dripped_answer_within_the_deadline_is_delivered(receiver, settings):
-    conf(settings, WEBHOOK_TIMEOUT_SECONDS=30)
-    receiver.script = [("drip", 0.001, 5)]
-    agent = JobAgentFactory()
-    webhooks.create_endpoint(agent.workspace_id, receiver.url)
-    finished_job(agent)
-    assert webhooks.run_once()["delivered"] == 1
+    assert send_dripped(settings, receiver, 30, 0.001, 5)["delivered"] == 1
 
 
 # --- the sender's own thread; stopping it ---------------------------------------------------
