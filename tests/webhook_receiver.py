@@ -34,6 +34,8 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        # A sender that hangs up (a try cut at its deadline or by a stop) is expected here.
+        self.server.handle_error = lambda request, client_address: None
         self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
