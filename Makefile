@@ -80,6 +80,8 @@ test: install-dev
 	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
 	@sh scripts/ensure_chromium.sh
 	@sh scripts/ensure_pgbouncer.sh
+	@sh scripts/ensure_nginx.sh
+	@sh scripts/ensure_systemd_analyze.sh
 	@rm -rf $(COVERAGE_DIR) $(TEST_LOG_DIR) && mkdir -p $(COVERAGE_DIR) $(TEST_LOG_DIR)
 	env -u DATABASE_URL $(PYTEST_RUN) tests/unit $(PYTEST_ARGS); $(PASS_OK)
 ifeq ($(TEST_PASSES_AT_ONCE),1)

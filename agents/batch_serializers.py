@@ -26,7 +26,7 @@ from rest_framework import serializers
 
 from jobqueue import lifecycle
 
-from .serializers import StatusInput, StrictChoiceField, StrictUUIDField
+from .serializers import ApiInput, StatusInput, StrictChoiceField, StrictUUIDField
 
 REFUSAL_CODES = ["lease_expired", "claim_superseded", "job_cancelled", "job_finished",
                  "deadline_exceeded", "not_found"]
@@ -54,9 +54,9 @@ class Outcome(serializers.Serializer):
         return {"job_id": str(outcome.job_id), self.flag: False, "code": outcome.code}
 
 
-class BatchHeartbeatItem(serializers.Serializer):
-    job_id = serializers.UUIDField()
-    claim_id = serializers.UUIDField()
+class BatchHeartbeatItem(ApiInput):
+    job_id = StrictUUIDField()
+    claim_id = StrictUUIDField()
 
     class Meta:
         ref_name = "BatchHeartbeatItem"
@@ -65,7 +65,7 @@ class BatchHeartbeatItem(serializers.Serializer):
         return lifecycle.ClaimRef(**super().to_internal_value(data))
 
 
-class BatchHeartbeatInput(serializers.Serializer):
+class BatchHeartbeatInput(ApiInput):
     claims = batch_of(
         BatchHeartbeatItem(),
         "Up to JOBQUEUE_MAX_HEARTBEAT_BATCH claims (default 500), each job once.",
@@ -116,7 +116,7 @@ class BatchReportItem(StatusInput):
         return lifecycle.ReportItem(**super().to_internal_value(data))
 
 
-class BatchReportInput(serializers.Serializer):
+class BatchReportInput(ApiInput):
     reports = batch_of(
         BatchReportItem(),
         "Up to JOBQUEUE_MAX_REPORT_BATCH final reports (default 500), each job once.",

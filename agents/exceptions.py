@@ -8,6 +8,7 @@ rule, and a message that would still quote a string from the body is replaced (b
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from django import db
@@ -60,19 +61,24 @@ def error_body(code: str, detail: str, fields: dict | None = None) -> dict:
     return body
 
 
-def _flatten(detail) -> list[str]:
+def _flatten(detail) -> list[tuple[str, str]]:
+    """DRF's nested error detail -> [(where, message)]: `where` is the path to the message
+    inside its field ("0: status: "), made of field names, list indices and the names of
+    unknown fields (which an error names on purpose); the message is what may quote input."""
     if isinstance(detail, dict):
-        return [f"{key}: {msg}" for key, value in detail.items() for msg in _flatten(value)]
+        return [(f"{key}: {where}", msg)
+                for key, value in detail.items() for where, msg in _flatten(value)]
     if isinstance(detail, (list, tuple)):
-        return [msg for item in detail for msg in _flatten(item)]
-    return [str(detail)]
+        return [pair for item in detail for pair in _flatten(item)]
+    return [("", str(detail))]
 
 
-def _fields(detail) -> dict:
-    """DRF's nested error detail -> {"field": ["msg", ...]}."""
-    if isinstance(detail, dict):
-        return {str(key): _flatten(value) for key, value in detail.items()}
-    return {"non_field_errors": _flatten(detail)}
+def _fields(detail, scrub=lambda message: message) -> dict:
+    """DRF's nested error detail -> {"field": ["where: msg", ...]}, each message scrubbed."""
+    if not isinstance(detail, dict):
+        detail = {"non_field_errors": detail}
+    return {str(key): [where + scrub(msg) for where, msg in _flatten(value)]
+            for key, value in detail.items()}
 
 
 # --- never echo the input -------------------------------------------------------------
@@ -85,15 +91,18 @@ REPLACEMENT = "Invalid value."
 
 
 def _sent_strings(request) -> list[str]:
-    """The strings (keys and values) of the request body DRF parsed, if it parsed one."""
+    """The strings (keys and values) of the request body DRF parsed, if it parsed one, but
+    the API's own words: its field names and the values its choice fields allow (a message
+    that names `max_attempts` or `failure` quotes the API, not the body)."""
     data = getattr(request, "_full_data", Empty)
     if data is Empty:
         return []
+    vocabulary = _vocabulary()
     found, stack = [], [data]
     while stack and len(found) < 10_000:
         item = stack.pop()
         if isinstance(item, str):
-            if len(item) >= ECHO_MIN_LENGTH:
+            if len(item) >= ECHO_MIN_LENGTH and item.lower() not in vocabulary:
                 found.append(item)
         elif isinstance(item, dict):
             stack.extend(item.keys())
@@ -101,6 +110,13 @@ def _sent_strings(request) -> list[str]:
         elif isinstance(item, list | tuple):
             stack.extend(item)
     return found
+
+
+@functools.cache
+def _vocabulary() -> frozenset[str]:
+    from .serializers import vocabulary
+
+    return vocabulary()
 
 
 def _quotes(message: str, sent: list[str]) -> bool:
@@ -189,9 +205,8 @@ def exception_handler(exc, context):
     code = _drf_code(exc)
     if isinstance(exc, drf.ValidationError):
         sent = _sent_strings(request)
-        fields = {name: [_scrub(msg, sent) for msg in messages]
-                  for name, messages in _fields(exc.detail).items()}
-        body = error_body(code, "Invalid input.", fields)
+        body = error_body(code, "Invalid input.",
+                          _fields(exc.detail, lambda message: _scrub(message, sent)))
     elif isinstance(exc, drf.ParseError):
         body = error_body(code, str(exc.detail))  # agents/parsers.py: never the body
     elif isinstance(exc, drf.Throttled):
@@ -201,7 +216,8 @@ def exception_handler(exc, context):
     elif isinstance(exc, drf.MethodNotAllowed):  # ... and the method
         body = error_body(code, "Method not allowed here; the Allow header lists those that are.")
     else:
-        detail = exc.detail if isinstance(exc.detail, str) else " ".join(_flatten(exc.detail))
+        detail = exc.detail if isinstance(exc.detail, str) else " ".join(
+            where + msg for where, msg in _flatten(exc.detail))
         body = error_body(code, detail)
     return Response(body, status=exc.status_code, headers=headers)
 

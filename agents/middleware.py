@@ -1,5 +1,6 @@
-"""Request size cap for the HTTP API, enforced before anything reads the body; and forms
-Django cannot read refused before CSRF reads them (UnreadableFormMiddleware, below).
+"""Request size cap for the HTTP API, enforced before anything reads the body; forms Django
+cannot read refused before CSRF reads them (UnreadableFormMiddleware, below); and a Host this
+server does not serve refused in one log line (DisallowedHostMiddleware).
 
 `JOBQUEUE["MAX_REQUEST_BYTES"]` (env `JOBQUEUE_MAX_REQUEST_BYTES`, default 1 MiB) bounds every
 request body under /v1/. A declared Content-Length above it is refused at once. A chunked body
@@ -14,13 +15,16 @@ import io
 import logging
 import re
 
-from django.core.exceptions import BadRequest, SuspiciousOperation
+from django.conf import settings
+from django.core.exceptions import BadRequest, DisallowedHost, SuspiciousOperation
 from django.core.handlers.wsgi import LimitedStream
 from django.http import JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.utils.log import log_response
 
 from jobqueue.conf import jobqueue_settings
+
+from .bodies import BODY_READ_ERRORS, IncompleteBody
 
 API_PREFIX = "/v1/"
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
@@ -76,12 +80,15 @@ class RequestSizeLimitMiddleware:
                 411, "length_required", "Send a Content-Length header with the request body."
             )
         chunks, size = [], 0
-        while size <= cap:
-            chunk = stream.read(min(65536, cap + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        try:
+            while size <= cap:
+                chunk = stream.read(min(65536, cap + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except BODY_READ_ERRORS:  # cut short: nothing of it is taken
+            return _error(400, IncompleteBody.default_code, IncompleteBody.default_detail)
         if size > cap:
             return _too_large(cap)
         body = b"".join(chunks)
@@ -133,4 +140,38 @@ class UnreadableFormMiddleware:
         else:
             log_response("Bad Request: %s (%s)", request.path, str(exc), response=response,
                          request=request)
+        return response
+
+
+class DisallowedHostMiddleware:
+    """A Host header this server does not serve (DJANGO_ALLOWED_HOSTS) gets its 400 here,
+    logged as one WARNING line on Django's security logger, before any other layer asks for
+    the host. Left to Django, every such request, unauthenticated, logged a traceback of
+    ~15 lines at ERROR (CommonMiddleware's get_host() raises DisallowedHost)."""
+
+    MAX_LOGGED_HOST = 100
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        try:
+            request.get_host()
+        except DisallowedHost as exc:
+            return self._refuse(request, exc)
+        return self.get_response(request)
+
+    def _refuse(self, request, exc):
+        from .exceptions import bad_request_view
+
+        response = bad_request_view(request, exc)
+        host = request.META.get("HTTP_X_FORWARDED_HOST") if settings.USE_X_FORWARDED_HOST \
+            else None
+        host = host or request.META.get("HTTP_HOST") or request.META.get("SERVER_NAME", "")
+        cut = self.MAX_LOGGED_HOST
+        shown = repr(host[:cut]) + ("..." if len(host) > cut else "")
+        log_response("Refused a Host not in DJANGO_ALLOWED_HOSTS: %s: %s", shown, request.path,
+                     response=response, request=request,
+                     logger=logging.getLogger("django.security.DisallowedHost"),
+                     level="warning")
         return response

@@ -23,6 +23,8 @@ from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 from jobqueue.models import CLAIM_ORDER
 
+from .query import query_int
+
 
 class KeysetPagination:
     ordering: tuple[str, ...] = ("-created_at", "-id")
@@ -58,18 +60,8 @@ class KeysetPagination:
         return Response({"results": data, "next": self.next, "previous": self.previous})
 
     def get_page_size(self, request) -> int:
-        raw = request.query_params.get(self.page_size_query_param)
-        if raw is None:
-            return self.page_size
-        try:
-            value = int(raw)
-        except ValueError:
-            value = 0
-        if not 1 <= value <= self.max_page_size:
-            raise ValidationError(
-                {"page_size": [f"Must be an integer from 1 to {self.max_page_size}."]}
-            )
-        return value
+        value = query_int(request, self.page_size_query_param, 1, self.max_page_size)
+        return self.page_size if value is None else value
 
     def _signer(self, request) -> signing.Signer:
         return signing.Signer(salt=f"jobqueue.cursor:{request.path}")

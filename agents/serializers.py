@@ -6,12 +6,15 @@ claim views render. Every other job shape leaves it out (the detail shows its ke
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from jobqueue import states
+from jobqueue.exceptions import InvalidInput
+from jobqueue.lifecycle import inputs
 from jobqueue.models import JobAgent, WebhookDelivery, WebhookEndpoint
 
 INT32_MAX = 2**31 - 1
@@ -27,12 +30,31 @@ class StrictUUIDField(serializers.UUIDField):
 
 
 class StrictIntegerField(serializers.IntegerField):
-    """A JSON integer (DRF's field would also take "5", 5.0 or true)."""
+    """A JSON integer: DRF's field would also take "5", 5.0 and true. The error names the
+    bounds. `rule`, a validator of jobqueue.lifecycle.inputs, checks the bounds that come
+    from settings (`limit`, `lease_seconds`, ...) here already, with the lifecycle's message;
+    `min_value` and `max_value` are then the outer bounds the schema publishes."""
+
+    def __init__(self, *, rule=None, **kwargs):
+        low, high = kwargs.get("min_value"), kwargs.get("max_value")
+        messages = {"invalid": "Must be a JSON integer (not a string, a fraction or a boolean)."}
+        if low is not None and high is not None:
+            messages["min_value"] = messages["max_value"] = (
+                f"Must be an integer from {low} to {high}.")
+        kwargs["error_messages"] = {**messages, **kwargs.get("error_messages", {})}
+        super().__init__(**kwargs)
+        self.rule = rule
 
     def to_internal_value(self, data):
         if not isinstance(data, int) or isinstance(data, bool):
             self.fail("invalid")
-        return super().to_internal_value(data)
+        value = super().to_internal_value(data)
+        if self.rule is not None:
+            try:
+                self.rule(value)
+            except InvalidInput as exc:
+                raise serializers.ValidationError(exc.detail, code="invalid") from None
+        return value
 
 
 class StrictCharField(serializers.CharField):
@@ -61,6 +83,65 @@ class StrictChoiceField(serializers.ChoiceField):
         super().__init__(**kwargs)
         allowed = ", ".join(str(choice) for choice in self.choices)
         self.error_messages["invalid_choice"] = f"Must be one of: {allowed}."
+
+
+MAX_UNKNOWN_NAMED = 20
+
+
+class ApiInput(serializers.Serializer):
+    """A request body: a JSON object of the declared fields and no other. A field it does not
+    declare is a 400 naming it (a misspelt optional field would otherwise change nothing, and
+    nobody would notice), together with the body's other errors."""
+
+    def to_internal_value(self, data):
+        unknown = ([key for key in data if key not in self.fields]
+                   if isinstance(data, Mapping) else [])
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if not unknown or not isinstance(exc.detail, dict):
+                raise
+            raise serializers.ValidationError({**exc.detail, **self._unknown(unknown)}) from None
+        if unknown:
+            raise serializers.ValidationError(self._unknown(unknown))
+        return value
+
+    def _unknown(self, names: list) -> dict:
+        """{name: [message]} for the unknown fields. A name is the one part of a body an error
+        quotes, on purpose: up to 20 of them, each if it is 1 to 100 printable characters."""
+        message = "Unknown field; this body takes " + ", ".join(sorted(self.fields)) + "."
+        shown = [n for n in names if 0 < len(n) <= 100 and n.isprintable()][:MAX_UNKNOWN_NAMED]
+        errors = {name: [message] for name in shown}
+        if len(shown) < len(names):
+            errors["non_field_errors"] = [
+                f"{len(names) - len(shown)} more unknown fields (names over 100 characters or "
+                f"not printable are not shown, nor more than {MAX_UNKNOWN_NAMED})."]
+        return errors
+
+
+def vocabulary() -> frozenset[str]:
+    """The API's own words in request bodies: every field name of every request shape and
+    every value a choice field allows. No secret; an error may say them (agents/exceptions.py
+    does not count them as quoting the body)."""
+    from . import batch_serializers  # noqa: F401 - its shapes are ApiInput subclasses too
+
+    words: set[str] = set()
+    shapes, seen = [ApiInput], set()
+    while shapes:
+        shape = shapes.pop()
+        shapes.extend(shape.__subclasses__())
+        if shape in seen:
+            continue
+        seen.add(shape)
+        fields = list(shape().fields.items())
+        while fields:
+            name, field = fields.pop()
+            words.add(name)
+            words.update(str(choice) for choice in getattr(field, "choices", {}))
+            child = getattr(field, "child", None)
+            if child is not None:
+                fields.append((name, child))
+    return frozenset(word.lower() for word in words)
 
 
 _SHARED: dict = {}
@@ -320,10 +401,10 @@ HOLDER_HELP = ("The agent process claiming (e.g. host and pid), up to 200 printa
                "characters. Kept on the claim for operators (the admin); never in an answer.")
 
 
-class ClaimInput(serializers.Serializer):
+class ClaimInput(ApiInput):
     holder = StrictCharField(required=False, allow_blank=True, max_length=200,
                              trim_whitespace=False, help_text=HOLDER_HELP)
-    expected_attempt = serializers.IntegerField(
+    expected_attempt = StrictIntegerField(
         required=False, min_value=0, max_value=INT32_MAX,
         help_text="Claim only while the job's `attempt` still equals this (else 409 "
         "job_not_claimable).",
@@ -333,11 +414,12 @@ class ClaimInput(serializers.Serializer):
         ref_name = "Claim"  # the request body: ClaimRequest
 
 
-class ClaimNextInput(serializers.Serializer):
-    limit = serializers.IntegerField(
+class ClaimNextInput(ApiInput):
+    limit = StrictIntegerField(
         required=False,
         min_value=1,
         max_value=10_000,
+        rule=inputs.claim_limit,
         help_text="Batch claim: up to this many jobs (bounded by JOBQUEUE_MAX_CLAIM_BATCH); "
         "the answer is then {\"claims\": [...]} and never 204.",
     )
@@ -345,6 +427,7 @@ class ClaimNextInput(serializers.Serializer):
         required=False,
         min_value=0,
         max_value=86_400,
+        rule=inputs.wait_seconds,
         help_text="Long-poll: with nothing claimable, hold the request up to this many seconds "
         "(0 to JOBQUEUE_MAX_CLAIM_WAIT_SECONDS, default 50; beyond it is a 400) until a job "
         "becomes claimable for this agent, then claim it; after the wait, 204 (or "
@@ -403,7 +486,7 @@ CHECKPOINT_HELP = ("Any JSON (not null), up to JOBQUEUE_MAX_CHECKPOINT_BYTES (64
                    "saved for the next attempt, which gets it as `claim.checkpoint`.")
 
 
-class HeartbeatInput(serializers.Serializer):
+class HeartbeatInput(ApiInput):
     claim_id = StrictUUIDField()
     checkpoint = serializers.JSONField(required=False, allow_null=True,
                                        help_text=CHECKPOINT_HELP)
@@ -421,10 +504,10 @@ class HeartbeatResponseSerializer(serializers.Serializer):
         ref_name = "HeartbeatResponse"
 
 
-class StatusInput(serializers.Serializer):
+class StatusInput(ApiInput):
     claim_id = StrictUUIDField()
     status = StrictChoiceField(choices=sorted(states.REPORTABLE))
-    message = serializers.CharField(
+    message = StrictCharField(
         required=False, allow_blank=True, trim_whitespace=False,
         help_text="At most JOBQUEUE_MAX_MESSAGE_BYTES (default 64 KiB) in UTF-8; beyond is a "
         "400 validation_error that changes nothing.",
@@ -434,7 +517,7 @@ class StatusInput(serializers.Serializer):
         help_text="At most JOBQUEUE_MAX_RESULT_BYTES (default 1 MiB) as compact JSON; beyond "
         "is a 400 validation_error that changes nothing.",
     )
-    external_id = serializers.CharField(
+    external_id = StrictCharField(
         required=False, allow_blank=True, max_length=255, trim_whitespace=False
     )
     checkpoint = serializers.JSONField(required=False, allow_null=True,
@@ -450,11 +533,11 @@ class StatusInput(serializers.Serializer):
         ref_name = "StatusReport"
 
 
-class ReleaseInput(serializers.Serializer):
+class ReleaseInput(ApiInput):
     claim_id = StrictUUIDField()
-    reason = serializers.CharField(required=False, allow_blank=True, max_length=500)
-    retry_after_seconds = serializers.IntegerField(
-        required=False, min_value=0, max_value=INT32_MAX,
+    reason = StrictCharField(required=False, allow_blank=True, max_length=500)
+    retry_after_seconds = StrictIntegerField(
+        required=False, min_value=0, max_value=INT32_MAX, rule=inputs.retry_after_seconds,
         help_text="Keep the job unclaimable this long (bounded by "
         "JOBQUEUE_MAX_RETRY_AFTER_SECONDS).",
     )
@@ -466,30 +549,33 @@ class ReleaseInput(serializers.Serializer):
 # --- producer and operator -----------------------------------------------------------------
 
 
-class JobCreateInput(serializers.Serializer):
+class JobCreateInput(ApiInput):
     job_agent_id = StrictUUIDField()
     job_agent_config = JobAgentConfigField(required=False, default=dict)
     dispatch_context = DispatchContextField(
         required=False, default=dict,
         help_text="Execution snapshot; may hold secrets. Returned only to the claimer.",
     )
-    priority = serializers.IntegerField(
+    priority = StrictIntegerField(
         required=False, default=0, min_value=-INT32_MAX, max_value=INT32_MAX
     )
-    max_attempts = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=INT32_MAX
+    max_attempts = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        rule=inputs.max_attempts,
     )
-    delay_seconds = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=10**8
+    delay_seconds = StrictIntegerField(
+        required=False, allow_null=True, min_value=0, max_value=inputs.MAX_DELAY_SECONDS
     )
-    retry_backoff_seconds = serializers.IntegerField(
+    retry_backoff_seconds = StrictIntegerField(
         required=False, allow_null=True, min_value=0, max_value=INT32_MAX,
+        rule=inputs.retry_backoff_seconds,
         help_text="The wait before the first retry of a retryable failure, doubled per "
         "attempt (default JOBQUEUE_RETRY_BACKOFF_SECONDS; at most "
         "JOBQUEUE_MAX_RETRY_BACKOFF_SECONDS).",
     )
-    max_runtime_seconds = serializers.IntegerField(
+    max_runtime_seconds = StrictIntegerField(
         required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        rule=inputs.max_runtime_seconds,
         help_text="How long one attempt may run from its claim, heartbeats or not (default: "
         "the job agent's, else no limit; bounded by JOBQUEUE_MIN_MAX_RUNTIME_SECONDS.."
         "JOBQUEUE_MAX_MAX_RUNTIME_SECONDS). Past it the attempt ends: queued again while "
@@ -501,15 +587,16 @@ class JobCreateInput(serializers.Serializer):
         "JOBQUEUE_MAX_EXPIRES_IN_SECONDS ahead). Past it the job is never claimed and ends "
         "expired, running or not.",
     )
-    external_id = serializers.CharField(
+    external_id = StrictCharField(
         required=False, allow_blank=True, default="", max_length=255, trim_whitespace=False
     )
-    hold = serializers.BooleanField(
+    hold = StrictBooleanField(
         required=False, default=False, help_text="Create as `pending`: dispatch it later."
     )
     group = StrictCharField(
         required=False, allow_null=True, min_length=1, max_length=200, trim_whitespace=False,
-        help_text='The job\'s group (a run): 1 to 200 printable characters without "/". '
+        help_text='The job\'s group (a run): 1 to 200 printable characters without "/", and '
+        'not "." or "..". '
         "A cancelled group takes no new jobs (409 group_cancelled).",
     )
 
@@ -517,8 +604,15 @@ class JobCreateInput(serializers.Serializer):
         ref_name = "JobCreate"
 
 
-class ReasonInput(serializers.Serializer):
-    reason = serializers.CharField(required=False, allow_blank=True, max_length=500)
+class EmptyInput(ApiInput):
+    """The body of an endpoint that takes none: absent or `{}` (any field is unknown)."""
+
+    class Meta:
+        ref_name = "Empty"
+
+
+class ReasonInput(ApiInput):
+    reason = StrictCharField(required=False, allow_blank=True, max_length=500)
 
     class Meta:
         ref_name = "Reason"
@@ -585,18 +679,20 @@ class JobAgentSerializer(serializers.Serializer):
         ).data
 
 
-class JobAgentCreateInput(serializers.Serializer):
-    name = serializers.CharField(max_length=200)
-    lease_seconds = serializers.IntegerField(
+class JobAgentCreateInput(ApiInput):
+    name = StrictCharField(max_length=200)
+    lease_seconds = StrictIntegerField(
         required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        rule=inputs.lease_seconds,
         help_text="Bounded by JOBQUEUE_MIN_LEASE_SECONDS..JOBQUEUE_MAX_LEASE_SECONDS.",
     )
-    max_attempts = serializers.IntegerField(
+    max_attempts = StrictIntegerField(
         required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
-        help_text="Bounded by 1..JOBQUEUE_MAX_MAX_ATTEMPTS.",
+        rule=inputs.max_attempts, help_text="Bounded by 1..JOBQUEUE_MAX_MAX_ATTEMPTS.",
     )
-    max_runtime_seconds = serializers.IntegerField(
+    max_runtime_seconds = StrictIntegerField(
         required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
+        rule=inputs.max_runtime_seconds,
         help_text="The max_runtime_seconds of its jobs that set none (default: no limit).",
     )
 
@@ -604,8 +700,8 @@ class JobAgentCreateInput(serializers.Serializer):
         ref_name = "JobAgentCreate"
 
 
-class TokenCreateInput(serializers.Serializer):
-    name = serializers.CharField(required=False, default="default", max_length=200)
+class TokenCreateInput(ApiInput):
+    name = StrictCharField(required=False, default="default", max_length=200)
 
     class Meta:
         ref_name = "AgentTokenCreate"
@@ -652,7 +748,7 @@ JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", 
 # --- webhooks ------------------------------------------------------------------------------
 
 
-class WebhookUrlField(serializers.CharField):
+class WebhookUrlField(StrictCharField):
     """An http(s) URL with a host; the error never repeats it."""
 
     def __init__(self, **kwargs):
@@ -673,7 +769,7 @@ class WebhookUrlField(serializers.CharField):
         return value
 
 
-class WebhookCreateInput(serializers.Serializer):
+class WebhookCreateInput(ApiInput):
     url = WebhookUrlField()
     events = serializers.ListField(
         child=StrictChoiceField(choices=list(WebhookEndpoint.EVENTS)), required=False,

@@ -19,6 +19,9 @@ Scenarios (each verifies its own outcome before it reports):
              1/100/1000 idle waiting agents, next to a polling agent (idle backoff up to
              5 s), and the database's transactions per second while they wait on an empty
              queue
+  wal        what a job costs the database over the API (benchmarks/wal.py): WAL bytes and
+             transactions a job on the single and the batch path, and where the bytes go
+             (pg_waldump, per relation); BENCH_WAL_JOBS jobs a path
   completion the outbox's cost per job (one webhook endpoint), the webhook sender's
              deliveries/s, and pruning BENCH_PRUNE_JOBS (1,000,000) finished jobs: jobs/s,
              and another agent's cycle latency before and while it runs
@@ -97,6 +100,7 @@ DEFAULTS = {
     "BENCH_PICKUP_POLL_JOBS": 8,
     "BENCH_PICKUP_WORKERS": 5,
     "BENCH_PICKUP_HEARTBEATS": 300,
+    "BENCH_WAL_JOBS": 2000,
 }
 DB = db_name("core")
 APP_PY = str(ROOT / ".venv" / "bin" / "python")
@@ -252,13 +256,14 @@ def pg_cli_args():
 
 def lifecycle_sql_file() -> str:
     """The lifecycle's claim-next and terminal report statements, for the raw psycopg loop."""
-    from jobqueue.lifecycle.pg import statements
+    from jobqueue.lifecycle.pg import claim_statement
+    from jobqueue.sql import postgresql
 
     path = ROOT / "var" / "bench-lifecycle-sql.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps({
-        "claim": statements.JOB_CLAIM_NEXT,
-        "report": statements.JOB_SET_STATE_IF_RUNNING,
+        "claim": claim_statement(1),
+        "report": postgresql.job_set_state_if_running,
     }))
     return str(path)
 
@@ -1206,6 +1211,18 @@ def scenario_completion():
     return json.loads(out)
 
 
+def scenario_wal():
+    from benchmarks import wal
+
+    return wal.measure(lambda cmd: run_workers(cmd), conf("BENCH_WAL_JOBS"))
+
+
+def wal_table(res):
+    from benchmarks import wal
+
+    return wal.table(res)
+
+
 def completion_table(res):
     o, snd, p = res["outbox"], res["sender"], res["prune"]
     before, during = p["cycle_ms_before"], p["cycle_ms_during"]
@@ -1248,6 +1265,7 @@ def markdown(results):
         ("reaper", "Reaper", reaper_table),
         ("pickup", "Pickup (long-poll)", pickup_table),
         ("completion", "Completion: outbox, webhook sender, pruning", completion_table),
+        ("wal", "What a job costs the database (WAL)", wal_table),
     ]
     for key, title, fn in sections:
         if key in results["scenarios"]:
@@ -1309,7 +1327,8 @@ def main(argv=None):
     runners = {"core": lambda: scenario_core(peers=not args.no_peers), "http": scenario_http,
                "peers": scenario_peers, "heartbeat": scenario_heartbeat,
                "growth": scenario_growth, "reaper": scenario_reaper,
-               "pickup": scenario_pickup, "completion": scenario_completion}
+               "pickup": scenario_pickup, "completion": scenario_completion,
+               "wal": scenario_wal}
     provenance = {"commit": git_commit()}
     if wants_peers:
         provenance["versions"] = json.loads(

@@ -300,6 +300,41 @@ def http_agent(base: str, agent_id: str, token: str) -> None:
     worker_done(n=n, t0=t0, t1=time.time(), lat=lat, errors=errors)
 
 
+def http_cycle(base: str, agent_id: str, token: str, path: str) -> None:
+    """One agent drains its jobs over the API on one path (benchmarks.wal): `single`,
+    claim-next and PUT status per job; `batch`, a batch claim of 10 and one batch report."""
+    import httpx
+
+    client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                          timeout=30)
+    worker_ready()
+    t0 = time.time()
+    n = 0
+    while True:
+        if path == "single":
+            r = client.post(f"job-agents/{agent_id}/jobs/claim", json={})
+            if r.status_code == 204:
+                break
+            r.raise_for_status()
+            body = r.json()
+            r = client.put(f"jobs/{body['job']['id']}/status",
+                           json={"claim_id": body["claim"]["claim_id"], "status": "successful"})
+            r.raise_for_status()
+            n += 1
+            continue
+        r = client.post(f"job-agents/{agent_id}/jobs/claim", json={"limit": 10})
+        r.raise_for_status()
+        claims = r.json()["claims"]
+        if not claims:
+            break
+        r = client.post(f"job-agents/{agent_id}/reports", json={"reports": [
+            {"job_id": c["job"]["id"], "claim_id": c["claim"]["claim_id"],
+             "status": "successful"} for c in claims]})
+        r.raise_for_status()
+        n += len(claims)
+    worker_done(n=n, t0=t0, t1=time.time())
+
+
 def http_trivial(base: str, token: str, count: str) -> None:
     import httpx
 
@@ -325,5 +360,6 @@ if __name__ == "__main__":
         "raw_cte": raw_cte,
         "heartbeat": heartbeat,
         "http_agent": http_agent,
+        "http_cycle": http_cycle,
         "http_trivial": http_trivial,
     }[kind](*args)

@@ -46,6 +46,10 @@ def _local_secret_key(path: Path) -> str:
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _local_secret_key(VAR_DIR / "secret_key")
 ALLOWED_HOSTS = env("DJANGO_ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# Served over https only (docs/deploying.md: nginx redirects http): the session and CSRF
+# cookies go over https only, and browsers are told to use https (HSTS) for this long.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
+SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=0)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -65,6 +69,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Times every request for /metrics (first, so that it sees the whole request).
     "ops.middleware.RequestMetricsMiddleware",
+    # A Host not in ALLOWED_HOSTS: 400, one WARNING line (Django logs a traceback at ERROR).
+    "agents.middleware.DisallowedHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Refuses oversized /v1/ request bodies (413) before anything reads them.
     "agents.middleware.RequestSizeLimitMiddleware",
@@ -350,4 +356,7 @@ SPECTACULAR_SETTINGS = {
         "FinalReportStatusEnum": ["cancelled", "failure", "successful"],
     },
     "SCHEMA_PATH_PREFIX": r"/v1/",
+    # Request bodies take their declared fields only (an unknown one is a 400).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "agents.schema.closed_request_bodies"],
 }

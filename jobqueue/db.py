@@ -2,7 +2,8 @@
 
 On SQLite, Django stores datetimes as text (UTC) in SQLITE_DATETIME_FORMAT; the database's
 clock is written in the same format, so that comparing it with stored values compares equal
-texts. `sqlite_clock()` is that clock as SQL, for every statement that needs it.
+texts. `sqlite_clock()` is that clock as SQL, for NowPlusSeconds (an ORM expression); the
+hand-written statements write it whole (jobqueue/sql/sqlite.sql).
 """
 
 from datetime import UTC, datetime
@@ -56,15 +57,10 @@ class NowPlusSeconds(Func):
 
 
 def db_now():
-    """The database's current time, read with one query."""
-    from django.db import connection
+    """The database's current time, read with one query (the backend's clock_now)."""
+    from jobqueue.lifecycle.backends import backend
 
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT STATEMENT_TIMESTAMP()")
-            return cursor.fetchone()[0]
-        cursor.execute("SELECT " + sqlite_clock(), [])
-        return parse_db_datetime(cursor.fetchone()[0])
+    return backend().now()
 
 
 __all__ = ["Now", "NowPlusSeconds", "db_now", "parse_db_datetime", "sqlite_clock"]

@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from . import states
+from . import claimrule, states
 
 
 class Workspace(models.Model):
@@ -72,18 +72,16 @@ class JobAgent(models.Model):
         return self.max_attempts or jobqueue_settings()["DEFAULT_MAX_ATTEMPTS"]
 
 
-# Claim order: priority (higher first), then available_at, then created_at. The PostgreSQL
-# claim statement (jobqueue/lifecycle/pg/statements.py) is pinned to this by a test.
-CLAIM_ORDER = ("-priority", "available_at", "created_at")
+# Claim order: priority (higher first), then available_at, then created_at: the claim rule's
+# (jobqueue/claimrule.py).
+CLAIM_ORDER = claimrule.ORDER
 
 
 class JobQuerySet(models.QuerySet):
     def claimable(self):
-        """Queued and due, and not past its expires_at, by the database's clock."""
-        return self.filter(
-            Q(expires_at__isnull=True) | Q(expires_at__gt=Now()),
-            status=states.QUEUED, available_at__lte=Now(),
-        )
+        """What the claim rule says a claim may take (jobqueue/claimrule.py): queued, due,
+        not past its expires_at, by the database's clock."""
+        return self.filter(claimrule.claimable())
 
     def overdue(self):
         """Pending or queued past its expires_at (the reaper ends them expired)."""

@@ -5,7 +5,8 @@ requeued) calls `announce(agent_key(job_agent_id), delay=...)`; one that ends a 
 `announce(job_key(job_id))`. On PostgreSQL that is `pg_notify` on the transition's own
 connection: inside its transaction NOTIFY is delivered on commit, and never on a rollback.
 (The report statements, the hot path, notify only for jobs a producer's wait marked:
-job.watched, lifecycle/pg/statements.py.)
+job.watched, jobqueue/sql/postgresql.sql.) The backend of the connection sends it
+(jobqueue/lifecycle/backends.py: `notify`) and picks the listener (`listener`).
 On SQLite it appends one line to the database's wake file (`<database>.wake`) after commit.
 
 Receiving: one Hub per process, with one thread (never one per waiter):
@@ -37,6 +38,7 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, tran
 
 from jobqueue import observe
 from jobqueue.conf import jobqueue_settings
+from jobqueue.sql import postgresql
 
 log = logging.getLogger("jobqueue.wakeups")
 
@@ -73,19 +75,20 @@ def announce_many(keys: Iterable[str], delay: float = 0) -> None:
     payloads = [f"{key} {delay:g}" if delay else key for key in keys]
     if not payloads:
         return
-    db = connections[DEFAULT_DB_ALIAS]
-    if db.vendor == "postgresql":
-        with db.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
-                           [CHANNEL, payloads])
-    else:
-        path = wake_file(db)
-        transaction.on_commit(lambda: _append(path, payloads))
+    from jobqueue.lifecycle.backends import backend
+
+    backend().notify(CHANNEL, payloads)
 
 
 def wake_file(db=None) -> str:
     db = db or connections[DEFAULT_DB_ALIAS]
     return f"{db.settings_dict['NAME']}.wake"
+
+
+def append_on_commit(payloads: list[str]) -> None:
+    """SQLite's sending: the lines go into the wake file once the transaction commits."""
+    path = wake_file()
+    transaction.on_commit(lambda: _append(path, payloads))
 
 
 def _append(path: str, payloads: list[str]) -> None:
@@ -242,8 +245,9 @@ class Hub:
         return following
 
     def _run(self) -> None:
-        db = connections[DEFAULT_DB_ALIAS]
-        source = PgListener(self) if db.vendor == "postgresql" else FileListener(self)
+        from jobqueue.lifecycle.backends import backend
+
+        source = backend().listener(self)
         try:
             source.run()
         finally:
@@ -273,17 +277,15 @@ class Hub:
         keys = self.keys()
         if not keys:
             return
-        from jobqueue import states
+        from jobqueue import claimrule, states
         from jobqueue.models import Job
 
         agents = [k[2:] for k in keys if k.startswith("a:")]
         jobs = [k[2:] for k in keys if k.startswith("j:")]
         try:
             ready = set()
-            if agents:  # a paused agent's claims hand out nothing: its waiters sleep on
-                ready.update(agent_key(a) for a in Job.objects.claimable().filter(
-                    job_agent_id__in=agents, job_agent__paused_at__isnull=True,
-                ).values_list("job_agent_id", flat=True).distinct())
+            if agents:  # the claim rule's (a paused agent's waiters sleep on)
+                ready.update(agent_key(a) for a in claimrule.agents_with_claimable_jobs(agents))
             if jobs:
                 ready.update(job_key(j) for j in Job.objects.filter(
                     id__in=jobs, status__in=states.TERMINAL).values_list("id", flat=True))
@@ -327,7 +329,7 @@ class PgListener:
             try:
                 with psycopg.connect(self.url(), autocommit=True, connect_timeout=5,
                                      application_name=LISTENER_NAME) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(postgresql.wake_listen)
                     hub.connects += 1
                     hub.connected.set()
                     backoff = 0.1

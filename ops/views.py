@@ -6,10 +6,11 @@ Neither needs a session or a credential; expose them to your monitoring network 
 
 import logging
 
-from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+
+from jobqueue.lifecycle.backends import backend
 
 from . import metrics
 
@@ -28,9 +29,7 @@ def metrics_view(request):
 @require_GET
 def healthz(request):
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            cursor.fetchone()
+        backend().ping()
     except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
         log.warning("healthz: database unreachable (%s)", type(exc).__name__)
         return JsonResponse({"status": "unavailable"}, status=503)

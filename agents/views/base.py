@@ -17,6 +17,7 @@ from rest_framework.exceptions import NotFound, UnsupportedMediaType, Validation
 from rest_framework.viewsets import ViewSet
 
 from jobqueue import states
+from jobqueue.conf import jobqueue_settings
 from jobqueue.lifecycle.inputs import parse_uuid
 from jobqueue.models import JobAgent
 
@@ -24,6 +25,7 @@ from .. import serializers as s
 from ..authentication import AgentTokenAuthentication, ApiKeyAuthentication
 from ..parsers import StrictJSONParser
 from ..permissions import InWorkspace, WorkspaceKeyOnly
+from ..query import query_int
 from ..schema import COMMON, WITH_BODY, errors
 from ..throttling import CredentialRateThrottle
 
@@ -129,13 +131,10 @@ WAIT_PARAM = OpenApiParameter(
 
 
 def wait_param(request) -> int | None:
-    """`?wait_seconds=N` as an int (its bounds are the lifecycle's), None when absent."""
-    raw = request.query_params.get("wait_seconds")
-    if raw is None:
-        return None
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
-        raise ValidationError({"wait_seconds": ["Must be a whole number of seconds."]})
-    return int(raw)
+    """`?wait_seconds=N` as an int from 0 to JOBQUEUE_MAX_CLAIM_WAIT_SECONDS, None when
+    absent."""
+    return query_int(request, "wait_seconds", 0,
+                     jobqueue_settings()["MAX_CLAIM_WAIT_SECONDS"])
 
 
 def client_gone(request) -> Callable[[], bool] | None:

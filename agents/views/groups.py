@@ -19,7 +19,7 @@ from .base import PRODUCER_TAGS, ApiViewSet
 # The group is a name, not a UUID (the anyid converter is typed as a UUID everywhere else).
 GROUP_PARAM = OpenApiParameter(
     "group", OpenApiTypes.STR, OpenApiParameter.PATH,
-    description='The group: 1 to 200 printable characters without "/".',
+    description='The group: 1 to 200 printable characters without "/", not "." or "..".',
 )
 
 

@@ -193,16 +193,9 @@ class JobAgentViewSet(ApiViewSet):
         agent = self.agent_in_path()
         holder = data.get("holder")
         key = request.headers.get("Idempotency-Key")
-        if data.get("wait_seconds"):
-            grants = lifecycle.claim_next_waiting(agent, data.get("limit"), data["wait_seconds"],
-                                                  gone=client_gone(request), holder=holder,
-                                                  idempotency_key=key)
-        elif "limit" in data:
-            grants = lifecycle.claim_next_jobs(agent, data["limit"], holder=holder,
-                                               idempotency_key=key)
-        else:
-            grant = lifecycle.claim_next_job(agent, holder=holder, idempotency_key=key)
-            grants = [grant] if grant else []
+        grants = lifecycle.claim_next(agent, data.get("limit"), data.get("wait_seconds"),
+                                      gone=client_gone(request), holder=holder,
+                                      idempotency_key=key)
         if "limit" in data:
             return Response({"claims": [claim_body(g) for g in grants]})
         if not grants:

@@ -189,6 +189,7 @@ class JobViewSet(ApiViewSet):
     @action(detail=True, methods=["post"], url_path="dispatch", url_name="dispatch",
             name="Dispatch")
     def dispatch_job(self, request, workspace_id, job_id):  # not `dispatch`: APIView's own
+        self.validated(s.EmptyInput)  # no body, or {}
         job = lifecycle.dispatch_job(
             self.path_uuid("job_id"),
             workspace_id=self.principal.workspace_id,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from django.http import FileResponse, HttpResponse
+from django.utils.http import content_disposition_header, parse_etags
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -17,13 +18,20 @@ from rest_framework.response import Response
 from jobqueue.lifecycle import artifacts, logs
 
 from .. import output_serializers as os_
+from ..bodies import ClientBody
 from ..exceptions import PayloadTooLarge
+from ..query import DIGITS, query_int
 from ..schema import COMMON, ErrorSerializer, errors
 from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet, parse_uuid
 
 # GitLab's runner sends "0-99"; RFC 9110 writes "bytes 0-99/*" (or a total for the last).
 CONTENT_RANGE = re.compile(r"(?:bytes[ =])?(\d{1,15})-(\d{1,15})(?:/(?:\d{1,15}|\*))?")
 MAX_READ_BYTES = 16 * 1024 * 1024
+MAX_QUERY_INT = 10**15 - 1  # ?offset=, ?attempt=
+
+RAW_BODY_400 = OpenApiResponse(
+    ErrorSerializer, description="validation_error: missing or invalid input (see `fields`); "
+    "incomplete_body: the body ended before its Content-Length or its last chunk")
 
 CLAIM_HEADER = OpenApiParameter(
     "X-Claim-Id", OpenApiTypes.UUID, OpenApiParameter.HEADER, required=True,
@@ -54,12 +62,7 @@ def content_range(request, size: int) -> int | None:
 
 
 def non_negative_int(request, name):
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    if not raw.isdigit() or len(raw) > 15:
-        raise ValidationError({name: ["Must be a non-negative integer."]})
-    return int(raw)
+    return query_int(request, name, 0, MAX_QUERY_INT)
 
 
 class JobOutputViewSet(ApiViewSet):
@@ -108,17 +111,17 @@ class JobOutputViewSet(ApiViewSet):
             416: OpenApiResponse(ErrorSerializer,
                                  description="log_range_gap: resend from the Range header's "
                                  "length"),
-            **errors(400, 409, 411, 413, *COMMON),
+            **errors(409, 411, 413, *COMMON), 400: RAW_BODY_400,
         },
     )
     @action(detail=False, methods=["get", "patch"], url_path="log", url_name="log",
             permission_classes=AGENT, name="Log")
     def log(self, request, workspace_id, job_id):
         job_id = self.path_uuid("job_id")
-        if request.method == "GET":
+        if request.method in READS:
             return self._read_log(job_id)
         claim_id = claim_header(request)
-        data = request._request.body  # bounded by RequestSizeLimitMiddleware
+        data = whole_body(request._request)
         state = logs.append_log(job_id, claim_id, data, start=content_range(request, len(data)),
                                 **self.job_scope())
         return Response(os_.LogAppendSerializer(state).data, status=status.HTTP_202_ACCEPTED,
@@ -127,9 +130,13 @@ class JobOutputViewSet(ApiViewSet):
     def _read_log(self, job_id):
         attempt = non_negative_int(self.request, "attempt")
         offset = non_negative_int(self.request, "offset") or 0
-        piece = logs.read_log(job_id, attempt=attempt, offset=offset, limit=MAX_READ_BYTES,
-                              **self.job_scope())
+        head = self.request.method == "HEAD"  # the same headers, no bytes read or sent
+        piece = logs.read_log(job_id, attempt=attempt, offset=offset,
+                              limit=0 if head else MAX_READ_BYTES, **self.job_scope())
         response = HttpResponse(piece.data, content_type="text/plain; charset=utf-8")
+        response["Content-Length"] = str(
+            max(0, min(piece.length, offset + MAX_READ_BYTES) - offset) if head
+            else len(piece.data))
         response["X-Log-Attempt"] = str(piece.attempt)
         response["X-Log-Length"] = str(piece.length)
         response["X-Content-Type-Options"] = "nosniff"
@@ -155,9 +162,18 @@ class JobOutputViewSet(ApiViewSet):
         tags=PRODUCER_TAGS,
         operation_id="download_artifact",
         summary="Download a published artifact (attachment, ETag = its sha256)",
-        parameters=[OpenApiParameter(
-            "Range", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
-            description="`bytes=<start>-<end>` (or `<start>-`, `-<n>`): one range.")],
+        parameters=[
+            OpenApiParameter(
+                "Range", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                description="`bytes=<start>-<end>` (or `<start>-`, `-<n>`): one range. An "
+                "invalid one (`bytes=5-3`) or several are ignored: the whole file."),
+            OpenApiParameter(
+                "If-Range", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                description="The ETag the range belongs to; anything else: the whole file."),
+            OpenApiParameter(
+                "If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                description="ETags (weak comparison) or `*`: 304 when one is current."),
+        ],
         responses={
             (200, "application/octet-stream"): OpenApiResponse(
                 OpenApiTypes.BINARY, description="The file, streamed, with Content-Length, "
@@ -165,7 +181,8 @@ class JobOutputViewSet(ApiViewSet):
             (206, "application/octet-stream"): OpenApiResponse(
                 OpenApiTypes.BINARY, description="One range (`Range: bytes=a-b`), with "
                 "Content-Range."),
-            304: OpenApiResponse(description="If-None-Match named its ETag."),
+            304: OpenApiResponse(description="If-None-Match named its ETag (weak "
+                                 "comparison) or was `*`."),
             416: OpenApiResponse(description="The range starts past the end (Content-Range "
                                  "`bytes */<size>`)."),
             **errors(*COMMON),
@@ -179,13 +196,14 @@ class JobOutputViewSet(ApiViewSet):
         "report)",
         parameters=[CLAIM_HEADER],
         request={"application/octet-stream": OpenApiTypes.BINARY},
-        responses={201: os_.ArtifactSerializer, **errors(400, 409, 411, 413, *COMMON)},
+        responses={201: os_.ArtifactSerializer, 400: RAW_BODY_400,
+                   **errors(409, 411, 413, *COMMON)},
     )
     @action(detail=False, methods=["get", "put"], url_path="artifacts/<anyid:name>",
             url_name="artifact", permission_classes=AGENT, name="Artifact")
     def artifact(self, request, workspace_id, job_id, name):
         job_id = self.path_uuid("job_id")
-        if request.method == "GET":
+        if request.method in READS:
             return self._download(job_id, name)
         claim_id = claim_header(request)
         stream, size = upload_stream(request._request)
@@ -195,58 +213,87 @@ class JobOutputViewSet(ApiViewSet):
         return Response(os_.ArtifactSerializer(info).data, status=status.HTTP_201_CREATED)
 
     def _download(self, job_id, name):
+        """RFC 9110's order: If-None-Match (weak comparison; 304), then Range (one range,
+        under If-Range's strong comparison). HEAD: the same headers, the file not opened."""
+        request = self.request
         if self.principal.is_agent:
             artifacts.fetch_job(job_id, job_agent_id=self.principal.job_agent_id)  # else 404
-            self.permission_denied(self.request)
-        row, handle = artifacts.open_artifact(job_id, name,
-                                              workspace_id=self.principal.workspace_id)
+            self.permission_denied(request)
+        row = artifacts.published_artifact(job_id, name,
+                                           workspace_id=self.principal.workspace_id)
         etag = f'"{row.sha256}"'
-        if self.request.headers.get("If-None-Match") == etag:
-            handle.close()
-            return HttpResponse(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
-        wanted = byte_range(self.request.headers.get("Range"), row.size)
-        if wanted == "unsatisfiable":
-            handle.close()
+        headers = {"ETag": etag, "Accept-Ranges": "bytes", "X-Content-Type-Options": "nosniff",
+                   "Cache-Control": "private, no-transform"}
+        if not_modified(request.headers.get("If-None-Match"), etag):
+            return HttpResponse(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
+        wanted = None
+        if request.headers.get("If-Range", etag) == etag:  # else: the whole, current file
+            wanted = byte_range(request.headers.get("Range"), row.size)
+        if wanted == UNSATISFIABLE:
             return HttpResponse(status=status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
-                                headers={"Content-Range": f"bytes */{row.size}"})
-        if wanted is None:
-            response = FileResponse(handle, as_attachment=True, filename=row.name,
-                                    content_type="application/octet-stream")
-            response["Content-Length"] = str(row.size)
+                                headers={**headers, "Content-Range": f"bytes */{row.size}"})
+        start, end = wanted or (0, row.size - 1)
+        if request.method == "HEAD":
+            response = HttpResponse(content_type="application/octet-stream")
         else:
-            start, end = wanted
+            handle = artifacts.open_artifact(row)
             handle.seek(start)
-            response = FileResponse(LimitedReader(handle, end - start + 1),
-                                    as_attachment=True, filename=row.name,
-                                    content_type="application/octet-stream",
-                                    status=status.HTTP_206_PARTIAL_CONTENT)
-            response["Content-Length"] = str(end - start + 1)
+            body = handle if wanted is None else LimitedReader(handle, end - start + 1)
+            response = FileResponse(body, content_type="application/octet-stream")
+        if wanted is not None:
+            response.status_code = status.HTTP_206_PARTIAL_CONTENT
             response["Content-Range"] = f"bytes {start}-{end}/{row.size}"
-        response["Accept-Ranges"] = "bytes"
-        response["ETag"] = etag
-        response["X-Content-Type-Options"] = "nosniff"
-        response["Cache-Control"] = "private, no-transform"
+        response["Content-Length"] = str(end - start + 1)
+        response["Content-Disposition"] = content_disposition_header(True, row.name)
+        for header, value in headers.items():
+            response[header] = value
         return response
 
 
-BYTE_RANGE = re.compile(r"bytes=(\d{0,15})-(\d{0,15})")
+READS = ("GET", "HEAD")  # DRF routes HEAD to the GET's method: never the write path
+UNSATISFIABLE = "unsatisfiable"
+BYTE_RANGE = re.compile(r"([0-9]*)-([0-9]*)")
+BEYOND_ANY_SIZE = 10**18
+
+
+def _position(digits: str) -> int:
+    """A range's position; any number too long to be a size is past every end."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else BEYOND_ANY_SIZE
 
 
 def byte_range(header: str | None, size: int):
-    """One range of RFC 9110 `Range: bytes=a-b` (also `a-` and the suffix `-n`): (start, end)
-    inclusive, "unsatisfiable", or None (no header, several ranges or a malformed one: the
-    whole file, as the RFC lets a server answer)."""
-    match = BYTE_RANGE.fullmatch((header or "").strip())
+    """The one range of RFC 9110 `Range: bytes=a-b` (also `a-` and the suffix `-n`) as
+    (start, end) inclusive, UNSATISFIABLE (416: a start at or past the end, a suffix of 0,
+    or any range of an empty file), or None: the whole file, for no header, another unit,
+    several ranges, or an invalid one (`5-3`, `-`, not numbers), which RFC 9110 lets a
+    server ignore."""
+    unit, eq, ranges = (header or "").partition("=")
+    specs = [spec.strip() for spec in ranges.split(",") if spec.strip()]
+    if not eq or unit.strip().lower() != "bytes" or len(specs) != 1:
+        return None
+    match = BYTE_RANGE.fullmatch(specs[0])
     if match is None or match[1] == match[2] == "":
         return None
     if match[1] == "":  # the last n bytes
-        n = int(match[2])
-        return (max(0, size - n), size - 1) if n and size else "unsatisfiable"
-    start = int(match[1])
-    end = min(int(match[2]), size - 1) if match[2] else size - 1
-    if start >= size or (match[2] and int(match[2]) < start):
-        return "unsatisfiable"
-    return start, end
+        n = _position(match[2])
+        return (max(0, size - n), size - 1) if n and size else UNSATISFIABLE
+    start = _position(match[1])
+    last = _position(match[2]) if match[2] else None
+    if last is not None and last < start:
+        return None  # invalid: ignored
+    if start >= size:
+        return UNSATISFIABLE
+    return start, size - 1 if last is None else min(last, size - 1)
+
+
+def not_modified(header: str | None, etag: str) -> bool:
+    """Whether If-None-Match names the current file (a 304): `*`, or any of its entity
+    tags by RFC 9110's weak comparison (`W/"x"` matches `"x"`)."""
+    if header is None:
+        return False
+    tags = parse_etags(header)
+    return tags == ["*"] or etag in {tag.removeprefix("W/") for tag in tags}
 
 
 class LimitedReader:
@@ -266,20 +313,27 @@ class LimitedReader:
 
 
 def upload_stream(request):
-    """The request body as a stream, and its declared length (None for a chunked body). A
-    chunked body is read from the server's input when the server marks where it ends
-    (gunicorn does); elsewhere it is a 411, as for every other body (agents/middleware.py)."""
+    """The request body as a stream (ClientBody), and its declared length (None for a
+    chunked body). A chunked body is read from the server's input when the server marks
+    where it ends (gunicorn does); elsewhere it is a 411, as for every other body
+    (agents/middleware.py)."""
     meta = request.META
     raw = meta.get("CONTENT_LENGTH")
     if raw not in (None, ""):
-        if not raw.isdigit():
+        if not DIGITS.fullmatch(raw):
             raise ValidationError({"Content-Length": ["Must be an integer."]})
-        return request, int(raw)
+        return ClientBody(request, int(raw)), int(raw)
     if "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower():
         if not meta.get("wsgi.input_terminated"):
             raise LengthRequired()
-        return meta["wsgi.input"], None
-    return request, 0
+        return ClientBody(meta["wsgi.input"], None), None
+    return ClientBody(request, 0), 0
+
+
+def whole_body(request) -> bytes:
+    """A small request body (bounded by RequestSizeLimitMiddleware), all of it: one that
+    ends before its Content-Length is an IncompleteBody, never a shorter chunk."""
+    return ClientBody(request, request.META.get("CONTENT_LENGTH") or None).read()
 
 
 class LengthRequired(PayloadTooLarge):

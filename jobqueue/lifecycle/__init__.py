@@ -3,8 +3,9 @@
 One function per transition, each in the module that names it:
 
     create.py    create_job_agent, create_job, dispatch_job
-    claim.py     claim_job (a named job), claim_next_jobs / claim_next_job (SKIP LOCKED),
-                 claim_next_waiting (long-poll), wait_for_job_end (a producer's wait);
+    claim.py     claim_job (a named job), claim_next (the next ones, SKIP LOCKED, waiting
+                 or not; claim_next_job / claim_next_jobs / claim_next_waiting are its
+                 shorthands), wait_for_job_end (a producer's wait);
                  the waits themselves are jobqueue.wakeups
     lease.py     heartbeat, heartbeat_many, release_job
     report.py    report_status, report_many
@@ -17,8 +18,8 @@ One function per transition, each in the module that names it:
                  (jobqueue.reaper loops them)
     logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
     artifacts.py upload_artifact, publish (the ORM report's), published_artifacts,
-                 open_artifact, clean_artifacts: files staged per claim, published by its
-                 successful report
+                 published_artifact, open_artifact, clean_artifacts: files staged per
+                 claim, published by its successful report
 
 and what they share:
 
@@ -30,10 +31,15 @@ and what they share:
     prune.py     retention's batch: finished jobs and every row that refers to them
     results.py   what they answer (ClaimGrant, HeartbeatResult, outcomes of batches)
     records.py   jobs in a caller's scope, job events
-    backends.py  the backend, chosen once per connection by its vendor:
-      pg/          PostgreSQL: statements.py (named SQL, one statement per hot transition),
+    clocks.py    the clock rules of an attempt (deadline, lease end, retry backoff)
+    backends.py  the backend, chosen once per connection by its vendor: everything that
+                 differs between the databases (the hot transitions, locks, wake-ups, clock)
+      pg/          PostgreSQL: its statements are jobqueue/sql/postgresql.sql (whole, named);
                    cursor.py (the cached, preparing psycopg cursor), rows.py (row loading)
-      sqlite.py    SQLite: the portable ORM path (orm.py) and its heartbeat statements
+      sqlite.py    SQLite: the portable ORM path (orm.py) and jobqueue/sql/sqlite.sql
+
+Which job a claim may take, and in which order, is jobqueue/claimrule.py: the ORM claim, the
+wake-up re-check and the PostgreSQL statements all follow it.
 
 Every transition puts its guards (status, claim_id, expiry) in the WHERE of the statement
 that writes, checks the row count, and appends a JobEvent in the same transaction; every time
@@ -53,6 +59,7 @@ from jobqueue.actors import agent_actor
 
 from .claim import (
     claim_job,
+    claim_next,
     claim_next_job,
     claim_next_jobs,
     claim_next_waiting,
@@ -105,6 +112,7 @@ __all__ = [
     "cancel_job",
     "claim_candidates",
     "claim_job",
+    "claim_next",
     "claim_next_job",
     "claim_next_jobs",
     "claim_next_waiting",

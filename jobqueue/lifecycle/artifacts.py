@@ -1,6 +1,6 @@
 """Job artifacts: files an attempt uploads while it holds its claim, staged per claim, and
 published as the job's artifact set by that claim's accepted `successful` report, in the
-report's own statement (pg/statements.py; orm.py on SQLite). Nothing else ever publishes.
+report's own statement (jobqueue/sql/postgresql.sql; orm.py on SQLite). Nothing else ever publishes.
 
 An upload is three short steps, none of them holding a transaction across the transfer:
 
@@ -11,16 +11,19 @@ An upload is three short steps, none of them holding a transaction across the tr
    in 64 KiB pieces, hashed and counted on the way, refused past MAX_ARTIFACT_BYTES.
 3. `staged`: the claim is checked again under the job row's lock, with the attempt's caps
    (MAX_ARTIFACTS_PER_ATTEMPT files, MAX_ATTEMPT_ARTIFACT_BYTES bytes); a staged artifact of
-   the same name becomes `replaced`. A claim that ended meanwhile keeps nothing it sent.
+   the same name becomes `replaced`, and its file and row are deleted once that commits (so
+   replacing never takes an attempt past its caps on disk). A claim that ended meanwhile
+   keeps nothing it sent.
 
 `clean_artifacts` deletes, in bounded batches, the files and rows of everything unpublished
 whose claim is no longer live (abandoned, reaped, superseded, failed attempts, crashed
-uploads) and every replaced file.
+uploads) and every replaced file an upload could not delete itself.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import uuid
 from dataclasses import dataclass
@@ -43,6 +46,7 @@ ARTIFACT = "artifact"
 NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 MEDIA_TYPE = re.compile(r"[A-Za-z0-9!#$&^_.+-]{1,100}/[A-Za-z0-9!#$&^_.+-]{1,99}")
 PIECE = 64 * 1024
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -158,13 +162,16 @@ def upload_artifact(job_id: uuid.UUID, claim_id: uuid.UUID, name: str, stream, *
         row.storage_key = saved
         JobArtifact.objects.filter(pk=row.pk).update(storage_key=saved)
     try:
-        return _stage(row, claim_id, body.size, body.hash.hexdigest(), limits, scope)
+        info, replaced = _stage(row, claim_id, body.size, body.hash.hexdigest(), limits, scope)
     except BaseException:
         _discard(row)
         raise
+    _delete_replaced(replaced)
+    return info
 
 
-def _stage(row, claim_id, size, sha256, limits, scope) -> ArtifactInfo:
+def _stage(row, claim_id, size, sha256, limits, scope):
+    """(the staged artifact, the (id, storage key) of the one of its name it replaced)."""
     with transaction.atomic():
         job = _locked_job(row.job_id, claim_id, scope)
         if job is not None:
@@ -178,14 +185,32 @@ def _stage(row, claim_id, size, sha256, limits, scope) -> ArtifactInfo:
             if (totals["size"] or 0) + size > limits["MAX_ATTEMPT_ARTIFACT_BYTES"]:
                 raise OutputTooLarge(
                     f"An attempt stages at most {limits['MAX_ATTEMPT_ARTIFACT_BYTES']} bytes.")
-            JobArtifact.objects.filter(job_id=row.job_id, claim_id=claim_id, name=row.name,
-                                       state=JobArtifact.STAGED).update(
-                state=JobArtifact.REPLACED)
+            same_name = JobArtifact.objects.filter(job_id=row.job_id, claim_id=claim_id,
+                                                   name=row.name, state=JobArtifact.STAGED)
+            replaced = list(same_name.values_list("id", "storage_key"))
+            same_name.update(state=JobArtifact.REPLACED)
             JobArtifact.objects.filter(pk=row.pk).update(state=JobArtifact.STAGED, size=size,
                                                          sha256=sha256)
-            return ArtifactInfo(row.name, size, sha256, row.attempt, row.content_type)
+    if job is not None:
+        return ArtifactInfo(row.name, size, sha256, row.attempt, row.content_type), replaced
     refuse_one(row.job_id, claim_id, ARTIFACT, **scope)
     raise NotFound("No such job.")  # pragma: no cover - refuse_one raises for an upload
+
+
+def _delete_replaced(rows) -> None:
+    """Delete the files, then the rows, of the artifacts a new upload just replaced, so the
+    attempt's cap holds on disk too. A replaced row can never be published (publication
+    takes staged rows only, under the job row's lock), so no transaction is needed; one the
+    storage fails to delete is left for clean_artifacts."""
+    storage = artifact_storage()
+    for pk, key in rows:
+        try:
+            storage.delete(key)
+        except Exception:  # noqa: BLE001 - the upload succeeded; clean-up retries the file
+            logger.warning("artifact: could not delete the replaced file %s yet", key,
+                           exc_info=True)
+            continue
+        JobArtifact.objects.filter(pk=pk, state=JobArtifact.REPLACED).delete()
 
 
 def publish(job_id: uuid.UUID, claim_id: uuid.UUID) -> None:
@@ -204,8 +229,8 @@ def published_artifacts(job_id: uuid.UUID, *, workspace_id=None):
                 .order_by("name"))
 
 
-def open_artifact(job_id: uuid.UUID, name: str, *, workspace_id=None):
-    """(the published artifact `name`, its file opened for reading), or NotFound."""
+def published_artifact(job_id: uuid.UUID, name: str, *, workspace_id=None) -> JobArtifact:
+    """The job's published artifact `name`, or NotFound."""
     job = fetch_job(job_id, workspace_id=workspace_id)
     row = None
     if NAME.fullmatch(name):
@@ -213,7 +238,12 @@ def open_artifact(job_id: uuid.UUID, name: str, *, workspace_id=None):
                                          published_at__isnull=False).first()
     if row is None:
         raise NotFound("No such artifact.")
-    return row, artifact_storage().open(row.storage_key, "rb")
+    return row
+
+
+def open_artifact(row: JobArtifact):
+    """The artifact's file, opened for reading."""
+    return artifact_storage().open(row.storage_key, "rb")
 
 
 def unpublished_garbage():

@@ -1,9 +1,24 @@
-"""Which backend runs a transition's statements: chosen once per database connection (each
-thread has its own), by its vendor.
+"""Which backend runs what differs between the databases: chosen once per database connection
+(each thread has its own), by its vendor. Nothing else in the service asks which database it
+is on.
 
-A backend has the same methods on each database (claim, heartbeat, heartbeat_many, report,
-report_many), takes typed values, and applies the same guards; the transitions around them
-(claim.py, lease.py, report.py) are written once.
+A backend has the same methods on each database, takes typed values, and applies the same
+guards; the transitions around them (claim.py, lease.py, report.py, checkpoints.py,
+groups.py, jobqueue.wakeups) are written once:
+
+    claim, heartbeat, heartbeat_many, report, report_many   the hot transitions
+    lock_claim_key(job_agent_id, key)      serialize one agent's claims with one idempotency key
+    save_checkpoint(job_id, claim_id, data, job_agent_id, workspace_id)   if the claim is current
+    hold_group(workspace_id, name)         hold a group's row until commit: (cancelled_at,
+                                           finished_at), or None
+    notify(channel, payloads) / listener(hub)   wake-ups: NOTIFY/LISTEN, or the wake file
+    now(), ping()                          the database's clock; a round trip
+    reports_announce_ended                 whether the report statements wake the producers
+                                           waiting for the jobs they end themselves
+    vendor                                 "postgresql" or "sqlite"
+
+PostgreSQL: jobqueue/lifecycle/pg/ (its statements: jobqueue/sql/postgresql.sql). SQLite:
+jobqueue/lifecycle/sqlite.py, the portable ORM path (orm.py) and jobqueue/sql/sqlite.sql.
 """
 
 from __future__ import annotations
@@ -12,8 +27,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 
-def backend():
-    db = connections[DEFAULT_DB_ALIAS]
+def backend(alias: str = DEFAULT_DB_ALIAS):
+    db = connections[alias]
     chosen = getattr(db, "jobqueue_backend", None)
     if chosen is None:
         chosen = db.jobqueue_backend = _for(db)

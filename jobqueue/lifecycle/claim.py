@@ -10,7 +10,7 @@ import datetime as dt
 import uuid
 from collections.abc import Callable
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models.functions import Now
 
 from jobqueue import observe, states, wakeups
@@ -22,7 +22,7 @@ from jobqueue.models import CLAIM_ORDER, Job, JobAgent, JobClaim
 from . import inputs
 from .backends import backend
 from .checkpoints import checkpoints_for
-from .orm import attempt_deadline, lease_end
+from .clocks import attempt_deadline, lease_end
 from .pause import is_paused
 from .records import fetch_job, scoped_jobs
 from .results import ClaimGrant
@@ -51,7 +51,9 @@ def _claim(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None, *,
                                     holder=holder, expected_attempt=expected_attempt)
     else:
         with transaction.atomic():
-            _lock_key(job_agent.id, key)
+            # Serialize the keyed claims of one agent and key until this commits, so that a
+            # retry racing its own first request finds the first's claims.
+            backend().lock_claim_key(job_agent.id, key)
             replayed = _replay(job_agent.id, key, limit)
             if replayed:
                 return replayed
@@ -61,16 +63,6 @@ def _claim(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None, *,
         return []
     observe.emit("claimed", job_agent_id=job_agent.id, count=len(jobs))
     return grants(jobs, lease, now)
-
-
-def _lock_key(job_agent_id: uuid.UUID, key: str) -> None:
-    """Serialize the keyed claims of one agent and key until the caller commits, so that a
-    retry racing its own first request finds the first's claims. (SQLite's writers are
-    serialized already: the transaction is BEGIN IMMEDIATE.)"""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                           [f"jobqueue.claim:{job_agent_id}:{key}"])
 
 
 def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
@@ -134,36 +126,50 @@ def claim_job(job_agent: JobAgent, job_id: uuid.UUID, *, holder: str | None = No
     raise JobNotClaimable()
 
 
+def claim_next(job_agent: JobAgent, limit: int | None = None,
+               wait_seconds: int | None = None, *, gone: Callable[[], bool] | None = None,
+               holder: str | None = None, idempotency_key: str | None = None
+               ) -> list[ClaimGrant]:
+    """The one claim of "the next jobs": up to `limit` of this agent's jobs that the claim
+    rule lets it take (None: one, the single form), in the rule's order, SKIP LOCKED; with
+    `wait_seconds`, waiting up to that long for one to become claimable (jobqueue.wakeups):
+    [] once the wait is over, or when `gone()` says the caller left (then nothing is
+    claimed); past this process's cap on held waits it answers at once. With
+    `idempotency_key`, a retry by the same agent gets the claims the key made back, as long
+    as they are current, instead of new ones. `holder` names the agent process (kept on the
+    claim and its event, for operators only). Each value is checked here, by the lifecycle's
+    rules (inputs.py), whoever calls."""
+    wait = inputs.wait_seconds(wait_seconds)  # first, as before: its error wins
+    count = 1 if limit is None else inputs.claim_limit(limit)
+
+    def claim() -> list[ClaimGrant]:
+        return _claim(job_agent, count, holder=holder, idempotency_key=idempotency_key)
+
+    if not wait:
+        return claim()
+    return wakeups.wait_until(wakeups.agent_key(job_agent.id), wait, claim, gone=gone) or []
+
+
 def claim_next_jobs(job_agent: JobAgent, limit: int = 1, *, holder: str | None = None,
                     idempotency_key: str | None = None) -> list[ClaimGrant]:
-    """Claim up to `limit` of this agent's claimable jobs, in claim order (SKIP LOCKED).
-    With `idempotency_key`, a retry by the same agent gets the claims the key made back, as
-    long as they are current, instead of new ones."""
-    return _claim(job_agent, inputs.claim_limit(limit), holder=holder,
-                  idempotency_key=idempotency_key)
+    """claim_next(job_agent, limit): a batch (`limit` is required), without waiting."""
+    return claim_next(job_agent, inputs.claim_limit(limit), holder=holder,
+                      idempotency_key=idempotency_key)
 
 
 def claim_next_job(job_agent: JobAgent, *, holder: str | None = None,
                    idempotency_key: str | None = None) -> ClaimGrant | None:
-    claimed = _claim(job_agent, 1, holder=holder, idempotency_key=idempotency_key)
+    """claim_next(job_agent): the next job, or None."""
+    claimed = claim_next(job_agent, holder=holder, idempotency_key=idempotency_key)
     return claimed[0] if claimed else None
 
 
 def claim_next_waiting(job_agent: JobAgent, limit: int | None, wait_seconds: int | None, *,
                        gone: Callable[[], bool] | None = None, holder: str | None = None,
                        idempotency_key: str | None = None) -> list[ClaimGrant]:
-    """Claim the next job (limit None) or up to `limit`, waiting up to `wait_seconds` for
-    one to become claimable for this agent (jobqueue.wakeups): the claims, or [] once the
-    wait is over, or when `gone()` says the caller left (then nothing is claimed).
-    Past this process's cap on held waits it answers at once. `holder` and
-    `idempotency_key` as on claim_next_jobs (a retry with the key gets the key's claims)."""
-    wait = inputs.wait_seconds(wait_seconds)
-    count = 1 if limit is None else inputs.claim_limit(limit)
-    claimed = wakeups.wait_until(wakeups.agent_key(job_agent.id), wait,
-                                 lambda: _claim(job_agent, count, holder=holder,
-                                                idempotency_key=idempotency_key),
-                                 gone=gone)
-    return claimed or []
+    """claim_next(job_agent, limit, wait_seconds): a claim that may wait."""
+    return claim_next(job_agent, limit, wait_seconds, gone=gone, holder=holder,
+                      idempotency_key=idempotency_key)
 
 
 def wait_for_job_end(job_id: uuid.UUID, wait_seconds: int | None, *,
@@ -176,7 +182,7 @@ def wait_for_job_end(job_id: uuid.UUID, wait_seconds: int | None, *,
     if wait:
         # Before the first check: a report that locks the row after this commits sees the
         # mark and sends its NOTIFY; one that locked it first ends the job, which the check
-        # then sees (pg/statements.py, _NOTIFY_ENDED).
+        # then sees (jobqueue/sql/postgresql.sql, job_set_state_if_running).
         Job.objects.filter(id=job_id, watched=False, status__in=states.ACTIVE).update(
             watched=True)
     ended = scoped_jobs(workspace_id).filter(id=job_id, status__in=states.TERMINAL)

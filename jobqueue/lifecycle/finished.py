@@ -9,13 +9,13 @@ commits, never when it rolls back). Never for a write that changed nothing (a re
 a retried final report, cancelling a cancelled job). A new path that ends jobs (clocks,
 retries, group cancel) calls it the same way.
 
-PostgreSQL's report statements (pg/statements.py) write their outbox rows in the statement
-itself (one autocommit statement is the whole transaction) and so pass outbox_written=True,
-as the ORM backend does, which writes them in its own transaction.
+PostgreSQL's report statements (jobqueue/sql/postgresql.sql) write their outbox rows in the
+statement itself (one autocommit statement is the whole transaction) and so pass
+outbox_written=True, as the ORM backend does, which writes them in its own transaction.
 
 Each row's body (payload) is fixed when it is written: the job as it is at the end of the
 transition (job_document), so a later requeue, report or prune changes nothing a receiver
-gets. The report statements build the same document in SQL (_OUTBOX);
+gets. The report statements build the same document in SQL (their `hook` CTE);
 tests/integration/core/test_webhooks.py compares the two.
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from datetime import UTC
 
 from django.db import transaction
 
@@ -40,7 +41,7 @@ JOB_FIELDS = ("id", "workspace_id", "job_agent_id", "status", "job_agent_config"
 
 def job_document(job: Job) -> dict:
     """The job as a job.finished delivery carries it (JOB_FIELDS; ids as strings, times as
-    ISO 8601 in UTC with a Z)."""
+    json_time writes them)."""
     doc = {}
     for name in JOB_FIELDS:
         value = getattr(job, name)
@@ -53,7 +54,9 @@ def job_document(job: Job) -> dict:
 
 
 def json_time(value) -> str:
-    return value.isoformat().replace("+00:00", "Z")
+    """A time as a delivery carries it: ISO 8601 in UTC, six fractional digits, a Z (the SQL
+    of the report statements writes the same)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def job_payload(delivery_id, created_at, job: dict) -> dict:

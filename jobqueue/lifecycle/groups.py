@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import uuid
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Exists, OuterRef
 from django.db.models.functions import Coalesce, Now
 
@@ -44,14 +44,10 @@ from jobqueue.db import db_now
 from jobqueue.exceptions import GroupCancelled, NotFound
 from jobqueue.models import Job, JobClaim, JobEvent, JobGroup
 
+from .backends import backend
 from .finished import announce_finished, write_group_outbox
 from .records import event
 from .results import GroupState
-
-_HOLD_PG = (
-    "SELECT cancelled_at, finished_at FROM job_group WHERE workspace_id = %s AND name = %s "
-    "FOR SHARE"
-)
 
 
 class GroupFinished(Exception):
@@ -72,13 +68,7 @@ def hold_group(workspace_id: uuid.UUID, name: str, *, create: bool,
         JobGroup.objects.bulk_create(
             [JobGroup(workspace_id=workspace_id, name=name)], ignore_conflicts=True
         )
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_HOLD_PG, [workspace_id, name])
-            row = cursor.fetchone()
-    else:  # SQLite: writers are serialized (BEGIN IMMEDIATE); a read is enough
-        row = JobGroup.objects.filter(workspace_id=workspace_id, name=name).values_list(
-            "cancelled_at", "finished_at").first()
+    row = backend().hold_group(workspace_id, name)
     if row is not None and row[0] is not None:
         raise GroupCancelled()
     if row is not None and row[1] is not None:

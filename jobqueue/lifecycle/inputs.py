@@ -209,14 +209,15 @@ def expected_attempt(value: int | None) -> int | None:
 
 
 def group_name(value: str | None) -> str | None:
-    """A job's group: 1 to 200 printable characters without "/" (it is a path segment of
-    groups/{group}); None: no group."""
+    """A job's group: 1 to 200 printable characters without "/", and not "." or ".." (it is
+    a path segment of groups/{group}, and URL clients remove dot segments); None: no group."""
     if value is not None and (
         not isinstance(value, str) or not 1 <= len(value) <= MAX_GROUP_LENGTH
-        or not value.isprintable() or "/" in value
+        or not value.isprintable() or "/" in value or value in (".", "..")
     ):
         raise InvalidInput(
-            f'Must be 1 to {MAX_GROUP_LENGTH} printable characters without "/".',
+            f'Must be 1 to {MAX_GROUP_LENGTH} printable characters without "/", and not "." '
+            'or "..".',
             field="group",
         )
     return value

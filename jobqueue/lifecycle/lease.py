@@ -23,7 +23,7 @@ from jobqueue.models import Job, JobClaim, JobEvent
 from . import inputs
 from .backends import backend
 from .checkpoints import save_checkpoint
-from .orm import within_deadline
+from .clocks import within_deadline
 from .records import event, scoped_jobs
 from .refusals import HEARTBEAT, RELEASE, refuse, refuse_one
 from .results import BatchHeartbeatResult, HeartbeatOutcome, HeartbeatResult

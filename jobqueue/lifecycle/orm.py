@@ -8,30 +8,29 @@ conditional updates keep the rules; `select_for_update(skip_locked=True)` is the
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 
 from django.db import transaction
-from django.db.models import Case, DateTimeField, F, FloatField, Q, UUIDField, Value, When
-from django.db.models.functions import Coalesce, Least, Now, Power, Random
+from django.db.models import Case, F, Q, UUIDField, Value, When
+from django.db.models.functions import Now
 
-from jobqueue import states
-from jobqueue.conf import jobqueue_settings
-from jobqueue.db import NowPlusSeconds
+from jobqueue import claimrule, states
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
 from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 
 from .artifacts import publish
 from .checkpoints import checkpoints_for
+from .clocks import attempt_deadline, lease_end, retry_fields, within_deadline
 from .finished import write_outbox
 from .records import event, scoped_jobs
 
 
 def claim_candidates(job_agent, candidates=None):
-    """The locking query of a claim: this agent's claimable jobs in claim order, SKIP
-    LOCKED, with the database's clock alongside. Served by job_claim_order_idx. The
-    PostgreSQL statement runs the same SELECT (pinned by a test)."""
+    """The locking query of a claim: this agent's jobs that the claim rule
+    (jobqueue/claimrule.py) lets it take, in its order, SKIP LOCKED, with the database's
+    clock alongside. Served by job_claim_order_idx. The PostgreSQL statements lock the same
+    rows (tests/integration/core/test_claim_rule.py)."""
     qs = Job.objects.all() if candidates is None else candidates
     return (
         qs.filter(job_agent_id=job_agent.id)
@@ -42,64 +41,9 @@ def claim_candidates(job_agent, candidates=None):
     )
 
 
-def attempt_deadline(job, now: dt.datetime) -> dt.datetime | None:
-    """When a clock ends the attempt claimed at the database time `now`: the earlier of
-    now + max_runtime_seconds and expires_at (None: neither). PostgreSQL's claim statement
-    computes the same (pg/statements.py, _DEADLINE)."""
-    ends = [t for t in (
-        None if job.max_runtime_seconds is None
-        else now + dt.timedelta(seconds=job.max_runtime_seconds),
-        job.expires_at,
-    ) if t is not None]
-    return min(ends) if ends else None
-
-
-def lease_end(now: dt.datetime, lease: int, deadline: dt.datetime | None) -> dt.datetime:
-    """The lease of a claim made at `now`, never past the attempt's deadline."""
-    end = now + dt.timedelta(seconds=lease)
-    return end if deadline is None else min(end, deadline)
-
-
-def within_deadline() -> Q:
-    """No clock has ended the job's running attempt yet (by the database's clock): the
-    guard of every holder's write but heartbeats (which see the claim's capped lease)."""
-    return (
-        (Q(max_runtime_seconds__isnull=True)
-         | Q(started_at__gt=NowPlusSeconds(F("max_runtime_seconds") * -1)))
-        & (Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))
-    )
-
-
-def retry_backoff():
-    """The wait before a retry, in seconds, as the database computes it from the job row:
-    retry_backoff_seconds (or the default) doubled per attempt already made, at most
-    MAX_RETRY_BACKOFF_SECONDS, shortened by up to RETRY_JITTER of itself."""
-    conf = jobqueue_settings()
-    base = Coalesce(F("retry_backoff_seconds"), Value(conf["RETRY_BACKOFF_SECONDS"]))
-    wait = Least(
-        Value(float(conf["MAX_RETRY_BACKOFF_SECONDS"]), output_field=FloatField()),
-        base * Power(Value(2.0), F("attempt") - 1), output_field=FloatField(),
-    )
-    if conf["RETRY_JITTER"]:
-        wait = wait * (Value(1.0) - Value(float(conf["RETRY_JITTER"])) * Random())
-    return wait
-
-
-def retry_fields() -> dict:
-    """A retryable failure's update: queued after the backoff while attempts remain, else
-    failure (the guards are the report's)."""
-    again = Q(attempt__lt=F("max_attempts"))
-    return {
-        "status": Case(When(again, then=Value(states.QUEUED)), default=Value(states.FAILURE)),
-        "completed_at": Case(When(again, then=Value(None)), default=Now(),
-                             output_field=DateTimeField()),
-        "available_at": Case(When(again, then=NowPlusSeconds(retry_backoff())),
-                             default=F("available_at")),
-    }
-
-
 class OrmBackend:
-    vendor = "portable"
+    """Claims and reports through the ORM, for a database without a statement of its own
+    for them (SQLite's backend is this one plus its heartbeat statements)."""
 
     def __init__(self, db):
         self.db = db
@@ -116,9 +60,10 @@ class OrmBackend:
             locked = list(claim_candidates(job_agent, candidates)[:limit])
             if not locked:
                 return [], None
-            # Paused: hand out nothing. SQLite holds the write lock here (BEGIN IMMEDIATE),
-            # so a pause cannot commit between this read and the claim below.
-            if JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=False).exists():
+            # The rule's agent conditions (not paused): else hand out nothing. SQLite holds
+            # the write lock here (BEGIN IMMEDIATE), so a pause cannot commit between this
+            # read and the claim below.
+            if not JobAgent.objects.filter(claimrule.agent_may_claim(), id=job_agent.id).exists():
                 return [], None
             now = locked[0].db_now
             self._claim_locked(job_agent, locked, lease, now, actor, holder, idempotency_key)

@@ -3,7 +3,7 @@ answers 204 / an empty batch, a named claim 409 `agent_paused`); jobs already cl
 on (heartbeats, reports and releases are untouched), and nothing else changes.
 
 Each is one conditional UPDATE of the agent's row, by the database's clock. On PostgreSQL
-the claim statement reads `paused_at` under a share lock (pg/statements.py, the gate), so
+the claim statement reads `paused_at` under a share lock (jobqueue/sql/postgresql.sql, the gate), so
 once a pause has committed no claim hands out a job; on SQLite writers are serialized.
 Pausing a paused agent (or resuming a running one) changes nothing and answers the agent.
 """

@@ -138,9 +138,9 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
 
 
 def _announce_ended(job_ids) -> None:
-    """Wake the producers waiting for these jobs; PostgreSQL's report statements already
-    did (pg/statements.py), in the statement itself."""
-    if backend().vendor != "postgresql":
+    """Wake the producers waiting for these jobs, unless the backend's report statements
+    already did (PostgreSQL's, in the statement itself)."""
+    if not backend().reports_announce_ended:
         wakeups.announce_many(wakeups.job_key(job_id) for job_id in job_ids)
 
 

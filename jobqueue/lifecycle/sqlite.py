@@ -1,8 +1,11 @@
-"""The SQLite backend: the portable ORM path (orm.py) for claims and reports, and each
-heartbeat as one UPDATE ... RETURNING (the ORM's update() cannot return the new expiry).
+"""The SQLite backend: the portable ORM path (orm.py) for claims and reports, each heartbeat
+as one UPDATE ... RETURNING (the ORM's update() cannot return the new expiry; its statements
+are in jobqueue/sql/sqlite.sql), and the rest of what differs from PostgreSQL: writers are
+serialized (every write transaction is BEGIN IMMEDIATE, config/settings.py), so a read inside
+the caller's transaction stands in for PostgreSQL's row and advisory locks; wake-ups go
+through the database's wake file; the clock is SQLite's, in Django's stored format.
 
-UUIDs are stored as 32 hex characters and times as text in Django's format: the clock of
-these statements is jobqueue.db.sqlite_clock(), the same text.
+UUIDs are stored as 32 hex characters and times as text in Django's format.
 """
 
 from __future__ import annotations
@@ -10,38 +13,13 @@ from __future__ import annotations
 import json
 import uuid
 
-from jobqueue.db import parse_db_datetime, sqlite_clock
+from django.db.models.functions import Now
+
+from jobqueue.db import parse_db_datetime
+from jobqueue.models import JobCheckpoint, JobClaim, JobGroup
+from jobqueue.sql import sqlite as sql
 
 from .orm import OrmBackend
-
-_NOW = sqlite_clock()
-# The lease never runs past the attempt's deadline (MIN() would be NULL without one).
-_RENEWED = sqlite_clock("lease_seconds || ' seconds'")
-_LEASE_END = f"CASE WHEN deadline_at < {_RENEWED} THEN deadline_at ELSE {_RENEWED} END"
-_IN_WORKSPACE = "  AND job_id IN (SELECT id FROM job WHERE workspace_id = %(workspace)s)\n"
-
-# ClaimExtendIfCurrent (as on PostgreSQL): extend the lease if %(claim)s is the job's claim
-# and its lease has not expired.
-_CLAIM_EXTEND = f"""
-UPDATE job_claim SET claim_expires_at = {_LEASE_END}, heartbeat_at = {_NOW}
-WHERE job_id = %(job)s AND claim_id = %(claim)s AND claim_expires_at > {_NOW}
-  AND (%(agent)s IS NULL OR job_agent_id = %(agent)s)
-"""
-_CLAIM_EXTENDED = f"RETURNING claim_expires_at, {_NOW}\n"
-CLAIM_EXTEND_IF_CURRENT = _CLAIM_EXTEND + _CLAIM_EXTENDED
-CLAIM_EXTEND_IF_CURRENT_IN_WORKSPACE = _CLAIM_EXTEND + _IN_WORKSPACE + _CLAIM_EXTENDED
-
-# ClaimExtendIfCurrentMany: the agent's current, unexpired claims among %(pairs)s, a JSON
-# list of [job_id, claim_id]. Writers are serialized: no lock order to keep.
-_CLAIM_EXTEND_MANY = f"""
-UPDATE job_claim SET claim_expires_at = {_LEASE_END}, heartbeat_at = {_NOW}
-WHERE job_agent_id = %(agent)s AND claim_expires_at > {_NOW}
-  AND (job_id, claim_id) IN (
-      SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(%(pairs)s))
-"""
-_CLAIMS_EXTENDED = f"RETURNING job_id, claim_expires_at, {_NOW}\n"
-CLAIM_EXTEND_IF_CURRENT_MANY = _CLAIM_EXTEND_MANY + _CLAIMS_EXTENDED
-CLAIM_EXTEND_IF_CURRENT_MANY_IN_WORKSPACE = _CLAIM_EXTEND_MANY + _IN_WORKSPACE + _CLAIMS_EXTENDED
 
 
 def _hex(value: uuid.UUID | None) -> str | None:
@@ -50,18 +28,70 @@ def _hex(value: uuid.UUID | None) -> str | None:
 
 class SqliteBackend(OrmBackend):
     vendor = "sqlite"
+    # The ORM's reports leave the wake-ups of the producers waiting for their jobs to the
+    # caller (lifecycle/report.py).
+    reports_announce_ended = False
 
     def _run(self, statement, params):
         with self.db.cursor() as cursor:
             cursor.execute(statement, params)
             return cursor.fetchall()
 
+    def now(self):
+        """The database's clock."""
+        return parse_db_datetime(self._run(sql.clock_now, {})[0][0])
+
+    def ping(self) -> None:
+        self._run(sql.database_ping, {})
+
+    def lock_claim_key(self, job_agent_id, key: str) -> None:
+        """Nothing to lock: the keyed claim's transaction is BEGIN IMMEDIATE already."""
+
+    def save_checkpoint(self, job_id, claim_id, data: str, job_agent_id, workspace_id) -> bool:
+        """The read and the write below see and change the same state: the caller's
+        transaction holds the write lock."""
+        claims = JobClaim.objects.filter(job_id=job_id, claim_id=claim_id)
+        if job_agent_id is not None:
+            claims = claims.filter(job_agent_id=job_agent_id)
+        if workspace_id is not None:
+            claims = claims.filter(job__workspace_id=workspace_id)
+        attempt = claims.values_list("attempt", flat=True).first()
+        if attempt is None:
+            return False
+        value = json.loads(data)
+        updated = JobCheckpoint.objects.filter(job_id=job_id, attempt__lte=attempt).update(
+            claim_id=claim_id, attempt=attempt, data=value, saved_at=Now()
+        )
+        if not updated and not JobCheckpoint.objects.filter(job_id=job_id).exists():
+            JobCheckpoint.objects.create(job_id=job_id, claim_id=claim_id, attempt=attempt,
+                                         data=value)
+        return True
+
+    def hold_group(self, workspace_id, name: str):
+        """(cancelled_at, finished_at) of the group, or None: a read is enough, the caller's
+        transaction holds the write lock."""
+        return JobGroup.objects.filter(workspace_id=workspace_id, name=name).values_list(
+            "cancelled_at", "finished_at").first()
+
+    def notify(self, channel: str, payloads: list[str]) -> None:
+        """Append the wake-ups to the wake file once the transaction commits (every process
+        of the node reads it)."""
+        from jobqueue.wakeups import append_on_commit
+
+        append_on_commit(payloads)
+
+    def listener(self, hub):
+        from jobqueue.wakeups import FileListener
+
+        return FileListener(hub)
+
     def heartbeat(self, job_id, claim_id, job_agent_id, workspace_id):
         """(new expiry, the database's time) of a renewed claim, or None."""
         params = {"job": job_id.hex, "claim": claim_id.hex, "agent": _hex(job_agent_id)}
-        statement = CLAIM_EXTEND_IF_CURRENT
+        statement = sql.claim_extend_if_current
         if workspace_id is not None:
-            statement, params["workspace"] = CLAIM_EXTEND_IF_CURRENT_IN_WORKSPACE, workspace_id.hex
+            statement, params["workspace"] = sql.claim_extend_if_current_in_workspace, \
+                workspace_id.hex
         rows = self._run(statement, params)
         return tuple(parse_db_datetime(v) for v in rows[0]) if rows else None
 
@@ -69,9 +99,9 @@ class SqliteBackend(OrmBackend):
         """{job_id: new expiry} of the renewed claims, and the database's time (or None)."""
         params = {"agent": job_agent_id.hex,
                   "pairs": json.dumps([[job_id.hex, claim_id.hex] for job_id, claim_id in claims])}
-        statement = CLAIM_EXTEND_IF_CURRENT_MANY
+        statement = sql.claim_extend_if_current_many
         if workspace_id is not None:
-            statement = CLAIM_EXTEND_IF_CURRENT_MANY_IN_WORKSPACE
+            statement = sql.claim_extend_if_current_many_in_workspace
             params["workspace"] = workspace_id.hex
         rows = self._run(statement, params)
         renewed = {uuid.UUID(job_id): parse_db_datetime(expires) for job_id, expires, _ in rows}

@@ -2,6 +2,8 @@
 on the test database. Jobs and agents are set up through the ORM (the producer side is not what
 is under test here); everything the agents do goes over real HTTP."""
 
+import json
+
 import pytest
 
 from agents import credentials
@@ -14,6 +16,16 @@ from .harness import Stack
 @pytest.fixture
 def stack(transactional_db, tmp_path):
     with Stack(tmp_path) as s:
+        yield s
+
+
+@pytest.fixture
+def out_stack(transactional_db, tmp_path):
+    """A stack whose server keeps artifacts under tmp_path/artifacts (jobs' outputs)."""
+    store = tmp_path / "artifacts"
+    with Stack(tmp_path, server_env={
+        "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(store)}),
+    }) as s:
         yield s
 
 

@@ -72,6 +72,17 @@ def peak_rss_bytes(pid: int) -> int:
     raise AssertionError(f"no VmHWM for pid {pid}")
 
 
+def tail_of(*paths: Path, size: int = 3000) -> str:
+    """The last `size` characters of each file that exists (a process's logs, for a failure)."""
+    text = ""
+    for path in paths:
+        try:
+            text += path.read_text(errors="replace")[-size:]
+        except OSError:
+            pass
+    return text
+
+
 def pid_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]

@@ -4,7 +4,6 @@ it leaves in JOB_ARTIFACTS_DIR are uploaded before the successful report, which 
 them; a job whose attempt is cancelled mid-run publishes nothing."""
 
 import hashlib
-import json
 
 import httpx
 import pytest
@@ -14,18 +13,9 @@ from jobqueue import states
 from jobqueue.lifecycle import logs
 from jobqueue.models import Job, JobArtifact
 
-from .harness import Stack, wait_for
+from .harness import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def out_stack(transactional_db, tmp_path):
-    store = tmp_path / "artifacts"
-    with Stack(tmp_path, server_env={
-        "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(store)}),
-    }) as s:
-        yield s
 
 
 def wait_status(job, stack, status, timeout=30):

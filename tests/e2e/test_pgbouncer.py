@@ -30,7 +30,8 @@ STATUS = re.compile(r'" (\d{3}) ')
 @pytest.fixture
 def bouncer(transactional_db):
     d = connection.settings_dict
-    b = PrivateBouncer(d.get("HOST") or "127.0.0.1", int(d.get("PORT") or 5432)).start()
+    b = PrivateBouncer(d.get("HOST") or "127.0.0.1", int(d.get("PORT") or 5432),
+                        d["NAME"]).start()
     try:
         yield b
     finally:
@@ -242,7 +243,8 @@ def test_the_core_cycle_through_pgbouncer_next_to_direct(bouncer, settings, say)
     settings.JOBQUEUE = {**settings.JOBQUEUE, "PREPARED_STATEMENTS": False}
     try:
         connection.close()
-        connection.settings_dict.update(HOST="127.0.0.1", PORT=bouncer.port)
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=bouncer.port,
+                                        PASSWORD=bouncer.password)
         pooled = cycle_rate()
         with connection.cursor() as cur:  # nothing was prepared on the pooled connection
             cur.execute("SELECT count(*) FROM pg_prepared_statements")

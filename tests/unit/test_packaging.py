@@ -55,7 +55,8 @@ def test_both_distributions_admit_python_3_11_and_3_12():
         spec = Requirement(f"python{project['requires-python']}").specifier
         assert spec.contains("3.11.7") and spec.contains("3.12.1"), pyproject
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("scripts", {})
-    assert "jobqueue-agent" not in scripts  # the client distribution owns the console script
+    # The client distribution owns the console scripts.
+    assert not {"jobqueue-agent", "jobqueue"} & set(scripts)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,8 @@ def test_the_agent_installs_alone_with_httpx_and_no_django(agent_venv):
 
     imports = run_in(agent_venv, "python", "-c",
                      "import sys, jobqueue_client.cli, jobqueue_client.client, "
-                     "jobqueue_client.producer, jobqueue_client.runner; "
+                     "jobqueue_client.producer, jobqueue_client.runner, "
+                     "jobqueue_client.producer_cli, jobqueue_client.cli_output; "
                      "print(sorted({m.split('.')[0] for m in sys.modules} & "
                      "{'django', 'jobqueue', 'agents', 'rest_framework', 'config'}))")
     assert imports.returncode == 0, imports.stderr
@@ -113,6 +115,22 @@ def test_the_agent_installs_alone_with_httpx_and_no_django(agent_venv):
 
     missing = run_in(agent_venv, "jobqueue-agent")
     assert missing.returncode == 2 and "missing --server (JOBQUEUE_SERVER)" in missing.stderr
+
+
+def test_the_producer_command_line_is_installed_with_it(agent_venv):
+    """`pip install ./clients/python` puts the `jobqueue` command beside jobqueue-agent."""
+    help_ = run_in(agent_venv, "jobqueue", "--help")
+    assert help_.returncode == 0, help_.stderr
+    assert help_.stdout.startswith("usage: jobqueue ")
+    assert "JOBQUEUE_URL" in help_.stdout and "exit status:" in help_.stdout
+    create = run_in(agent_venv, "jobqueue", "jobs", "create", "--help")
+    assert create.returncode == 0 and "--wait" in create.stdout
+    installed = run_in(agent_venv, "python", "-c",
+                       "import importlib.metadata as m; print(m.version('jobqueue-client'))")
+    version = run_in(agent_venv, "jobqueue", "--version")
+    assert version.returncode == 0 and version.stdout == f"jobqueue {installed.stdout}"
+    missing = run_in(agent_venv, "jobqueue", "jobs", "list")
+    assert missing.returncode == 2 and "set JOBQUEUE_URL (or --url)" in missing.stderr
 
 
 def test_the_installed_agent_runs_and_stops_cleanly_on_sigterm(agent_venv):

@@ -1,28 +1,93 @@
-"""The PostgreSQL backend: every hot transition is one prepared statement (pg/statements.py)
-in its own transaction (autocommit), on one cached cursor per connection (pg/cursor.py),
-its rows loaded without Django's per-row overhead (pg/rows.py). Round trips are the main
-cost of a transition (docs/performance.md): a job costs two, its claim and its report."""
+"""The PostgreSQL backend: every hot transition is one prepared statement (jobqueue/sql/
+postgresql.sql) in its own transaction (autocommit), on one cached cursor per connection
+(pg/cursor.py), its rows loaded without Django's per-row overhead (pg/rows.py). Round trips
+are the main cost of a transition (docs/performance.md): a job costs two, its claim and its
+report. The rest of what differs from SQLite is here too: the idempotency key's advisory
+lock, the checkpoint's upsert, the group's share lock, LISTEN/NOTIFY and the clock."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 from jobqueue import states
-from jobqueue.conf import jobqueue_settings
 from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import JobEvent
+from jobqueue.sql import postgresql as sql
 
-from . import statements as sql
+from ..clocks import backoff_settings
 from .cursor import HotCursor
 from .rows import columns, jobs_from_rows
+
+# A batch claim's size is written into its LIMIT, one text per size up to LITERAL_LIMITS (n
+# is an int the caller validated, 1..JOBQUEUE_MAX_CLAIM_BATCH). With the limit a parameter,
+# PostgreSQL's plan cache cannot price a generic plan (it assumes a tenth of the table): it
+# plans the whole statement on every execution (0.3 ms of server time, a quarter of a batch
+# claim's cost in a raw loop) or, on a small table, keeps a generic plan that joins the
+# UPDATE to a sequential scan of `job`. With the limit in the text the generic plan is the
+# index-only one, and the cache keeps it after its first five executions
+# (docs/performance.md, "Prepared statements"; tests/integration/core/test_pg_fastpath). The
+# reference agent asks for as many jobs as it has free slots, so one connection sees several
+# sizes: a text each up to LITERAL_LIMITS (psycopg keeps at most 100 prepared statements a
+# connection, evicting the oldest), and the parameter beyond, where a batch that large
+# amortizes its planning.
+LITERAL_LIMITS = 32
+
+
+@functools.cache
+def claim_statement(limit: int) -> str:
+    """job_claim_available for a batch of `limit` (1: claim-next)."""
+    if limit > LITERAL_LIMITS:
+        return sql.job_claim_available
+    return sql.job_claim_available.replace("LIMIT %(limit)s", f"LIMIT {int(limit):d}")
 
 
 class PostgresBackend:
     vendor = "postgresql"
+    # The report statements NOTIFY the producers waiting for the jobs they end themselves.
+    reports_announce_ended = True
 
     def __init__(self, db):
         self.db = db
         self.cursor = HotCursor(db)
+
+    def _one(self, statement: str, params: dict):
+        """Run a named statement on Django's cursor (inside the caller's transaction): its
+        first row, or None."""
+        with self.db.cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.fetchone()
+
+    def now(self):
+        """The database's clock."""
+        return self._one(sql.clock_now, {})[0]
+
+    def ping(self) -> None:
+        self._one(sql.database_ping, {})
+
+    def lock_claim_key(self, job_agent_id, key: str) -> None:
+        """Serialize the keyed claims of one agent and key until the caller commits."""
+        self._one(sql.claim_key_lock, {"lock": f"jobqueue.claim:{job_agent_id}:{key}"})
+
+    def save_checkpoint(self, job_id, claim_id, data: str, job_agent_id, workspace_id) -> bool:
+        return self._one(sql.checkpoint_save_if_current, {
+            "data": data, "job": job_id, "claim": claim_id, "agent": job_agent_id,
+            "workspace": workspace_id,
+        }) is not None
+
+    def hold_group(self, workspace_id, name: str):
+        """(cancelled_at, finished_at) of the group, its row held FOR SHARE until the caller
+        commits; None: no such group."""
+        return self._one(sql.group_hold, {"workspace": workspace_id, "name": name})
+
+    def notify(self, channel: str, payloads: list[str]) -> None:
+        """Send the wake-ups, delivered to every listener when the transaction commits."""
+        self._one(sql.wake_notify, {"channel": channel, "payloads": payloads})
+
+    def listener(self, hub):
+        from jobqueue.wakeups import PgListener
+
+        return PgListener(hub)
 
     def _jobs(self, statement, params, *extra):
         cursor, rows = self.cursor.run(statement, params)
@@ -37,7 +102,7 @@ class PostgresBackend:
         (jobs, the database's time)."""
         params = {
             "agent": job_agent.id,
-            "limit": limit,  # used by batches past statements.LITERAL_LIMITS only
+            "limit": limit,  # used by batches past LITERAL_LIMITS only
             "lease": lease,
             "kind": JobEvent.CLAIMED,
             "actor": actor,
@@ -45,12 +110,10 @@ class PostgresBackend:
             "holder": holder,
             "key": idempotency_key,
         }
-        statement = sql.job_claim_up_to(limit)
+        statement = claim_statement(limit)
         if job_id is not None:
-            statement, params["job"] = sql.JOB_CLAIM_AVAILABLE_BY_ID, job_id
-            if expected_attempt is not None:
-                statement = sql.JOB_CLAIM_AVAILABLE_BY_ID_AT_ATTEMPT
-                params["expected"] = expected_attempt
+            statement = sql.job_claim_by_id
+            params.update(job=job_id, expected=expected_attempt)
         cursor, rows = self.cursor.run(statement, params)
         if not rows:
             return [], None
@@ -65,9 +128,9 @@ class PostgresBackend:
     def heartbeat(self, job_id, claim_id, job_agent_id, workspace_id):
         """(new expiry, the database's time) of a renewed claim, or None."""
         params = {"job": job_id, "claim": claim_id, "agent": job_agent_id}
-        statement = sql.CLAIM_EXTEND_IF_CURRENT
+        statement = sql.claim_extend_if_current
         if workspace_id is not None:
-            statement, params["workspace"] = sql.CLAIM_EXTEND_IF_CURRENT_IN_WORKSPACE, workspace_id
+            statement, params["workspace"] = sql.claim_extend_if_current_in_workspace, workspace_id
         _cursor, rows = self.cursor.run(statement, params)
         if not rows:
             return None
@@ -78,9 +141,9 @@ class PostgresBackend:
         """{job_id: new expiry} of the renewed claims, and the database's time (or None)."""
         params = {"jobs": [c[0] for c in claims], "claims": [c[1] for c in claims],
                   "agent": job_agent_id}
-        statement = sql.CLAIM_EXTEND_IF_CURRENT_MANY
+        statement = sql.claim_extend_if_current_many
         if workspace_id is not None:
-            statement = sql.CLAIM_EXTEND_IF_CURRENT_MANY_IN_WORKSPACE
+            statement = sql.claim_extend_if_current_many_in_workspace
             params["workspace"] = workspace_id
         _cursor, rows = self.cursor.run(statement, params)
         tz = self.db.timezone
@@ -107,10 +170,10 @@ class PostgresBackend:
                                   **({"message": message[:MESSAGE_CHARS]}
                                      if message and terminal else {})}),
         }
-        statement = sql.JOB_SET_STATE_IF_RUNNING if terminal else sql.JOB_SET_PROGRESS_IF_RUNNING
+        statement = sql.job_set_state_if_running if terminal else sql.job_set_progress_if_running
         if retry:
-            statement = sql.JOB_FAIL_OR_RETRY_IF_RUNNING
-            params.update(_backoff_params())
+            statement = sql.job_fail_or_retry_if_running
+            params.update(backoff_settings())
         cursor, rows = self.cursor.run(statement, params)
         if not rows:
             return None
@@ -136,13 +199,14 @@ class PostgresBackend:
             "external_ids": column("external_id"),
             "retries": [True if r.retry else None for r in items]
             if any(r.retry for r in items) else None,
-            **_backoff_params(),
+            **backoff_settings(),
+            "message_chars": MESSAGE_CHARS,
             "agent": job_agent_id,
             "workspace": workspace_id,
             "kind": JobEvent.STATUS_REPORTED,
             "actor": actor,
         }
-        _cursor, rows = self.cursor.run(sql.JOB_SET_STATE_IF_RUNNING_MANY, params)
+        _cursor, rows = self.cursor.run(sql.job_set_state_if_running_many, params)
         if rows and rows[0][-1] != len(rows):  # pragma: no cover - would break invariant 2
             raise RuntimeError("batch report: a claim row changed under its job row's lock")
         tz = self.db.timezone
@@ -150,11 +214,4 @@ class PostgresBackend:
                 for job_id, status, done, workspace, _ in rows}
 
 
-def _backoff_params() -> dict:
-    conf = jobqueue_settings()
-    return {"backoff": conf["RETRY_BACKOFF_SECONDS"],
-            "backoff_cap": conf["MAX_RETRY_BACKOFF_SECONDS"],
-            "jitter": float(conf["RETRY_JITTER"])}
-
-
-__all__ = ["PostgresBackend", "sql"]
+__all__ = ["LITERAL_LIMITS", "PostgresBackend", "claim_statement"]

@@ -1,8 +1,8 @@
 """The hot paths' psycopg cursor: one per connection, server-side binding, prepared statements.
 
-Each statement's text never varies with the values (pg/statements.py), so it is prepared once
-per connection and a claim or report skips parsing and planning its CTE: about a sixth of
-its cost (docs/performance.md). `DATABASES["default"]["OPTIONS"]["prepare_threshold"]`
+Each statement's text never varies with the values (jobqueue/sql/postgresql.sql), so it is
+prepared once per connection and a claim or report skips parsing and planning its CTE: about a
+sixth of its cost (docs/performance.md). `DATABASES["default"]["OPTIONS"]["prepare_threshold"]`
 (config/settings.py) lets psycopg honour `prepare=True`; a threshold never reached keeps
 its automatic preparing off for every other query.
 

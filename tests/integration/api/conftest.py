@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -11,7 +12,8 @@ import pytest
 from django.test import Client
 
 from agents import credentials, health
-from tests.factories import JobAgentFactory, WorkspaceFactory
+from jobqueue import lifecycle
+from tests.factories import JobAgentFactory, JobFactory, WorkspaceFactory
 
 _open_callers: list = []
 
@@ -110,6 +112,24 @@ def make_world(base_url=None) -> World:
     )
 
 
+@contextmanager
+def artifact_server(tmp_path, max_artifact_bytes: int, *, threads: int):
+    """A real gunicorn (one worker) whose artifacts go to `tmp_path/artifacts` (`.store`)."""
+    from tests.e2e.harness import Stack
+
+    store = tmp_path / "artifacts"
+    stack = Stack(tmp_path, server_env={
+        "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(store)}),
+        "JOBQUEUE_MAX_ARTIFACT_BYTES": max_artifact_bytes,
+    })
+    stack.store = store
+    try:
+        stack.start_server(workers=1, threads=threads)
+        yield stack
+    finally:
+        stack.close()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_health_cache():
     health.forget_seen()
@@ -131,3 +151,18 @@ def world(db):
 def live_world(live_server, transactional_db):
     """A real HTTP connection to a live server thread (its own DB connections)."""
     return make_world(base_url=live_server.url)
+
+
+@pytest.fixture
+def target(world):
+    """A claimed job, a grouped job, and the ids of a request that reaches them: the path's
+    and the body's (test_no_echo, test_strict_bodies)."""
+    job = JobFactory(job_agent=world.agent)
+    grant = lifecycle.claim_job(world.agent, job.id)
+    lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-x")
+    return {
+        "path": {"workspace_id": world.workspace.id, "agent_id": world.agent.id,
+                 "job_id": job.id, "group": "run-x"},
+        "ids": {"claim_id": str(grant.claim_id), "job_id": str(job.id),
+                "job_agent_id": str(world.agent.id)},
+    }

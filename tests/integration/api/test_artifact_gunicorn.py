@@ -3,7 +3,6 @@ body streams to storage without the worker's peak RSS growing by anything like i
 chunked bodies (no Content-Length) included, and the download streams too."""
 
 import hashlib
-import json
 from pathlib import Path
 
 import httpx
@@ -11,10 +10,10 @@ import pytest
 
 from jobqueue import lifecycle, states
 from jobqueue.models import JobArtifact
-from tests.e2e.harness import Stack, peak_rss_bytes
+from tests.e2e.harness import peak_rss_bytes
 from tests.factories import JobFactory
 
-from .conftest import make_world
+from .conftest import artifact_server, make_world
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -25,17 +24,8 @@ PIECE = b"0123456789abcdef" * 4096  # 64 KiB
 
 @pytest.fixture
 def server(transactional_db, tmp_path):
-    store = tmp_path / "artifacts"
-    stack = Stack(tmp_path, server_env={
-        "JOBQUEUE_ARTIFACT_STORAGE_OPTIONS": json.dumps({"location": str(store)}),
-        "JOBQUEUE_MAX_ARTIFACT_BYTES": SIZE,
-    })
-    stack.store = store
-    try:
-        stack.start_server(workers=1, threads=2)
+    with artifact_server(tmp_path, SIZE, threads=2) as stack:
         yield stack
-    finally:
-        stack.close()
 
 
 def worker_pid(master: int) -> int:

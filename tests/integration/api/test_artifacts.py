@@ -5,6 +5,7 @@ seed-004 stale-attempt sequence; names, caps, media types; clean-up. In-process 
 import hashlib
 
 import pytest
+from django.core.files.storage import FileSystemStorage
 
 from jobqueue import lifecycle
 from jobqueue.db import NowPlusSeconds
@@ -92,22 +93,53 @@ def test_upload_stages_and_the_successful_report_publishes(world, claimed):
     assert again.status_code == 304 and again["ETag"] == got["ETag"]
 
 
-def test_the_same_name_again_replaces_it_and_the_old_file_is_cleaned(world, claimed):
+def test_the_same_name_again_replaces_it_and_the_old_file_is_deleted(world, claimed):
     job, claim = claimed
     agent = world.agent_caller()
     upload(agent, job.id, claim, "out.txt", b"first")
     r = upload(agent, job.id, claim, "out.txt", b"second!", content_type="text/html")
     assert r.status_code == 201 and r.json()["size"] == 7
+    assert len(stored_files()) == 1 and sweep() == 0  # the first file went with the 201
     report(agent, job.id, claim)
     assert listed(world, job.id)["out.txt"]["content_type"] == "text/html"
     got = world.producer().get(f"jobs/{job.id}/artifacts/out.txt")
     assert b"".join(got.streaming_content) == b"second!"
     assert got["Content-Type"] == "application/octet-stream"  # never the stored type
+
+
+class FlakyDeleteStorage(FileSystemStorage):
+    """The filesystem, except that deleting fails while `failing` is set (a storage outage)."""
+
+    failing = False
+
+    def delete(self, name):
+        if FlakyDeleteStorage.failing:
+            raise OSError("storage unavailable")
+        super().delete(name)
+
+
+def test_a_replaced_file_the_storage_cannot_delete_yet_goes_at_clean_up(world, claimed,
+                                                                       settings, tmp_path,
+                                                                       caplog):
+    settings.STORAGES = {**settings.STORAGES, "artifacts": {
+        "BACKEND": f"{__name__}.FlakyDeleteStorage",
+        "OPTIONS": {"location": str(tmp_path / "artifacts")}}}
+    job, claim = claimed
+    agent = world.agent_caller()
+    upload(agent, job.id, claim, "out.txt", b"first")
+    FlakyDeleteStorage.failing = True
+    try:
+        r = upload(agent, job.id, claim, "out.txt", b"second!")
+    finally:
+        FlakyDeleteStorage.failing = False
+    assert r.status_code == 201 and r.json()["size"] == 7  # the upload itself succeeded
+    assert "could not delete the replaced file" in caplog.text
+    assert sorted(JobArtifact.objects.values_list("state", flat=True)) == ["replaced",
+                                                                          "staged"]
     assert len(stored_files()) == 2
     assert sweep() == 1
     assert len(stored_files()) == 1
-    assert b"".join(world.producer().get(
-        f"jobs/{job.id}/artifacts/out.txt").streaming_content) == b"second!"
+    assert JobArtifact.objects.get().state == "staged"
 
 
 def test_seed_004_a_stale_attempt_can_never_overwrite_the_winning_set(world, claimed):
@@ -321,11 +353,19 @@ def test_the_upload_stream_by_how_the_body_comes(world, claimed):
     from django.test import RequestFactory
     from rest_framework.exceptions import ValidationError
 
+    from agents.bodies import IncompleteBody
     from agents.views.outputs import LengthRequired, upload_stream
 
     rf = RequestFactory()
     request = rf.put("/x", data=b"abc", content_type="application/octet-stream")
-    assert upload_stream(request) == (request, 3)
+    stream, size = upload_stream(request)
+    assert size == 3 and stream.read(10) == b"abc" and stream.read(10) == b""
+    short = rf.put("/x", data=b"abc", content_type="application/octet-stream")
+    short.META["CONTENT_LENGTH"] = "5"  # the client stopped after 3 of 5 bytes
+    stream, size = upload_stream(short)
+    assert size == 5 and stream.read(10) == b"abc"
+    with pytest.raises(IncompleteBody):
+        stream.read(10)
     request.META["CONTENT_LENGTH"] = "3x"
     with pytest.raises(ValidationError):
         upload_stream(request)
@@ -339,7 +379,8 @@ def test_the_upload_stream_by_how_the_body_comes(world, claimed):
     assert size is None and stream.read() == b"streamed"
     empty = rf.put("/x")
     empty.META.pop("CONTENT_LENGTH", None)
-    assert upload_stream(empty) == (empty, 0)
+    stream, size = upload_stream(empty)
+    assert size == 0 and stream.read(10) == b""
 
 
 def test_an_agent_key_of_the_workspace_may_upload_and_an_empty_file_is_fine(world, claimed):
@@ -369,14 +410,55 @@ def test_downloads_take_one_byte_range(world, claimed):
         assert r.status_code == 206, rng
         assert b"".join(r.streaming_content) == body
         assert r["Content-Range"] == content_range and r["Content-Length"] == str(len(body))
-    for rng in ("bytes=10-", "bytes=5-2", "bytes=-0"):
+    for rng in ("Bytes=2-4", "bytes=2-4, ", "bytes=0000000000000000000002-4"):
+        r = get(rng)  # the unit in any case; empty list elements; leading zeros
+        assert r.status_code == 206 and r["Content-Range"] == "bytes 2-4/10", rng
+    r = get("bytes=2-99999999999999999999999")  # past any size: to the end
+    assert r.status_code == 206 and r["Content-Range"] == "bytes 2-9/10"
+    for rng in ("bytes=10-", "bytes=-0", "bytes=99999999999999999999999-"):
         r = get(rng)
         assert r.status_code == 416 and r["Content-Range"] == "bytes */10", rng
     assert get("bytes=-1", "empty").status_code == 416
-    for rng in ("bytes=-", "items=1-2", "bytes=1-2,4-5", "x" * 50):  # ignored: all of it
+    # Ignored (RFC 9110: an invalid range, another unit, several ranges): all of it, 200.
+    for rng in ("bytes=5-3", "bytes=-", "items=1-2", "bytes=1-2,4-5", "x" * 50,
+                "bytes=\u0663-4", "bytes=1 - 2", "bytes 1-2"):
         r = get(rng)
         assert r.status_code == 200 and b"".join(r.streaming_content) == b"0123456789", rng
-        assert r["Accept-Ranges"] == "bytes"
+        assert r["Accept-Ranges"] == "bytes" and r["Content-Length"] == "10"
+
+
+def test_conditional_downloads_follow_rfc_9110(world, claimed):
+    """If-None-Match by weak comparison (`*`, lists, `W/` tags: 304), evaluated before Range;
+    If-Range by strong comparison (a match: the range; anything else: the whole file)."""
+    job, claim = claimed
+    agent = world.agent_caller()
+    upload(agent, job.id, claim, "a.bin", b"0123456789")
+    report(agent, job.id, claim)
+    etag = f'"{hashlib.sha256(b"0123456789").hexdigest()}"'
+    producer = world.producer()
+
+    def get(**headers):
+        return producer.get(f"jobs/{job.id}/artifacts/a.bin",
+                            headers={k.replace("_", "-"): v for k, v in headers.items()})
+
+    for inm in (etag, "*", f"W/{etag}", f'"other", {etag}', f' "x,y" , W/{etag} '):
+        r = get(If_None_Match=inm, Range="bytes=0-1")
+        assert r.status_code == 304 and r["ETag"] == etag, inm
+        assert r.content == b"" and "Content-Range" not in r
+        r = producer.request("HEAD", f"jobs/{job.id}/artifacts/a.bin",
+                             headers={"If-None-Match": inm})
+        assert r.status_code == 304, inm
+    for inm in ('"other"', "W/\"other\"", etag.strip('"'), ""):
+        r = get(If_None_Match=inm)
+        assert r.status_code == 200 and b"".join(r.streaming_content) == b"0123456789", inm
+    r = get(If_Range=etag, Range="bytes=2-4")
+    assert r.status_code == 206 and b"".join(r.streaming_content) == b"234"
+    for if_range in (f"W/{etag}", '"other"', "Fri, 04 Dec 2026 04:00:00 GMT"):
+        r = get(If_Range=if_range, Range="bytes=2-4")
+        assert r.status_code == 200 and b"".join(r.streaming_content) == b"0123456789"
+        assert "Content-Range" not in r
+    r = get(If_Range='"other"', Range="bytes=20-")  # not the current file: all of it
+    assert r.status_code == 200
 
 
 def test_the_counted_body_fills_each_read_from_short_reads():
@@ -397,3 +479,52 @@ def test_the_counted_body_fills_each_read_from_short_reads():
     assert body.read(10 * PIECE) == b"x" * 5 and body.read(10) == b""
     assert body.size == 3 * PIECE + 5
     assert body.hash.hexdigest() == hashlib.sha256(b"x" * (3 * PIECE + 5)).hexdigest()
+
+
+def test_head_answers_as_get_without_a_body_and_never_writes(world, claimed):
+    """HEAD on the upload URL, with an X-Claim-Id and all, is a download's headers: the
+    staged file stays as it was (HEAD once ran the upload and staged an empty file)."""
+    job, claim = claimed
+    agent = world.agent_caller()
+    assert upload(agent, job.id, claim, "a.bin", b"0123456789").status_code == 201
+    staged = JobArtifact.objects.get(state="staged")
+    r = agent.request("HEAD", f"jobs/{job.id}/artifacts/a.bin", headers={"X-Claim-Id": claim})
+    assert r.status_code == 403  # as a GET by the agent: producers only
+    assert list(JobArtifact.objects.values_list("pk", "state", "size")) == [
+        (staged.pk, "staged", 10)]
+    report(agent, job.id, claim)
+    producer = world.producer()
+    for headers, status, length in [({}, 200, "10"), ({"Range": "bytes=2-4"}, 206, "3"),
+                                    ({"X-Claim-Id": claim}, 200, "10")]:
+        r = producer.request("HEAD", f"jobs/{job.id}/artifacts/a.bin", headers=headers)
+        assert r.status_code == status, headers
+        assert r["Content-Length"] == length and r.content == b""
+        assert r["ETag"] == f'"{staged.sha256}"' and r["Accept-Ranges"] == "bytes"
+    assert listed(world, job.id)["a.bin"]["size"] == 10
+    assert stored_files() == [staged.storage_key]
+    got = producer.get(f"jobs/{job.id}/artifacts/a.bin")
+    assert b"".join(got.streaming_content) == b"0123456789"
+
+
+def test_replacing_a_file_deletes_the_old_one_at_once_and_the_cap_holds(world, claimed,
+                                                                       settings):
+    """15 replacements of a 1 KiB `a` under a 3 KiB attempt cap: each is accepted (the
+    attempt stages one file), and the replaced file is gone when the 201 answers, so the
+    attempt never holds more than its cap on disk (replaced files once stayed until the
+    cleaner ran: 15 of them here)."""
+    job, claim = claimed
+    agent = world.agent_caller()
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_ATTEMPT_ARTIFACT_BYTES": 3 * 1024}
+    for i in range(15):
+        r = upload(agent, job.id, claim, "a", bytes([i]) * 1024)
+        assert r.status_code == 201, r.content
+        assert len(stored_files()) == 1
+        assert JobArtifact.objects.count() == 1
+    assert upload(agent, job.id, claim, "b", b"b" * 1024).status_code == 201
+    assert upload(agent, job.id, claim, "c", b"c" * 1024).status_code == 201
+    r = upload(agent, job.id, claim, "d", b"d")
+    assert r.status_code == 413 and r.json()["code"] == "output_too_large"
+    assert len(stored_files()) == 3 and sweep() == 0
+    report(agent, job.id, claim)
+    got = world.producer().get(f"jobs/{job.id}/artifacts/a")
+    assert b"".join(got.streaming_content) == bytes([14]) * 1024

@@ -55,3 +55,15 @@ def test_a_bearer_token_that_is_not_ascii_is_401(world):
         HTTP_AUTHORIZATION="Bearer jqa_0123456789ab_s\u00e9cret".encode().decode("latin-1"))
     _error(response, 401, "authentication_failed")
     assert not JobEvent.objects.filter(job_id=job.id).exclude(kind=JobEvent.CREATED).exists()
+
+
+def test_an_integer_too_long_to_read_is_400_saying_so(world):
+    """Python reads integers of up to 4,300 digits from text; a longer one was refused as
+    "numbers must be finite"."""
+    raw = ('{"job_agent_id": "' + str(world.agent.id) + '", "dispatch_context": {"n": '
+           + "7" * 4301 + "}}").encode()
+    body = _error(world.producer().request("POST", "jobs", raw=raw), 400, "validation_error")
+    assert body["detail"] == "JSON parse error - integers must have at most 4300 digits."
+    assert Job.objects.count() == 0
+    raw = raw.replace(b"7" * 4301, b"-" + b"7" * 4300)
+    assert world.producer().request("POST", "jobs", raw=raw).status_code == 201

@@ -67,6 +67,25 @@ def test_a_host_header_this_server_does_not_serve_is_json_400_under_v1(path):
     is_html(client().get("/admin/login/", HTTP_HOST="evil.example"), 400)
 
 
+def test_a_bad_host_is_logged_as_one_warning_line(caplog):
+    """Issue #32, item 12: each request with a Host this server does not serve logged a
+    ~15-line traceback at ERROR (DisallowedHost, unauthenticated, as often as anyone likes).
+    Now one line at WARNING, the host shown once, quoted and cut short."""
+    caplog.set_level(logging.DEBUG)
+    for path, host in [("/v1/workspaces/x/jobs", "evil.example"),
+                       ("/admin/login/", "evil.example:8000"),
+                       ("/v1/schema/", "x" * 5000)]:
+        caplog.clear()
+        assert client().get(path, HTTP_HOST=host).status_code == 400
+        lines = log_lines(caplog)
+        assert len(lines) == 1, "\n".join(lines[:40])
+        [record] = caplog.records
+        assert record.levelno == logging.WARNING and record.exc_info is None
+        assert record.name == "django.security.DisallowedHost"
+        assert lines[0].count(host[:100]) == 1 and len(lines[0]) < 500, lines[0]
+        assert path in lines[0]
+
+
 def admin_login_in_utf16():
     c = client(enforce_csrf_checks=True)
     c.cookies["csrftoken"] = "a" * 32

@@ -34,7 +34,7 @@ def test_a_job_is_created_into_a_group_and_listed_by_it(world):
     assert JobGroup.objects.filter(workspace=world.workspace).count() == 2
 
 
-@pytest.mark.parametrize("group", ["", "a/b", "x" * 201, "tab\there", 7])
+@pytest.mark.parametrize("group", ["", "a/b", "x" * 201, "tab\there", 7, ".", ".."])
 def test_a_bad_group_is_a_400_that_creates_nothing(world, group):
     before = Job.objects.count()
     r = _create(world.producer(), world.agent, group)
@@ -45,6 +45,17 @@ def test_a_bad_group_is_a_400_that_creates_nothing(world, group):
     if isinstance(group, str) and len(group) >= 4:
         assert group not in r.content.decode()
     assert Job.objects.count() == before and not JobGroup.objects.exists()
+
+
+def test_dot_segments_are_refused_by_name_and_other_dotted_names_are_groups(world):
+    """"." and ".." could be created but never reached: URL clients remove dot segments
+    (issue #32, item 11). The error says so; names that merely hold dots are groups."""
+    r = _create(world.producer(), world.agent, "..")
+    assert r.json()["fields"]["group"] == [
+        'Must be 1 to 200 printable characters without "/", and not "." or "..".']
+    for name in ("...", ".hidden", "v1.2", "a..b"):
+        assert _create(world.producer(), world.agent, name).status_code == 201, name
+        assert world.producer().get(f"groups/{name}").json()["group"] == name
 
 
 def test_group_state_counts_every_status(world):

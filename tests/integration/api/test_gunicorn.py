@@ -64,12 +64,17 @@ def _new_log_lines(server, before: int, settle: float = 0.5) -> list[str]:
 def test_a_bad_host_header_through_gunicorn(server):
     """A Host header the server does not serve: JSON under /v1/, HTML for the admin."""
     with httpx.Client(base_url=server.url, timeout=30) as http:
+        before = len(server.server.output())
         r = http.get("/v1/workspaces/x/jobs", headers={"Host": "evil.example"})
         assert r.status_code == 400 and r.headers["Content-Type"] == "application/json"
         assert r.json() == {"code": "bad_request",
                             "detail": "The Host header names a host this server does not serve."}
         r = http.get("/admin/login/", headers={"Host": "evil.example"})
         assert r.status_code == 400 and r.headers["Content-Type"].startswith("text/html")
+        # One WARNING line per request, never a traceback at ERROR (issue #32, item 12).
+        lines = _new_log_lines(server, before)
+        assert len(lines) == 2, "\n".join(lines[:40])
+        assert all(" WARNING django.security.DisallowedHost " in line for line in lines)
 
 
 def test_an_undecodable_admin_form_through_gunicorn(server):

@@ -202,3 +202,18 @@ def test_the_log_never_holds_the_dispatch_context(world, claimed):
     job, claim = claimed
     patch(world.agent_caller(), job.id, claim, b"line\n")
     assert b"s3cr3t-value" not in read(world.producer(), job.id).content
+
+
+def test_head_answers_as_get_without_a_body_and_never_appends(world, claimed):
+    job, claim = claimed
+    agent = world.agent_caller()
+    patch(agent, job.id, claim, b"hello world\n")
+    r = agent.request("HEAD", f"jobs/{job.id}/log?offset=6", headers={"X-Claim-Id": claim,
+                                                                     "Content-Length": "0"})
+    assert r.status_code == 200 and r.content == b""
+    assert (r["X-Log-Length"], r["X-Log-Attempt"], r["Content-Length"]) == ("12", "1", "6")
+    assert world.producer().request("HEAD", f"jobs/{job.id}/log?offset=99")[
+        "Content-Length"] == "0"
+    assert JobLogChunk.objects.filter(log__job=job).count() == 1
+    assert read(world.producer(), job.id).content == b"hello world\n"
+    assert not JobEvent.objects.filter(job=job, kind="refused").exists()

@@ -47,7 +47,7 @@ def _is_400(r, secret=None):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("value", BAD_WAITS)
-@pytest.mark.parametrize("limit", [None, 5])
+@pytest.mark.parametrize("limit", [None, 5, 500])  # 500: past the batch cap too
 def test_claim_next_refuses_a_bad_wait_and_changes_nothing(world, value, limit):
     JobFactory(job_agent=world.agent)
     before = _state()

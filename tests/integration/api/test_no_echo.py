@@ -15,8 +15,6 @@ from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
 from agents.serializers import StrictChoiceField
-from jobqueue import lifecycle
-from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -93,19 +91,6 @@ class Bodies:
                     if resolve(self.doc, item_sub).get("format") == "uuid":
                         twice[item_key] = MARKER_UUID
                 yield f"{key}[] twice", {**base, key: [twice, copy.deepcopy(twice)]}
-
-
-@pytest.fixture
-def target(world):
-    job = JobFactory(job_agent=world.agent)
-    grant = lifecycle.claim_job(world.agent, job.id)
-    lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-x")
-    return {
-        "path": {"workspace_id": world.workspace.id, "agent_id": world.agent.id,
-                 "job_id": job.id, "group": "run-x"},
-        "ids": {"claim_id": str(grant.claim_id), "job_id": str(job.id),
-                "job_agent_id": str(world.agent.id)},
-    }
 
 
 def echoes(response, label, *, marks=(MARKER, MARKER_UUID)) -> list:

@@ -3,7 +3,6 @@ here by the statements they send, their plans, and real callers racing them. The
 scope tests run on both backends (SQLite takes the ORM path)."""
 
 import re
-import uuid
 
 import pytest
 from django.db import connection, transaction
@@ -73,14 +72,15 @@ def test_a_claim_keeps_one_generic_plan_without_a_sequential_scan(limit):
     every call (its LIMIT is in the text: with it a parameter, PostgreSQL re-planned the
     statement each time, or, on a small table, kept a generic plan that scanned the whole job
     table)."""
-    from jobqueue.lifecycle.pg import statements
+    from jobqueue.lifecycle.pg import LITERAL_LIMITS, claim_statement
+    from jobqueue.sql import postgresql
     from tests.integration.core.test_races import bulk_jobs
 
     agent = JobAgentFactory()
-    statement = statements.job_claim_up_to(limit)
+    statement = claim_statement(limit)
     assert f"LIMIT {limit}\n" in statement and "%(limit)s" not in statement
-    big = statements.LITERAL_LIMITS + 1  # past them, the parameter (and a plan per call)
-    assert statements.job_claim_up_to(big) == statements.JOB_CLAIM_AVAILABLE
+    big = LITERAL_LIMITS + 1  # past them, the parameter (and a plan per call)
+    assert claim_statement(big) == postgresql.job_claim_available
     for rows in (200, 3000):
         bulk_jobs(agent, rows, status=states.SUCCESSFUL, completed_at=db_now(), attempt=1)
         bulk_jobs(agent, 12 * limit)
@@ -111,16 +111,16 @@ def test_a_claim_keeps_one_generic_plan_without_a_sequential_scan(limit):
 
 
 @pytest.mark.postgres_only
-@pytest.mark.parametrize("name", ["JOB_SET_STATE_IF_RUNNING", "JOB_FAIL_OR_RETRY_IF_RUNNING",
-                                  "JOB_SET_STATE_IF_RUNNING_MANY"])
+@pytest.mark.parametrize("name", ["job_set_state_if_running", "job_fail_or_retry_if_running",
+                                  "job_set_state_if_running_many"])
 def test_a_report_deletes_its_claim_rows_by_the_primary_key_in_its_generic_plan(name):
     """A report's generic plan (the one a connection keeps) deletes the claim rows through
     job_claim's primary key, not by scanning the table for their claim_id: job_claim churns
     a row per job, and a plan made while the table was small and unanalysed (a new install,
     after a TRUNCATE) would otherwise scan every page it grows to, on every report."""
-    from jobqueue.lifecycle.pg import statements
+    from jobqueue.sql import postgresql
 
-    text = getattr(statements, name)
+    text = getattr(postgresql, name)
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", text)))
     for i, n in enumerate(names):
         text = text.replace(f"%({n})s", f"${i + 1}")
@@ -139,53 +139,6 @@ def test_a_report_deletes_its_claim_rows_by_the_primary_key_in_its_generic_plan(
     end = next((i for i in headers if i > start), len(plan))
     deletion = "\n".join(plan[start:end])
     assert "Seq Scan on job_claim" not in deletion and "job_claim_pkey" in deletion, plan
-
-
-def _clauses(sql: str, params) -> dict:
-    """A locking SELECT's WHERE (as a set of conditions), ORDER BY, LIMIT and lock, with
-    Django's quoting, qualifiers and positional parameters written as the statement's."""
-    for value in params:
-        sql = sql.replace("%s", "%(agent)s" if isinstance(value, uuid.UUID) else f"'{value}'", 1)
-    sql = " ".join(sql.replace('"job".', "").replace('"', "").split())
-    sql = re.sub(r"LIMIT \d+", "LIMIT %(limit)s", sql).replace(" ASC", "").replace(" OF job", "")
-    sql = sql.replace("(STATEMENT_TIMESTAMP())", "STATEMENT_TIMESTAMP()")
-    m = re.search(r"WHERE (.*?) ORDER BY (.*?) (LIMIT \S+ )?(FOR .*?)$", sql)
-    assert m, sql
-    where = m[1][1:-1] if m[1].startswith("(") and m[1].endswith(")") else m[1]
-    return {"where": set(where.split(" AND ")), "order": m[2].split(", "), "lock": m[4],
-            "limited": bool(m[3])}
-
-
-@pytest.mark.postgres_only
-def test_claim_statements_say_what_the_orm_says_is_claimable_and_in_which_order():
-    """One definition of the claimable filter and the claim order: the ORM's
-    Job.objects.claimable().in_claim_order() with select_for_update(skip_locked=True)
-    (claim_candidates, which SQLite runs). The PostgreSQL statements' locking SELECTs, and
-    the order they answer in, must say the same: this fails when they drift."""
-    from jobqueue.lifecycle.pg import statements
-
-    agent = JobAgentFactory()
-    job_id = uuid.uuid4()
-    with transaction.atomic():  # FOR UPDATE compiles only inside a transaction
-        orm_next = lifecycle.claim_candidates(agent).values("id")[:5].query.sql_with_params()
-        orm_one = lifecycle.claim_candidates(agent, Job.objects.filter(id=job_id)).values("id")
-        orm_one = orm_one.query.sql_with_params()
-    expected = _clauses(*orm_next)
-    assert expected["order"] == ["priority DESC", "available_at", "created_at"]
-
-    def locking(statement):
-        body = statement.split("WITH locked AS MATERIALIZED (", 1)[1].split("), gate", 1)[0]
-        if "ORDER BY" not in body:  # the named claim: one row, no order to keep
-            body = body.replace(" FOR ", " ORDER BY priority DESC, available_at, created_at FOR ")
-        return "SELECT id FROM job " + body.split("FROM job", 1)[1], ()
-
-    assert _clauses(*locking(statements.JOB_CLAIM_AVAILABLE)) == expected
-    assert _clauses(*locking(statements.JOB_CLAIM_NEXT)) == expected
-    named = _clauses(*locking(statements.JOB_CLAIM_AVAILABLE_BY_ID))
-    one = _clauses(orm_one[0].replace("%s", "%(job)s", 1), orm_one[1][1:])
-    assert named["where"] == one["where"] and named["lock"] == one["lock"]
-    answered = statements.JOB_CLAIM_AVAILABLE.rsplit("ORDER BY", 1)[1].split()
-    assert " ".join(answered).split(", ") == expected["order"]
 
 
 def test_report_sets_fields_and_respects_scope():
@@ -356,7 +309,8 @@ def test_claimed_and_reported_jobs_have_the_orms_values_types_and_time_zones():
 def test_logged_or_not_a_statement_runs_on_the_same_cached_cursor():
     """CaptureQueriesContext (and DEBUG) see what production runs: the same statement text
     on the same cached cursor, through Django's own cursor wrapper and execute_wrapper()s."""
-    from jobqueue.lifecycle.pg import statements
+    from jobqueue.lifecycle.pg import claim_statement
+    from jobqueue.sql import postgresql
 
     agent = JobAgentFactory()
     JobFactory.create_batch(3, job_agent=agent)
@@ -375,9 +329,9 @@ def test_logged_or_not_a_statement_runs_on_the_same_cached_cursor():
         second = lifecycle.claim_next_job(agent)
         lifecycle.report_status(second.job.id, second.claim_id, states.SUCCESSFUL,
                                 job_agent_id=agent.id)
-    assert quiet == [(statements.JOB_CLAIM_NEXT, quiet[0][1])]
+    assert quiet == [(claim_statement(1), quiet[0][1])]
     assert [q["sql"] for q in logged.captured_queries] == [
-        statements.JOB_CLAIM_NEXT, statements.JOB_SET_STATE_IF_RUNNING]
+        claim_statement(1), postgresql.job_set_state_if_running]
     assert cursors == [raw, raw] and hot._cursor is raw  # no other cursor, logged or not
     assert first.job.id != second.job.id
 
@@ -398,7 +352,7 @@ def test_hot_cursor_follows_a_new_connection():
 @pytest.mark.postgres_only
 def test_hot_path_keeps_djangos_error_wrapping_and_broken_transaction_check():
     import psycopg
-    from django.db import DataError, OperationalError, transaction
+    from django.db import DataError, OperationalError
     from django.db.transaction import TransactionManagementError
 
     agent = JobAgentFactory()

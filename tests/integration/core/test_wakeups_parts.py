@@ -13,8 +13,7 @@ import uuid
 import pytest
 
 from agents.views.base import client_gone
-from jobqueue import wakeups
-from jobqueue.models import Job
+from jobqueue import claimrule, wakeups
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,7 +85,7 @@ def test_a_failing_recheck_leaves_the_waiters_to_their_deadlines(monkeypatch, ca
     def broken(*a, **k):
         raise RuntimeError("database away")
 
-    monkeypatch.setattr(Job.objects, "claimable", broken)
+    monkeypatch.setattr(claimrule, "agents_with_claimable_jobs", broken)
     hub.recheck()
     assert not w.event.is_set() and "re-check failed" in caplog.text
     hub.unregister(w)

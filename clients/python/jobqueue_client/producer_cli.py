@@ -1,0 +1,596 @@
+"""`jobqueue`: the producer's command line, on ProducerClient (needs only httpx).
+
+    jobqueue [--url URL] [--workspace ID] [--api-key KEY] [--json] COMMAND ...
+    jobqueue jobs create --agent ID [--config FILE|-|JSON] [--context FILE|-] [options]
+                         [--wait [--timeout S]] [-- COMMAND ...]
+    jobqueue jobs get|wait|cancel|requeue|dispatch ID
+    jobqueue jobs list [--status S] [--group G] [--agent ID] [--limit N | --all]
+    jobqueue jobs logs ID [--attempt N] [--follow]
+    jobqueue jobs artifacts ID [--download DIR [--name NAME ...]]
+    jobqueue groups get|cancel NAME
+
+The connection comes from JOBQUEUE_URL (else JOBQUEUE_SERVER, the agent's name for it),
+JOBQUEUE_WORKSPACE and JOBQUEUE_API_KEY, or from --url, --workspace and --api-key (which may
+be given before or after the command). `--json` prints one JSON document on stdout. The exit
+statuses are in cli_output.py and docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cli import _non_negative_float, _non_negative_int, _positive_float, _positive_int
+from .cli_output import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_NOT_SUCCESSFUL,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CommandFailed,
+    Output,
+    UsageError,
+    artifacts_table,
+    exit_code_of,
+    explain,
+    group_text,
+    job_row,
+    job_text,
+    jobs_header,
+    log_document,
+)
+from .client import ApiError
+from .producer import TERMINAL_STATUSES, LogChunk, ProducerClient, WaitTimeout
+
+STATUSES = ["pending", "queued", "in_progress", "successful", "failure", "cancelled", "expired"]
+DEFAULT_LIST_LIMIT = 100
+MAX_PAGE_SIZE = 500  # the API's largest page_size
+
+EXIT_STATUS_HELP = """\
+exit status:
+  0  done (with --wait, `jobs wait`, `jobs logs --follow`: the job ended successful)
+  1  the job ended, but not successful (failure, cancelled, expired)
+  2  usage: a bad option or argument, a missing setting, or a field the server refused
+  3  not found: no such job, group or artifact in the workspace
+  4  the API key was refused, or may not do this
+  5  no answer from the server, a server error, or throttled
+  6  conflict: the job's or group's state does not allow it
+  7  --timeout passed before the job ended
+  130 interrupted (Ctrl-C); a job being waited for goes on
+
+settings: JOBQUEUE_URL (else JOBQUEUE_SERVER), JOBQUEUE_WORKSPACE, JOBQUEUE_API_KEY,
+or --url, --workspace, --api-key. Details: docs/cli.md."""
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("jobqueue-client")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps descriptions as usual, but keeps a text with line breaks (the exit statuses)
+    as it is written."""
+
+    def _fill_text(self, text, width, indent):
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+@dataclass(frozen=True)
+class Settings:
+    url: str
+    workspace: str
+    api_key: str
+
+
+# --- arguments -----------------------------------------------------------------------------
+
+
+def _connection_options(default) -> argparse.ArgumentParser:
+    """--url, --workspace, --api-key, --json: on the top parser (default None) and on every
+    command (default SUPPRESS: a value given after the command wins, none keeps the top's)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("connection and output")
+    group.add_argument("--url", default=default, metavar="URL",
+                       help="the service's base URL, e.g. http://127.0.0.1:8000 "
+                            "[JOBQUEUE_URL, else JOBQUEUE_SERVER]")
+    group.add_argument("--workspace", default=default, metavar="ID",
+                       help="the workspace id [JOBQUEUE_WORKSPACE]")
+    group.add_argument("--api-key", default=default, metavar="KEY",
+                       help="the workspace API key, jqk_… [JOBQUEUE_API_KEY] (prefer the "
+                            "variable: arguments show in the process list)")
+    group.add_argument("--json", action="store_true",
+                       default=False if default is None else default,
+                       help="machine output: one JSON document on stdout (errors: a JSON "
+                            "object on stderr)")
+    return parent
+
+
+def _expires_at(text: str) -> str:
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {text!r} (e.g. 2030-01-02T03:04:05Z)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.isoformat()
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _connection_options(argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(
+        prog="jobqueue", parents=[_connection_options(None)],
+        formatter_class=_Formatter,
+        description="Create jobs on a jobqueue server, follow them and collect what they "
+                    "leave (the producer's side of the API, with a workspace API key).",
+        epilog=EXIT_STATUS_HELP,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version (of jobqueue-client) and exit")
+    nouns = parser.add_subparsers(dest="noun", metavar="{jobs,groups}", required=True)
+
+    def command(group, name, handler, help_, *, description=None):
+        sub = group.add_parser(name, parents=[common], help=help_,
+                               description=description or help_[:1].upper() + help_[1:] + ".",
+                               epilog=EXIT_STATUS_HELP,
+                               formatter_class=_Formatter)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    jobs = nouns.add_parser("jobs", help="create, inspect, wait for, cancel, requeue jobs; "
+                                         "read their logs and artifacts",
+                            description="Jobs: one command per action.")
+    verbs = jobs.add_subparsers(dest="verb", required=True,
+                                metavar="{create,get,wait,list,cancel,requeue,dispatch,logs,"
+                                        "artifacts}")
+
+    create = command(verbs, "create", cmd_create, "create a job for a job agent",
+                     description="Create a job for a job agent (queued; pending with --hold). "
+                                 "Prints the job; with --wait, waits for its end and prints "
+                                 "it then.")
+    create.add_argument("--agent", metavar="ID", default=os.environ.get("JOBQUEUE_AGENT"),
+                        help="the id of the job agent that runs the job [JOBQUEUE_AGENT]")
+    create.add_argument("--config", metavar="FILE|-|JSON",
+                        help="the job's job_agent_config, a JSON object: a file, - for stdin, "
+                             "or the object itself ('{\"command\": [\"make\"]}')")
+    create.add_argument("--context", metavar="FILE|-",
+                        help="the job's dispatch_context, a JSON object, from a file or - for "
+                             "stdin (it may hold secrets: only the claiming agent sees it, so "
+                             "it is never taken from the command line)")
+    create.add_argument("--priority", type=_int, metavar="N",
+                        help="higher is claimed first (default 0)")
+    create.add_argument("--max-attempts", type=_positive_int, metavar="N",
+                        help="claims before the job ends expired (default: the agent's)")
+    create.add_argument("--delay-seconds", type=_non_negative_int, metavar="S",
+                        help="not claimable before S seconds from now")
+    create.add_argument("--retry-backoff-seconds", type=_non_negative_int, metavar="S",
+                        help="the wait before the first retry of a retryable failure, doubled "
+                             "per attempt (default: the server's)")
+    create.add_argument("--max-runtime-seconds", type=_positive_int, metavar="S",
+                        help="how long one attempt may run from its claim (default: the "
+                             "agent's)")
+    create.add_argument("--expires-at", type=_expires_at, metavar="TIME",
+                        help="ISO 8601 time by which the whole job must be finished (naive: "
+                             "UTC); past it the job ends expired")
+    create.add_argument("--external-id", metavar="TEXT",
+                        help="your own reference for the job (up to 255 characters)")
+    create.add_argument("--group", metavar="NAME",
+                        help="the group (run) the job belongs to: 1-200 characters, no /")
+    create.add_argument("--hold", action="store_true",
+                        help="create it pending: `jobqueue jobs dispatch ID` queues it")
+    create.add_argument("--idempotency-key", metavar="KEY",
+                        help="makes the create safe to repeat: the same key and fields answer "
+                             "the first job (and a lost answer is sent again)")
+    create.add_argument("--wait", action="store_true",
+                        help="wait until the job ends; exit 0 if successful, 1 if not")
+    create.add_argument("--timeout", type=_non_negative_float, metavar="S",
+                        help="with --wait: give up after S seconds (exit 7; the job goes on)")
+    create.add_argument("-q", "--quiet", action="store_true",
+                        help="print only the job's id (without --json)")
+    create.add_argument("command", nargs="*", metavar="-- COMMAND",
+                        help="the command the job runs (after --), put in the config as "
+                             "\"command\" (the reference agent runs it), e.g. -- make deploy")
+
+    get = command(verbs, "get", cmd_get, "show a job: status, attempts, result")
+    get.add_argument("id", metavar="ID", help="the job's id")
+    get.add_argument("--events", action="store_true", help="also print the job's timeline")
+
+    wait = command(verbs, "wait", cmd_wait,
+                   "wait until a job ends and show it; exit 0 if successful, 1 if not",
+                   description="Wait until a job ends (long-polling the server) and show it. "
+                               "Exit 0 when it ended successful, 1 when it ended otherwise.")
+    wait.add_argument("id", metavar="ID", help="the job's id")
+    wait.add_argument("--timeout", type=_non_negative_float, metavar="S",
+                      help="give up after S seconds (exit 7; the job goes on); default: wait "
+                           "as long as it takes")
+    wait.add_argument("--events", action="store_true", help="also print the job's timeline")
+
+    list_ = command(verbs, "list", cmd_list, "list jobs, newest first",
+                    description="List jobs, newest first, following the pages. Items are "
+                                "summaries: `jobqueue jobs get ID` has the rest.")
+    list_.add_argument("--status", choices=STATUSES, help="only jobs in this status")
+    list_.add_argument("--group", metavar="NAME", help="only the jobs of this group")
+    list_.add_argument("--agent", metavar="ID", help="only the jobs of this job agent")
+    many = list_.add_mutually_exclusive_group()
+    many.add_argument("--limit", type=_positive_int, metavar="N", default=DEFAULT_LIST_LIMIT,
+                      help=f"at most N jobs (default {DEFAULT_LIST_LIMIT})")
+    many.add_argument("--all", action="store_true", help="every matching job")
+
+    for name, handler, help_ in (
+            ("cancel", cmd_cancel, "cancel a job, even while an agent runs it"),
+            ("requeue", cmd_requeue, "queue a job again, with as many further attempts as "
+                                     "it was created with")):
+        sub = command(verbs, name, handler, help_)
+        sub.add_argument("id", metavar="ID", help="the job's id")
+        sub.add_argument("--reason", metavar="TEXT",
+                         help="why (up to 500 characters; kept on the job's timeline)")
+
+    dispatch = command(verbs, "dispatch", cmd_dispatch,
+                       "queue a job created with --hold (pending)")
+    dispatch.add_argument("id", metavar="ID", help="the job's id")
+
+    logs = command(verbs, "logs", cmd_logs, "print a job's log",
+                   description="Print a job's log (the latest attempt's, or --attempt N's). "
+                               "With --follow, print it as it grows until the job ends, "
+                               "then exit as `jobqueue jobs wait` does.")
+    logs.add_argument("id", metavar="ID", help="the job's id")
+    logs.add_argument("--attempt", type=_positive_int, metavar="N",
+                      help="this attempt's log (default: the latest attempt's, following "
+                           "later attempts with --follow)")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="keep printing as the log grows; stop when the job ends")
+    logs.add_argument("--interval", type=_positive_float, metavar="S", default=2.0,
+                      help="with --follow: the longest pause between two reads (default 2; "
+                           "the job's end is seen at once)")
+
+    artifacts = command(verbs, "artifacts", cmd_artifacts,
+                        "list a job's published artifacts, or download them",
+                        description="List the artifacts a job published (its successful "
+                                    "attempt's files), or download them with --download.")
+    artifacts.add_argument("id", metavar="ID", help="the job's id")
+    artifacts.add_argument("--download", metavar="DIR",
+                           help="save every artifact (or those named with --name) into DIR "
+                                "(made if missing; a file of the same name is replaced), each "
+                                "checked against its sha256")
+    artifacts.add_argument("--name", action="append", metavar="NAME",
+                           help="with --download: only this artifact (repeatable)")
+
+    groups = nouns.add_parser("groups", help="look at or cancel a group of jobs (a run)",
+                              description="Groups: the jobs created with the same --group.")
+    gverbs = groups.add_subparsers(dest="verb", required=True, metavar="{get,cancel}")
+    gget = command(gverbs, "get", cmd_group_get,
+                   "show a group: its jobs by status, finished or not")
+    gget.add_argument("name", metavar="NAME", help="the group's name")
+    gcancel = command(gverbs, "cancel", cmd_group_cancel,
+                      "cancel every live job of a group; the group takes no new jobs")
+    gcancel.add_argument("name", metavar="NAME", help="the group's name")
+    gcancel.add_argument("--reason", metavar="TEXT",
+                         help="why (up to 500 characters; kept on each job's timeline)")
+    return parser
+
+
+def settings_from(args: argparse.Namespace, env=os.environ) -> Settings:
+    url = args.url or env.get("JOBQUEUE_URL") or env.get("JOBQUEUE_SERVER")
+    missing = [text for value, text in (
+        (url, "JOBQUEUE_URL (or --url): the service's base URL, e.g. http://127.0.0.1:8000"),
+        (args.workspace or env.get("JOBQUEUE_WORKSPACE"),
+         "JOBQUEUE_WORKSPACE (or --workspace): the workspace id"),
+        (args.api_key or env.get("JOBQUEUE_API_KEY"),
+         "JOBQUEUE_API_KEY (or --api-key): the workspace API key, jqk_…"),
+    ) if not value]
+    if missing:
+        raise UsageError("set " + "; ".join(missing))
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"JOBQUEUE_URL (or --url) must be an http:// or https:// URL, not "
+                         f"{url!r}")
+    return Settings(url, args.workspace or env["JOBQUEUE_WORKSPACE"],
+                    args.api_key or env["JOBQUEUE_API_KEY"])
+
+
+def read_object(value: str, option: str, *, inline: bool = False) -> dict:
+    """A JSON object from a file, `-` (stdin) or, with `inline`, the text itself (`{…}`).
+    Errors name the option and never quote the content (a context may hold secrets)."""
+    if inline and value.lstrip().startswith("{"):
+        text, where = value, "the value"
+    elif value == "-":
+        text, where = sys.stdin.read(), "stdin"
+    else:
+        try:
+            text = Path(value).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{option}: cannot read {value!r}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+        where = repr(value)
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{option}: {where} is not JSON (line {exc.lineno}, column "
+                         f"{exc.colno}: {exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"{option}: {where} holds a JSON {type(obj).__name__}; it must be an "
+                         "object ({…})")
+    return obj
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def cmd_create(client: ProducerClient, args, out: Output) -> int:
+    if not args.agent:
+        raise UsageError("jobs create: set --agent ID (or JOBQUEUE_AGENT): the job agent "
+                         "that runs the job")
+    if args.timeout is not None and not args.wait:
+        raise UsageError("jobs create: --timeout applies only with --wait")
+    if args.config == "-" and args.context == "-":
+        raise UsageError("jobs create: only one of --config and --context can read stdin (-)")
+    config = read_object(args.config, "--config", inline=True) if args.config else None
+    context = read_object(args.context, "--context") if args.context else None
+    if args.command:
+        if config is not None and "command" in config:
+            raise UsageError("jobs create: give the command either in --config or after --, "
+                             "not both")
+        config = {**(config or {}), "command": args.command}
+    job = client.create_job(
+        args.agent, job_agent_config=config, dispatch_context=context,
+        priority=args.priority, max_attempts=args.max_attempts,
+        delay_seconds=args.delay_seconds, retry_backoff_seconds=args.retry_backoff_seconds,
+        max_runtime_seconds=args.max_runtime_seconds, expires_at=args.expires_at,
+        external_id=args.external_id, group=args.group, hold=args.hold,
+        idempotency_key=args.idempotency_key)
+    if args.wait:
+        out.note(f"created job {job['id']} ({job['status']}); waiting for it to end")
+        return wait_for_end(client, job["id"], args, out)
+    show_job(job, args, out)
+    return EXIT_OK
+
+
+def show_job(job: dict, args, out: Output) -> None:
+    if out.machine:
+        out.document(job)
+    elif getattr(args, "quiet", False):
+        out.text(job["id"])
+    else:
+        out.text(job_text(job, events=getattr(args, "events", False)))
+
+
+def outcome(job: dict) -> int:
+    return EXIT_OK if job["status"] == "successful" else EXIT_NOT_SUCCESSFUL
+
+
+def wait_for_end(client: ProducerClient, job_id: str, args, out: Output) -> int:
+    """Wait for the job's end, show it, and exit by its status (0 successful, 1 not)."""
+    try:
+        job = client.wait(job_id, timeout=args.timeout)
+    except WaitTimeout as exc:
+        show_job(exc.job, args, out)
+        raise CommandFailed(
+            f"job {job_id} is still {exc.job.get('status')} after {args.timeout:g} s (it goes "
+            f"on): wait again with `jobqueue jobs wait {job_id}`", EXIT_TIMEOUT,
+            "timeout") from None
+    except KeyboardInterrupt:
+        raise CommandFailed(
+            f"stopped waiting; job {job_id} goes on (`jobqueue jobs wait {job_id}`, or "
+            f"`jobqueue jobs cancel {job_id}`)", EXIT_INTERRUPTED, "interrupted") from None
+    show_job(job, args, out)
+    if job["status"] != "successful":
+        out.note(f"job {job_id} ended {job['status']}")
+    return outcome(job)
+
+
+def cmd_get(client, args, out) -> int:
+    show_job(client.get(args.id), args, out)
+    return EXIT_OK
+
+
+def cmd_wait(client, args, out) -> int:
+    job = client.get(args.id)  # at once: a wrong id, key or URL fails here, not after retries
+    if job["status"] in TERMINAL_STATUSES:
+        show_job(job, args, out)
+        return outcome(job)
+    return wait_for_end(client, args.id, args, out)
+
+
+def cmd_list(client, args, out) -> int:
+    """Printed as the pages come (a JSON array too): `--all` holds no list in memory."""
+    limit = None if args.all else args.limit
+    # One more than shown, to tell whether there were more.
+    page_size = MAX_PAGE_SIZE if limit is None else min(MAX_PAGE_SIZE, limit + 1)
+    jobs = client.list(status=args.status, group=args.group, job_agent_id=args.agent,
+                       page_size=page_size, limit=None if limit is None else limit + 1)
+    shown = 0
+    for job in jobs:
+        if shown == limit:
+            out.note(f"(the newest {limit}; --limit N or --all for more)")
+            break
+        if out.machine:
+            out.write(("[\n  " if shown == 0 else ",\n  ") + json.dumps(job, ensure_ascii=False))
+        else:
+            out.text((jobs_header() + "\n" if shown == 0 else "") + job_row(job))
+        shown += 1
+    if out.machine:
+        out.write("\n]\n" if shown else "[]\n")
+    elif not shown:
+        out.note("no jobs match")
+    return EXIT_OK
+
+
+def cmd_cancel(client, args, out) -> int:
+    show_job(client.cancel(args.id, args.reason), args, out)
+    return EXIT_OK
+
+
+def cmd_requeue(client, args, out) -> int:
+    show_job(client.requeue(args.id, args.reason), args, out)
+    return EXIT_OK
+
+
+def cmd_dispatch(client, args, out) -> int:
+    show_job(client.dispatch(args.id), args, out)
+    return EXIT_OK
+
+
+def cmd_logs(client, args, out) -> int:
+    """Print the log from byte 0; with --follow, read again until the job has ended (the
+    long-poll GET jobs/{id}?wait_seconds paces the reads and answers at once at the end),
+    going on to each later attempt's log unless --attempt names one."""
+    attempt, offset, printed = args.attempt, 0, False
+    job = client.get(args.id) if args.follow else None
+    whole = bytearray()  # --json without --follow: one document, however many reads
+    try:
+        while True:
+            chunk = client.read_log(args.id, attempt=attempt, offset=offset)
+            attempt = chunk.attempt if attempt is None else attempt
+            if chunk.data:
+                printed = True
+                if not out.machine:
+                    out.raw(chunk.data)
+                elif args.follow:
+                    out.line(log_document(args.id, chunk))
+                else:
+                    whole += chunk.data
+            offset = chunk.next_offset
+            if offset < chunk.length:
+                continue  # more is there already (a read answers at most 16 MiB)
+            if not args.follow:
+                if out.machine:
+                    out.document(log_document(args.id, LogChunk(bytes(whole), chunk.attempt,
+                                                                0, chunk.length)))
+                return EXIT_OK
+            if job["status"] in TERMINAL_STATUSES or (args.attempt and job["attempt"] > attempt):
+                return outcome(job) if job["status"] in TERMINAL_STATUSES else EXIT_OK
+            if args.attempt is None and job["attempt"] > attempt:
+                attempt, offset = job["attempt"], 0
+                if printed:
+                    out.note(f"--- attempt {attempt} ---")
+                continue
+            started = time.monotonic()
+            job = client.get(args.id, wait_seconds=min(client.max_wait_seconds,
+                                                       max(1, round(args.interval))))
+            if job["status"] not in TERMINAL_STATUSES:  # a server at its cap answers early
+                time.sleep(max(0.0, args.interval - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        raise CommandFailed("stopped following the log; the job goes on", EXIT_INTERRUPTED,
+                            "interrupted") from None
+
+
+def cmd_artifacts(client, args, out) -> int:
+    if args.name and not args.download:
+        raise UsageError("jobs artifacts: --name applies only with --download DIR")
+    artifacts = client.list_artifacts(args.id)
+    if not args.download:
+        if out.machine:
+            out.document(artifacts)
+        elif artifacts:
+            out.text(artifacts_table(artifacts))
+        else:
+            out.note(f"job {args.id} has no published artifacts (a job publishes its "
+                     "artifacts when it ends successful)")
+        return EXIT_OK
+    names = [a["name"] for a in artifacts]
+    wanted = args.name or names
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        raise CommandFailed(
+            f"job {args.id} published no artifact named {', '.join(unknown)} (it published: "
+            f"{', '.join(names) or 'none'}): check --name", EXIT_NOT_FOUND, "not_found")
+    target = Path(args.download)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--download: cannot make the directory {args.download!r}: "
+                         f"{exc.strerror or exc}") from None
+    saved = []
+    for name in wanted:
+        if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise CommandFailed(f"the server named an artifact {name!r}, which is not a file "
+                                "name: not saved", EXIT_UNAVAILABLE, "invalid_response")
+        path = target / name
+        info = client.download_artifact(args.id, name, path)
+        saved.append({**info, "path": str(path)})
+        out.note(f"saved {path} ({info['size']} bytes, sha256 {info['sha256']})")
+    if out.machine:
+        out.document(saved)
+    elif not saved:
+        out.note(f"job {args.id} has no published artifacts: nothing saved")
+    return EXIT_OK
+
+
+def cmd_group_get(client, args, out) -> int:
+    group = client.group(args.name)
+    if out.machine:
+        out.document(group)
+    else:
+        out.text(group_text(group))
+    return EXIT_OK
+
+
+def cmd_group_cancel(client, args, out) -> int:
+    cancelled = client.cancel_group(args.name, args.reason)
+    if out.machine:
+        out.document({"group": args.name, "cancelled": cancelled})
+    else:
+        out.text(f"group {args.name}: cancelled {cancelled} job{'s' * (cancelled != 1)}; it "
+                 "takes no new jobs")
+    return EXIT_OK
+
+
+def _subject(args) -> str:
+    """What a command is about, for its error messages."""
+    if getattr(args, "name", None) and args.noun == "groups":
+        return f"group {args.name!r}"
+    if getattr(args, "id", None):
+        return f"job {args.id}"
+    if getattr(args, "verb", None) == "create":
+        return "the new job"
+    return "the request"
+
+
+def main(argv: list[str] | None = None, *, transport=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out = Output(machine=args.json)
+    try:
+        settings = settings_from(args)
+        with ProducerClient(settings.url, settings.workspace, settings.api_key,
+                            transport=transport,
+                            user_agent=f"jobqueue-cli/{version()}") as client:
+            return args.handler(client, args, out)
+    except UsageError as exc:
+        return out.error(f"{exc} (see jobqueue {args.noun} {args.verb} --help)",
+                         code="usage", exit_code=EXIT_USAGE)
+    except CommandFailed as exc:
+        return out.error(str(exc), code=exc.code, exit_code=exc.exit_code)
+    except ApiError as exc:
+        return out.error(explain(exc, what=_subject(args), settings=settings), code=exc.code,
+                         exit_code=exit_code_of(exc), status=exc.status or None,
+                         fields=exc.fields)
+    except KeyboardInterrupt:
+        return out.error("interrupted", code="interrupted", exit_code=EXIT_INTERRUPTED)
+    except BrokenPipeError:  # `jobqueue jobs list | head`: the reader has gone, quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

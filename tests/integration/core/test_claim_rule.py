@@ -1,0 +1,163 @@
+"""The claim rule (jobqueue/claimrule.py) is the one definition of which job a claim may take
+and in which order: the ORM claim and the wake-up re-check derive from it, and the PostgreSQL
+statements, written whole in jobqueue/sql/postgresql.sql, are held to it here clause by
+clause, so a condition added to the rule fails until they say it too."""
+
+import datetime as dt
+import re
+import uuid
+
+import pytest
+from django.db import transaction
+
+from jobqueue import claimrule, lifecycle
+from jobqueue.db import NowPlusSeconds
+from jobqueue.models import Job, JobAgent
+from tests.factories import JobAgentFactory, JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _clauses(sql: str, params) -> dict:
+    """A locking SELECT's WHERE (as a set of conditions), ORDER BY, LIMIT and lock, with
+    Django's quoting, qualifiers and positional parameters written as the statement's."""
+    for value in params:
+        sql = sql.replace("%s", "%(agent)s" if isinstance(value, uuid.UUID) else f"'{value}'", 1)
+    sql = " ".join(re.sub(r'"(job|job_agent)"\.', "", sql).replace('"', "").split())
+    sql = re.sub(r"LIMIT \d+", "LIMIT %(limit)s", sql).replace(" ASC", "")
+    sql = re.sub(r" OF (job|job_agent)\b", "", sql)
+    sql = sql.replace("(STATEMENT_TIMESTAMP())", "STATEMENT_TIMESTAMP()")
+    m = re.search(r"WHERE (.*?) (?:ORDER BY (.*?) )?(LIMIT \S+ )?(FOR .*?)$", sql)
+    assert m, sql
+    where = m[1][1:-1] if m[1].startswith("(") and m[1].endswith(")") else m[1]
+    return {"where": set(where.split(" AND ")), "order": (m[2] or "").split(", "),
+            "lock": m[4], "limited": bool(m[3])}
+
+
+def _locking(statement: str) -> dict:
+    """The locking SELECT of a claim statement (its `locked` CTE)."""
+    body = statement.split("WITH locked AS MATERIALIZED (", 1)[1].split("), gate", 1)[0]
+    return _clauses("SELECT id FROM job " + body.split("FROM job", 1)[1], ())
+
+
+def _gate(statement: str) -> dict:
+    """The agent's gate of a claim statement, less its `a job was locked` condition."""
+    body = statement.split("gate AS MATERIALIZED (", 1)[1].split("), claimed", 1)[0]
+    clauses = _clauses(body.strip(), ())
+    clauses["where"].discard("EXISTS (SELECT 1 FROM locked)")
+    return clauses
+
+
+def _orm():
+    """What the ORM compiles from the rule: the next jobs, one named job (at an attempt), and
+    the agent's gate."""
+    agent = JobAgentFactory.build(id=uuid.uuid4())
+    job_id = uuid.uuid4()
+    with transaction.atomic():  # FOR UPDATE compiles only inside a transaction
+        nxt = lifecycle.claim_candidates(agent).values("id")[:5].query.sql_with_params()
+        one = lifecycle.claim_candidates(agent, Job.objects.filter(id=job_id, attempt=7))
+        one = one.values("id").query.sql_with_params()
+        gate = (JobAgent.objects.filter(claimrule.agent_may_claim(), id=agent.id)
+                .select_for_update().values("id").query.sql_with_params())
+    text = one[0]
+    for value in one[1]:  # the statement's names for the ORM's positional parameters
+        name = ("%(job)s" if value == job_id else "%(expected)s" if value == 7
+                else "%(agent)s" if isinstance(value, uuid.UUID) else f"'{value}'")
+        text = text.replace("%s", name, 1)
+    named = _clauses(text, ())
+    named["where"] = {"(%(expected)s::integer IS NULL OR attempt = %(expected)s::integer)"
+                      if c == "attempt = %(expected)s" else c for c in named["where"]}
+    agent_gate = _clauses(*gate)
+    agent_gate["where"] = {c.replace("id = ", "job_agent.id = ").replace(
+        "paused_at", "job_agent.paused_at") for c in agent_gate["where"]}
+    return _clauses(*nxt), named, agent_gate
+
+
+def rule_mismatches() -> list[str]:
+    """Where the PostgreSQL claim statements and the rule, as the ORM compiles it, differ."""
+    from jobqueue.sql import postgresql
+
+    expected, named, gate = _orm()
+    found = []
+    if _locking(postgresql.job_claim_available) != expected:
+        found.append(f"job_claim_available locks {_locking(postgresql.job_claim_available)}, "
+                     f"the rule {expected}")
+    by_id = _locking(postgresql.job_claim_by_id)
+    if (by_id["where"], by_id["lock"]) != (named["where"], named["lock"]):
+        found.append(f"job_claim_by_id locks {by_id}, the rule {named}")
+    for name in ("job_claim_available", "job_claim_by_id"):
+        statement = getattr(postgresql, name)
+        if _gate(statement)["where"] != gate["where"]:
+            found.append(f"{name}'s gate is {_gate(statement)['where']}, the rule's "
+                         f"{gate['where']}")
+    answered = postgresql.job_claim_available.rsplit("ORDER BY", 1)[1].split()
+    if " ".join(answered).split(", ") != expected["order"]:
+        found.append(f"job_claim_available answers in {answered}, the rule's {expected}")
+    return found
+
+
+@pytest.mark.postgres_only
+def test_the_claim_statements_say_what_the_rule_says():
+    expected, _named, _gate = _orm()
+    assert expected["order"] == ["priority DESC", "available_at", "created_at"]
+    assert expected["lock"] == "FOR NO KEY UPDATE SKIP LOCKED" and expected["limited"]
+    assert rule_mismatches() == []
+
+
+@pytest.mark.postgres_only
+def test_a_condition_added_to_the_rule_fails_until_the_statements_say_it(monkeypatch):
+    """The pin is live: a new job condition (say, labels), or a new agent condition, makes the
+    comparison fail, naming the statements that must change."""
+    from django.db.models import Q
+
+    monkeypatch.setattr(claimrule, "JOB_CONDITIONS", claimrule.JOB_CONDITIONS + (
+        claimrule.Condition("high_enough", lambda: Q(priority__gte=0), "a test condition"),))
+    assert [m.split()[0] for m in rule_mismatches()] == ["job_claim_available",
+                                                         "job_claim_by_id"]
+    monkeypatch.undo()
+    monkeypatch.setattr(claimrule, "AGENT_CONDITIONS", claimrule.AGENT_CONDITIONS + (
+        claimrule.Condition("named", lambda: ~Q(name=""), "a test condition"),))
+    assert [m.split()[0] for m in rule_mismatches()] == ["job_claim_available's",
+                                                         "job_claim_by_id's"]
+
+
+def _now_plus(seconds):
+    return Job.objects.annotate(t=NowPlusSeconds(seconds)).values_list("t", flat=True)[0]
+
+
+def test_unmet_names_each_condition_that_keeps_a_job_from_a_claim():
+    agent = JobAgentFactory()
+    ready = JobFactory(job_agent=agent)
+    later = JobFactory(job_agent=agent)
+    Job.objects.filter(id=later.id).update(available_at=NowPlusSeconds(600))
+    gone = JobFactory(job_agent=agent)
+    Job.objects.filter(id=gone.id).update(expires_at=NowPlusSeconds(-1),
+                                          available_at=NowPlusSeconds(600))
+    running = JobFactory(job_agent=agent)
+    lifecycle.claim_job(agent, running.id)
+    assert claimrule.unmet(ready.id) == []
+    assert claimrule.unmet(later.id) == ["available"]
+    assert claimrule.unmet(gone.id) == ["available", "not_expired"]
+    assert claimrule.unmet(running.id) == ["queued"]
+    assert claimrule.unmet(uuid.uuid4()) is None
+    lifecycle.pause_job_agent(agent, "operator:test")
+    assert claimrule.unmet(ready.id) == ["agent_not_paused"]
+    # What unmet() says is what a claim does: nothing while paused, then the ready job only.
+    assert lifecycle.claim_next_jobs(agent, 10) == []
+    lifecycle.resume_job_agent(agent, "operator:test")
+    assert [g.job.id for g in lifecycle.claim_next_jobs(agent, 10)] == [ready.id]
+
+
+def test_the_wakeup_recheck_finds_the_agents_a_claim_would_serve():
+    busy, idle, paused = JobAgentFactory(), JobAgentFactory(), JobAgentFactory()
+    JobFactory(job_agent=busy)
+    later = JobFactory(job_agent=idle)
+    Job.objects.filter(id=later.id).update(available_at=NowPlusSeconds(600))
+    JobFactory(job_agent=paused)
+    lifecycle.pause_job_agent(paused, "operator:test")
+    found = claimrule.agents_with_claimable_jobs([busy.id, idle.id, paused.id])
+    assert found == [busy.id]
+    assert Job.objects.filter(claimrule.claimable()).count() == 2  # busy's and paused's
+    assert all(isinstance(c.doc, str) and c.doc for c in claimrule.JOB_CONDITIONS
+               + claimrule.AGENT_CONDITIONS)
+    assert dt.timedelta(seconds=0) < _now_plus(60) - _now_plus(0)

@@ -1,0 +1,496 @@
+"""`jobqueue` (jobqueue_client/producer_cli.py) without a server: how arguments and settings
+are read, what each command sends, what it prints (text and --json) and its exit status for
+every kind of answer. An httpx.MockTransport stands in for the service; the same commands
+against a real server and agent are tests/e2e/test_cli.py."""
+
+import argparse
+import io
+import json
+
+import httpx
+import pytest
+from jobqueue_client import producer_cli
+from jobqueue_client.cli_output import OPTION_OF_FIELD
+
+from tests.unit.agent.scripted import ScriptedServer
+
+KEY = "jqk_0123456789ab_secret"
+JOB = {"id": "j1", "status": "queued", "attempt": 0, "max_attempts": 3, "priority": 0,
+       "group": None, "external_id": "", "created_at": "2030-01-01T00:00:00Z",
+       "job_agent_id": "ag"}
+
+
+class Server(ScriptedServer):
+    def __init__(self, *answers):
+        super().__init__(*answers)
+        self.seen: list[httpx.Request] = []
+
+    def record(self, request):
+        self.seen.append(request)
+
+    def body(self, n=0):
+        return json.loads(self.seen[n].content)
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for name in ("JOBQUEUE_URL", "JOBQUEUE_SERVER", "JOBQUEUE_WORKSPACE", "JOBQUEUE_API_KEY",
+                 "JOBQUEUE_AGENT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("JOBQUEUE_URL", "http://jq.test")
+    monkeypatch.setenv("JOBQUEUE_WORKSPACE", "ws")
+    monkeypatch.setenv("JOBQUEUE_API_KEY", KEY)
+    return monkeypatch
+
+
+def run(argv, *answers, stdin=None, monkeypatch=None):
+    server = Server(*answers)
+    code = producer_cli.main([str(a) for a in argv], transport=httpx.MockTransport(server))
+    return code, server
+
+
+def job(**fields):
+    return {**JOB, **fields}
+
+
+# --- arguments and settings ----------------------------------------------------------------
+
+
+def _every_parser(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _every_parser(sub)
+
+
+def test_every_option_and_command_has_help_text():
+    parsers = list(_every_parser(producer_cli.build_parser()))
+    assert len(parsers) == 14  # jobqueue, jobs + 9 verbs, groups + 2 verbs
+    for parser in parsers:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):  # its commands have help
+                assert all(c.help for c in action._choices_actions), parser.prog
+                continue
+            assert action.help and action.help != argparse.SUPPRESS, (parser.prog, action.dest)
+        assert parser.description, parser.prog
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        producer_cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("jobqueue ")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--url", "http://other.test", "--workspace", "w2", "--api-key", "jqk_b", "jobs", "get", "j1"],
+    ["jobs", "get", "j1", "--url", "http://other.test", "--workspace", "w2", "--api-key",
+     "jqk_b"],
+])
+def test_connection_options_go_before_or_after_the_command_and_beat_the_environment(env, argv):
+    code, server = run(argv, (200, JOB))
+    assert code == 0
+    [request] = server.seen
+    assert str(request.url) == "http://other.test/v1/workspaces/w2/jobs/j1"
+    assert request.headers["X-API-Key"] == "jqk_b"
+    assert request.headers["User-Agent"].startswith("jobqueue-cli/")
+
+
+def test_json_before_or_after_the_command(env, capsys):
+    for argv in (["--json", "jobs", "get", "j1"], ["jobs", "get", "j1", "--json"]):
+        assert run(argv, (200, JOB))[0] == 0
+        assert json.loads(capsys.readouterr().out) == JOB
+
+
+def test_the_agents_variable_for_the_url_is_read_too(env):
+    env.delenv("JOBQUEUE_URL")
+    env.setenv("JOBQUEUE_SERVER", "http://agent-side.test")
+    _, server = run(["jobs", "get", "j1"], (200, JOB))
+    assert server.seen[0].url.host == "agent-side.test"
+
+
+def test_missing_settings_name_the_variables_to_set(env, capsys):
+    for name in ("JOBQUEUE_URL", "JOBQUEUE_WORKSPACE", "JOBQUEUE_API_KEY"):
+        env.delenv(name)
+    code, server = run(["jobs", "get", "j1"])
+    assert code == 2 and server.seen == []
+    err = capsys.readouterr().err
+    assert "set JOBQUEUE_URL (or --url)" in err
+    assert "JOBQUEUE_WORKSPACE (or --workspace)" in err
+    assert "JOBQUEUE_API_KEY (or --api-key)" in err
+
+
+def test_a_url_that_is_not_http_is_a_usage_error(env, capsys):
+    env.setenv("JOBQUEUE_URL", "127.0.0.1:8000")
+    assert run(["jobs", "list"])[0] == 2
+    assert "must be an http:// or https:// URL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["jobs", "create", "--agent", "ag", "--max-attempts", "0"], "must be at least 1"),
+    (["jobs", "create", "--agent", "ag", "--priority", "high"], "not an integer: 'high'"),
+    (["jobs", "create", "--agent", "ag", "--expires-at", "tomorrow"], "not an ISO 8601 time"),
+    (["jobs", "list", "--status", "done"], "invalid choice: 'done'"),
+    (["jobs", "list", "--limit", "5", "--all"], "not allowed with argument --limit"),
+    (["jobs", "logs", "j1", "--interval", "0"], "must be positive"),
+    (["jobs"], "the following arguments are required"),
+])
+def test_bad_arguments_exit_2_naming_the_option(env, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        producer_cli.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+# --- jobs create ---------------------------------------------------------------------------
+
+
+def test_create_sends_every_option_it_was_given(env, capsys, tmp_path):
+    context = tmp_path / "ctx.json"
+    context.write_text('{"password": "hunter2"}')
+    code, server = run(["jobs", "create", "--agent", "ag", "--config", '{"timeout_seconds": 60}',
+                        "--context", context, "--priority", "-2", "--max-attempts", "4",
+                        "--delay-seconds", "0", "--retry-backoff-seconds", "7",
+                        "--max-runtime-seconds", "600", "--expires-at", "2030-01-02T03:04:05",
+                        "--external-id", "e-1", "--group", "run 1", "--hold",
+                        "--idempotency-key", "k-1", "--json", "--", "make", "-j", "2"],
+                       (201, job(status="pending")))
+    assert code == 0
+    assert server.body() == {
+        "job_agent_id": "ag", "job_agent_config": {"timeout_seconds": 60,
+                                                   "command": ["make", "-j", "2"]},
+        "dispatch_context": {"password": "hunter2"}, "priority": -2, "max_attempts": 4,
+        "delay_seconds": 0, "retry_backoff_seconds": 7, "max_runtime_seconds": 600,
+        "expires_at": "2030-01-02T03:04:05+00:00", "external_id": "e-1", "group": "run 1",
+        "hold": True}
+    assert server.seen[0].headers["Idempotency-Key"] == "k-1"
+    out = capsys.readouterr()
+    assert json.loads(out.out)["status"] == "pending" and "hunter2" not in out.out + out.err
+
+
+def test_create_sends_only_what_was_given_and_reads_the_agent_from_the_environment(env,
+                                                                                   capsys):
+    env.setenv("JOBQUEUE_AGENT", "ag-env")
+    code, server = run(["jobs", "create"], (201, JOB))
+    assert code == 0 and server.body() == {"job_agent_id": "ag-env"}
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].split() == ["id", "j1"] and "status" in text
+
+
+def test_create_reads_the_context_or_the_config_from_stdin(env, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"a": 1}'))
+    _, server = run(["jobs", "create", "--agent", "ag", "--context", "-"], (201, JOB))
+    assert server.body()["dispatch_context"] == {"a": 1}
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"command": ["true"]}'))
+    _, server = run(["jobs", "create", "--agent", "ag", "--config", "-"], (201, JOB))
+    assert server.body()["job_agent_config"] == {"command": ["true"]}
+
+
+def test_create_quiet_prints_the_id_alone(env, capsys):
+    assert run(["jobs", "create", "--agent", "ag", "-q"], (201, JOB))[0] == 0
+    assert capsys.readouterr().out == "j1\n"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["jobs", "create"], "set --agent ID (or JOBQUEUE_AGENT)"),
+    (["jobs", "create", "--agent", "ag", "--timeout", "5"], "--timeout applies only with --wait"),
+    (["jobs", "create", "--agent", "ag", "--config", "-", "--context", "-"],
+     "only one of --config and --context can read stdin"),
+    (["jobs", "create", "--agent", "ag", "--config", '{"command": ["a"]}', "--", "b"],
+     "either in --config or after --, not both"),
+    (["jobs", "create", "--agent", "ag", "--config", "{nope"], "--config: the value is not JSON"),
+    (["jobs", "create", "--agent", "ag", "--context", "/nonexistent/ctx.json"],
+     "--context: cannot read '/nonexistent/ctx.json': No such file or directory"),
+    (["jobs", "artifacts", "j1", "--name", "a.txt"], "--name applies only with --download"),
+])
+def test_create_mistakes_are_usage_errors_that_send_nothing(env, capsys, argv, message):
+    code, server = run(argv)
+    assert code == 2 and server.seen == []
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("jobqueue: error: ")
+
+
+def test_a_context_that_is_not_an_object_is_refused_without_quoting_it(env, capsys, tmp_path):
+    secret = tmp_path / "ctx.json"
+    secret.write_text('["hunter2"]')
+    code, _ = run(["jobs", "create", "--agent", "ag", "--context", secret])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds a JSON list; it must be an object" in err
+    assert "hunter2" not in err
+    secret.write_text('{"password": hunter2}')
+    assert run(["jobs", "create", "--agent", "ag", "--context", secret])[0] == 2
+    err = capsys.readouterr().err
+    assert "is not JSON (line 1, column 14" in err and "hunter2" not in err
+
+
+def test_create_wait_long_polls_until_the_end_and_exits_by_status(env, capsys):
+    code, server = run(["jobs", "create", "--agent", "ag", "--wait", "--json"], (201, JOB),
+                       (200, job(status="failure", message="exit 3")))
+    assert code == 1
+    assert server.seen[1].url.params["wait_seconds"] == "50"
+    out = capsys.readouterr()
+    assert json.loads(out.out)["status"] == "failure" and out.err == ""  # --json: no notes
+    code, _ = run(["jobs", "create", "--agent", "ag", "--wait"], (201, JOB),
+                  (200, job(status="successful")))
+    out = capsys.readouterr()
+    assert code == 0 and "created job j1 (queued); waiting for it to end" in out.err
+
+
+# --- reading jobs --------------------------------------------------------------------------
+
+
+def test_wait_answers_at_once_for_an_ended_job(env):
+    code, server = run(["jobs", "wait", "j1"], (200, job(status="cancelled")))
+    assert code == 1 and len(server.seen) == 1 and "wait_seconds" not in server.seen[0].url.params
+
+
+def test_wait_timeout_exits_7_with_the_job_as_last_seen(env, capsys):
+    running = job(status="in_progress", attempt=1)
+    code, _ = run(["jobs", "wait", "j1", "--timeout", "0", "--json"], (200, running),
+                  (200, running))
+    assert code == 7
+    out = capsys.readouterr()
+    assert json.loads(out.out)["status"] == "in_progress"
+    error = json.loads(out.err)
+    assert error["exit_code"] == 7 and error["error"]["code"] == "timeout"
+    assert "jobqueue jobs wait j1" in error["error"]["message"]
+
+
+def test_an_interrupted_wait_says_the_job_goes_on(env, capsys):
+    def interrupted(request):
+        raise KeyboardInterrupt
+
+    code = producer_cli.main(["jobs", "wait", "j1"], transport=httpx.MockTransport(
+        lambda r: httpx.Response(200, json=job(status="queued")) if not r.url.params
+        else interrupted(r)))
+    assert code == 130
+    assert "stopped waiting; job j1 goes on" in capsys.readouterr().err
+
+
+def test_get_shows_the_job_its_attempts_and_with_events_its_timeline(env, capsys):
+    detail = job(status="failure", attempt=1, message="line 1\n" + "x\n" * 20,
+                 result={"ok": False}, dispatch_context_keys=["password"],
+                 claim=None, job_agent_config={"command": ["make"]},
+                 attempts=[{"number": 1, "claimed_at": "t1", "ended_at": "t2",
+                            "outcome": "failure", "message": "exit 3"}],
+                 events=[{"kind": "stale_write_refused", "attempt": 1, "actor": "agent:a",
+                          "detail": {"code": "job_finished"}, "created_at": "t3", "count": 3,
+                          "last_at": "t4"}])
+    assert run(["jobs", "get", "j1"], (200, detail))[0] == 0
+    text = capsys.readouterr().out
+    assert "result        {\"ok\": false}" in text and "context_keys  password" in text
+    assert "… (11 more lines: --json has them)" in text
+    assert "attempts:\nN  CLAIMED_AT" in text and "events:" not in text
+    assert run(["jobs", "get", "j1", "--events"], (200, detail))[0] == 0
+    assert "stale_write_refused x3" in capsys.readouterr().out
+
+
+def test_list_follows_the_pages_up_to_the_limit_and_says_there_is_more(env, capsys):
+    page1 = {"results": [job(id="a"), job(id="b"), job(id="c")],
+             "next": "http://elsewhere/v1/workspaces/ws/jobs?cursor=c2", "previous": None}
+    page2 = {"results": [job(id="d")], "next": None, "previous": None}
+    code, server = run(["jobs", "list", "--limit", "2", "--status", "queued", "--group", "g",
+                        "--agent", "ag"], (200, page1))
+    assert code == 0
+    assert dict(server.seen[0].url.params) == {"status": "queued", "group": "g",
+                                               "job_agent_id": "ag", "page_size": "3"}
+    out = capsys.readouterr()
+    assert [line.split()[0] for line in out.out.splitlines()] == ["ID", "a", "b"]
+    assert "(the newest 2; --limit N or --all for more)" in out.err
+    code, server = run(["jobs", "list", "--all", "--json"], (200, page1), (200, page2))
+    assert [j["id"] for j in json.loads(capsys.readouterr().out)] == ["a", "b", "c", "d"]
+    assert server.seen[1].url.host == "jq.test" and server.seen[1].url.params["cursor"] == "c2"
+
+
+def test_an_empty_list_is_an_empty_array_or_a_note(env, capsys):
+    empty = {"results": [], "next": None, "previous": None}
+    assert run(["jobs", "list", "--json"], (200, empty))[0] == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert run(["jobs", "list"], (200, empty))[0] == 0
+    out = capsys.readouterr()
+    assert out.out == "" and "no jobs match" in out.err
+
+
+# --- logs ----------------------------------------------------------------------------------
+
+
+def log(data: bytes, attempt: int, length: int):
+    return (200, data, {"X-Log-Attempt": str(attempt), "X-Log-Length": str(length)})
+
+
+def test_logs_print_the_bytes_as_they_are(env, capsysbinary):
+    code, server = run(["jobs", "logs", "j1", "--attempt", "2"], log(b"caf\xc3\xa9\n", 2, 6))
+    assert code == 0 and capsysbinary.readouterr().out == b"caf\xc3\xa9\n"
+    assert dict(server.seen[0].url.params) == {"attempt": "2"}
+
+
+def test_logs_follow_goes_on_to_later_attempts_and_stops_at_the_end(env, capsysbinary):
+    code, server = run(
+        ["jobs", "logs", "j1", "--follow", "--interval", "0.01"],
+        (200, job(status="in_progress", attempt=1)),
+        log(b"one\n", 1, 4),
+        (200, job(status="in_progress", attempt=2)),  # a retry started
+        log(b"", 1, 4),  # attempt 1's log is read to its end first
+        log(b"two\n", 2, 4),
+        (200, job(status="successful", attempt=2)),
+        log(b"", 2, 4))
+    assert code == 0
+    out = capsysbinary.readouterr()
+    assert out.out == b"one\ntwo\n" and b"--- attempt 2 ---" in out.err
+    reads = [dict(r.url.params) for r in server.seen if r.url.path.endswith("/log")]
+    assert reads == [{}, {"attempt": "1", "offset": "4"}, {"attempt": "2"},
+                     {"attempt": "2", "offset": "4"}]
+    polls = [dict(r.url.params) for r in server.seen if r.url.path.endswith("/j1")]
+    assert polls == [{}, {"wait_seconds": "1"}, {"wait_seconds": "1"}]
+
+
+def test_logs_follow_json_prints_one_line_a_chunk_and_exits_by_status(env, capsys):
+    code, _ = run(["jobs", "logs", "j1", "--follow", "--json", "--interval", "0.01"],
+                  (200, job(status="in_progress", attempt=1)), log(b"a\n", 1, 2),
+                  (200, job(status="failure", attempt=1)), log(b"b\n", 1, 4))
+    assert code == 1
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(d["attempt"], d["offset"], d["text"]) for d in lines] == [(1, 0, "a\n"),
+                                                                       (1, 2, "b\n")]
+
+
+# --- artifacts and groups ------------------------------------------------------------------
+
+
+def test_artifacts_with_an_odd_name_from_the_server_are_not_saved(env, capsys, tmp_path):
+    listed = {"results": [{"name": "../evil", "size": 1, "sha256": "x", "attempt": 1}]}
+    code, server = run(["jobs", "artifacts", "j1", "--download", tmp_path / "out"],
+                       (200, listed))
+    assert code == 5 and len(server.seen) == 1
+    assert not (tmp_path / "evil").exists() and list((tmp_path / "out").iterdir()) == []
+    assert "not a file name: not saved" in capsys.readouterr().err
+
+
+def test_no_artifacts_is_a_note_in_text_and_an_empty_array_in_json(env, capsys):
+    assert run(["jobs", "artifacts", "j1"], (200, {"results": []}))[0] == 0
+    out = capsys.readouterr()
+    assert out.out == "" and "no published artifacts" in out.err
+    assert run(["jobs", "artifacts", "j1", "--json"], (200, {"results": []}))[0] == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_groups(env, capsys):
+    group = {"group": "run 1", "counts": {"queued": 2, "successful": 1, "failure": 0},
+             "finished": False, "cancelled_at": None}
+    code, server = run(["groups", "get", "run 1"], (200, group))
+    assert code == 0 and server.seen[0].url.raw_path == b"/v1/workspaces/ws/groups/run%201"
+    text = capsys.readouterr().out
+    assert text.startswith("group     run 1\nfinished  no") and "  queued       2" in text
+    code, server = run(["groups", "cancel", "run 1", "--reason", "stop"], (200, {"cancelled": 1}))
+    assert code == 0 and server.body() == {"reason": "stop"}
+    assert capsys.readouterr().out == "group run 1: cancelled 1 job; it takes no new jobs\n"
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("answers", "code", "message"), [
+    ([(401, {"code": "authentication_failed", "detail": "Invalid key."})], 4,
+     "set JOBQUEUE_API_KEY (or --api-key) to a valid API key of workspace ws"),
+    ([(403, {"code": "permission_denied", "detail": "No."})], 4,
+     "not an agent token (jqa_…)"),
+    ([(404, {"code": "not_found", "detail": "Not found."})], 3,
+     "job j1 not found (not_found): check it, and that JOBQUEUE_WORKSPACE"),
+    ([(429, {"code": "throttled", "detail": "Slow down."}, {"Retry-After": "3"})], 5,
+     "try again after 3 s"),
+    ([(503, {"code": "database_unavailable", "detail": "Busy."})] * 3, 5,
+     "the server failed (503 database_unavailable: Busy.)"),
+    ([httpx.ConnectError("refused")] * 3, 5,
+     "no answer from http://jq.test (ConnectError: refused): check JOBQUEUE_URL"),
+    ([(200, b"<html>")], 5, "invalid_response"),
+])
+def test_error_answers_map_to_exit_statuses_and_say_what_to_change(env, capsys, answers, code,
+                                                                   message):
+    assert run(["jobs", "get", "j1"], *answers)[0] == code
+    out = capsys.readouterr()
+    assert out.out == "" and message in out.err and KEY not in out.err
+
+
+def test_conflicts_exit_6_with_a_hint(env, capsys):
+    answer = (409, {"code": "job_finished", "detail": "The job has already reached a terminal "
+                                                      "status."})
+    assert run(["jobs", "cancel", "j1"], answer)[0] == 6
+    assert "`jobqueue jobs requeue ID` runs it again" in capsys.readouterr().err
+    answer = (409, {"code": "group_cancelled", "detail": "The group was cancelled."})
+    assert run(["jobs", "create", "--agent", "ag", "--group", "g"], answer)[0] == 6
+    assert "use a new --group" in capsys.readouterr().err
+
+
+def test_a_refused_field_names_the_option_that_sets_it(env, capsys):
+    answer = (400, {"code": "validation_error", "detail": "Invalid input.",
+                    "fields": {"max_runtime_seconds": ["Ensure this value is less than or "
+                                                       "equal to 86400."],
+                               "job_agent_id": ["No such job agent in this workspace."]}})
+    assert run(["jobs", "create", "--agent", "ag", "--max-runtime-seconds", "99999", "--json"],
+               answer)[0] == 2
+    error = json.loads(capsys.readouterr().err)
+    assert error["exit_code"] == 2 and error["error"]["status"] == 400
+    assert "--max-runtime-seconds: Ensure this value" in error["error"]["message"]
+    assert "--agent: No such job agent" in error["error"]["message"]
+    assert set(error["error"]["fields"]) == {"max_runtime_seconds", "job_agent_id"}
+    answer = (422, {"code": "idempotency_key_reused", "detail": "Key reused."})
+    assert run(["jobs", "create", "--agent", "ag", "--idempotency-key", "k"], answer)[0] == 2
+    assert "use a new --idempotency-key" in capsys.readouterr().err
+
+
+def test_every_field_of_post_jobs_has_its_option():
+    """A field the server names in a 400 is translated to the option that sets it."""
+    create = next(p for p in _every_parser(producer_cli.build_parser())
+                  if p.prog.endswith("jobs create"))
+    options = {o for a in create._actions for o in a.option_strings}
+    fields = {"job_agent_id", "job_agent_config", "dispatch_context", "priority",
+              "max_attempts", "delay_seconds", "retry_backoff_seconds", "max_runtime_seconds",
+              "expires_at", "external_id", "group", "hold", "idempotency_key"}
+    for field in fields:
+        assert OPTION_OF_FIELD[field].split()[0] in options, field
+
+
+def test_logs_follow_never_asks_for_a_longer_wait_than_the_server_allows(env, capsysbinary):
+    """A long --interval pauses up to it between reads, but each long-poll asks for at most
+    the client's max_wait_seconds (50, the server's default bound: beyond is a 400)."""
+    code, server = run(["jobs", "logs", "j1", "--follow", "--interval", "120"],
+                       (200, job(status="in_progress", attempt=1)), log(b"", 1, 0),
+                       (200, job(status="successful", attempt=1)), log(b"x", 1, 1))
+    assert code == 0 and capsysbinary.readouterr().out == b"x"
+    assert server.seen[2].url.params["wait_seconds"] == "50"
+
+
+def test_an_agent_token_given_as_the_api_key_is_named_as_such(env, capsys):
+    env.setenv("JOBQUEUE_API_KEY", "jqa_0123456789ab_agent")
+    answer = (401, {"code": "authentication_failed", "detail": "Invalid key."})
+    assert run(["jobs", "list"], answer)[0] == 4
+    err = capsys.readouterr().err
+    assert "JOBQUEUE_API_KEY (or --api-key) holds an agent token (jqa_…)" in err
+    assert "jqa_0123456789ab_agent" not in err
+
+
+def test_a_list_is_printed_as_its_pages_come(env, capsys):
+    """`--all` holds no list in memory: the first page is out before the second is asked
+    for (here the second fails: what came stays printed, the exit status says it failed)."""
+    page1 = {"results": [job(id="a", group="a very long group name")], "previous": None,
+             "next": "http://jq.test/v1/workspaces/ws/jobs?cursor=c2"}
+    failed = (503, {"code": "server_error", "detail": "Down."})
+    assert run(["jobs", "list", "--all"], (200, page1), failed, failed, failed)[0] == 5
+    out = capsys.readouterr()
+    assert out.out.splitlines()[1].split() == ["a", "queued", "0/3", "0",
+                                               "2030-01-01T00:00:00Z", "a", "very", "long",
+                                               "group", "name"]
+    assert "the server failed (503 server_error: Down.)" in out.err
+    assert run(["jobs", "list", "--all", "--json"], (200, page1), failed, failed, failed)[0] == 5
+    assert capsys.readouterr().out.startswith('[\n  {"id": "a"')
+
+
+def test_logs_json_is_one_document_however_many_reads_the_log_takes(env, capsys):
+    """A read answers at most 16 MiB; a longer log (a raised JOBQUEUE_MAX_LOG_BYTES) takes
+    several, and --json still prints one document with all of it."""
+    code, server = run(["jobs", "logs", "j1", "--json"], log(b"abc", 1, 5), log(b"de", 1, 5))
+    assert code == 0
+    assert json.loads(capsys.readouterr().out) == {"job_id": "j1", "attempt": 1, "offset": 0,
+                                                   "length": 5, "text": "abcde"}
+    assert [dict(r.url.params) for r in server.seen] == [{}, {"attempt": "1", "offset": "3"}]
