@@ -151,9 +151,10 @@ def fair_share(limit: int) -> list:
                  .order_by("oldest", "id").values_list("id", "workspace_id")[:limit])
     workspaces: dict = {}  # workspace -> deque of its endpoints' deques of due ids
     for endpoint_id, workspace_id in endpoints:
-        ids = due.filter(endpoint_id=endpoint_id).order_by("next_attempt_at", "id")
-        workspaces.setdefault(workspace_id, deque()).append(
-            deque(ids.values_list("id", flat=True)[:limit]))
+        ids = deque(due.filter(endpoint_id=endpoint_id).order_by("next_attempt_at", "id")
+                    .values_list("id", flat=True)[:limit])
+        if ids:  # (another sender may have taken them since)
+            workspaces.setdefault(workspace_id, deque()).append(ids)
     chosen = []
     while workspaces and len(chosen) < limit:
         for workspace_id in list(workspaces):
