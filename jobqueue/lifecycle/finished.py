@@ -14,9 +14,9 @@ statement itself (one autocommit statement is the whole transaction) and so pass
 outbox_written=True, as the ORM backend does, which writes them in its own transaction.
 
 Each row's body (payload) is fixed when it is written: the job as it is at the end of the
-transition (job_document), so a later requeue, report or prune changes nothing a receiver
-gets. The report statements build the same document in SQL (their `hook` CTE);
-tests/integration/core/test_webhooks.py compares the two.
+transition (finished_payload), so a later requeue, report or prune changes nothing a receiver
+gets. The report statements build the same document in SQL (jobqueue_finished_payload,
+migration 0014); tests/integration/core/test_webhooks.py compares the two.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from datetime import UTC
 from django.db import transaction
 
 from jobqueue import signals
-from jobqueue.db import db_now
 from jobqueue.models import Job, WebhookDelivery, WebhookEndpoint
 
 Ended = tuple[uuid.UUID, uuid.UUID, str]  # job_id, workspace_id, terminal status
@@ -59,10 +58,11 @@ def json_time(value) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def job_payload(delivery_id, created_at, job: dict) -> dict:
-    """A job.finished delivery's body (its `job` from job_document)."""
-    return {"id": str(delivery_id), "event": WebhookEndpoint.JOB_FINISHED,
-            "created_at": json_time(created_at), "job": job}
+def finished_payload(job: Job) -> dict:
+    """What a job.finished delivery stores: {"job": job_document(job)}. The body sent adds the
+    row's own id, event and created_at (maintenance/webhooks.py, body_of). PostgreSQL's
+    report statements store the same with jobqueue_finished_payload (migration 0014)."""
+    return {"job": job_document(job)}
 
 
 def announce_finished(ended: Iterable[Ended], *, actor: str = "",
@@ -91,17 +91,13 @@ def write_outbox(ended: list[Ended]) -> int:
     wanted = {e.workspace_id for e in endpoints}
     jobs = Job.objects.filter(id__in=[job_id for job_id, workspace_id, _ in ended
                                       if workspace_id in wanted]).defer("dispatch_context")
-    documents = {job.id: job_document(job) for job in jobs}
-    created_at = db_now()
-    rows = []
-    for job_id, workspace_id, _status in ended:
-        for e in endpoints:
-            if e.workspace_id == workspace_id:
-                delivery = WebhookDelivery(endpoint_id=e.id, job_id=job_id,
-                                           event=WebhookEndpoint.JOB_FINISHED,
-                                           created_at=created_at)
-                delivery.payload = job_payload(delivery.id, created_at, documents[job_id])
-                rows.append(delivery)
+    payloads = {job.id: finished_payload(job) for job in jobs}
+    rows = [
+        WebhookDelivery(endpoint_id=e.id, job_id=job_id, event=WebhookEndpoint.JOB_FINISHED,
+                        payload=payloads[job_id])
+        for job_id, workspace_id, _status in ended
+        for e in endpoints if e.workspace_id == workspace_id
+    ]
     WebhookDelivery.objects.bulk_create(rows)
     return len(rows)
 

@@ -51,7 +51,7 @@ from django.db.models.functions import Now
 from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import WebhookLimitReached
-from jobqueue.lifecycle.finished import job_document, job_payload
+from jobqueue.lifecycle.finished import finished_payload, json_time
 from jobqueue.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint, Workspace
 from jobqueue.redaction import redact_job_document, secret_strings
 
@@ -132,8 +132,7 @@ def take(limit: int) -> list[WebhookDelivery]:
         taken = list(WebhookDelivery.objects.filter(id__in=ids).select_related("endpoint"))
         for delivery in taken:
             if delivery.payload is None:  # written before bodies were fixed at the transition
-                job = Job.objects.get(id=delivery.job_id)
-                delivery.payload = job_payload(delivery.id, delivery.created_at, job_document(job))
+                delivery.payload = finished_payload(Job.objects.get(id=delivery.job_id))
                 WebhookDelivery.objects.filter(id=delivery.id).update(payload=delivery.payload)
     rank = {delivery_id: i for i, delivery_id in enumerate(chosen)}
     return sorted(taken, key=lambda d: rank[d.id])
@@ -220,12 +219,14 @@ def _shutdown(sock) -> None:
 
 
 def body_of(delivery: WebhookDelivery, secrets: list[str]) -> bytes:
-    """The bytes sent: the delivery's fixed payload, agent text redacted (the same bytes on
-    every try: the payload and the job's dispatch_context never change)."""
-    payload = delivery.payload
-    if "job" in payload:
-        payload = {**payload, "job": redact_job_document(payload["job"], secrets)}
-    return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+    """The bytes sent: the row's id, event and created_at and its fixed payload, agent text
+    redacted (the same bytes on every try: none of them, nor the job's dispatch_context, ever
+    changes)."""
+    body = {"id": str(delivery.id), "event": delivery.event,
+            "created_at": json_time(delivery.created_at), **delivery.payload}
+    if "job" in body:
+        body["job"] = redact_job_document(body["job"], secrets)
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
 
 def deliver(client: httpx.Client, delivery: WebhookDelivery, timestamp: int,

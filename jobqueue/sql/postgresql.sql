@@ -156,10 +156,10 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0))
 -- publishes its claim's staged artifacts (jobqueue/lifecycle/artifacts.py) and unpublishes
 -- an earlier set (a job requeued after a success); an ended job gets one webhook outbox row
 -- per endpoint of its workspace that wants job.finished (lifecycle/finished.py; events `[]`:
--- all), its body fixed here: finished.job_payload(job_document(the job as done returns it)),
--- times in UTC with six fractional digits and a Z, as finished.json_time writes them. A
--- producer waiting for the job (job.watched, set before its wait's first check) is
--- told by a NOTIFY on the channel jobqueue.wakeups.CHANNEL, delivered on commit, only then:
+-- all), its body fixed here: jobqueue_finished_payload (migration 0014) of the job as done
+-- returns it, as lifecycle/finished.py writes it. A producer waiting for the job (job.watched,
+-- set before its wait's first check) is told by a NOTIFY on the channel
+-- jobqueue.wakeups.CHANNEL, delivered on commit, only then:
 -- a NOTIFY serializes commits cluster-wide (15-30 % of the core cycle at 16 workers when
 -- every report sent one). The CTEs run because the final SELECT counts them.
 WITH done AS (
@@ -197,33 +197,11 @@ WITH done AS (
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
     FROM done
 ), hook AS (
-    INSERT INTO webhook_delivery (id, endpoint_id, job_id, created_at, payload)
-    SELECT d.id, d.endpoint_id, d.job_id, STATEMENT_TIMESTAMP(), jsonb_build_object(
-        'id', d.id, 'event', 'job.finished',
-        'created_at', replace(to_char(STATEMENT_TIMESTAMP() AT TIME ZONE 'UTC',
-            'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-        'job', d.job)
-    FROM (SELECT gen_random_uuid() AS id, e.id AS endpoint_id, done.id AS job_id,
-                 jsonb_build_object(
-                     'id', done.id, 'workspace_id', done.workspace_id,
-                     'job_agent_id', done.job_agent_id, 'status', done.status,
-                     'job_agent_config', done.job_agent_config, 'result', done.result,
-                     'message', done.message, 'external_id', done.external_id,
-                     'attempt', done.attempt, 'max_attempts', done.max_attempts,
-                     'priority', done.priority, 'idempotency_key', done.idempotency_key,
-                     'available_at', replace(to_char(done.available_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'created_at', replace(to_char(done.created_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'started_at', replace(to_char(done.started_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'completed_at', replace(to_char(done.completed_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'updated_at', replace(to_char(done.updated_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z') AS job
-          FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
-          WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
-            AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))) d
+    INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
+    SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))
+    FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
+    WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
+      AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))
 ), notified AS (
     SELECT pg_notify('jobqueue_wake', 'j:' || done.id::text) FROM done
     WHERE done.watched
@@ -279,33 +257,11 @@ WITH done AS (
            STATEMENT_TIMESTAMP()
     FROM done
 ), hook AS (
-    INSERT INTO webhook_delivery (id, endpoint_id, job_id, created_at, payload)
-    SELECT d.id, d.endpoint_id, d.job_id, STATEMENT_TIMESTAMP(), jsonb_build_object(
-        'id', d.id, 'event', 'job.finished',
-        'created_at', replace(to_char(STATEMENT_TIMESTAMP() AT TIME ZONE 'UTC',
-            'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-        'job', d.job)
-    FROM (SELECT gen_random_uuid() AS id, e.id AS endpoint_id, done.id AS job_id,
-                 jsonb_build_object(
-                     'id', done.id, 'workspace_id', done.workspace_id,
-                     'job_agent_id', done.job_agent_id, 'status', done.status,
-                     'job_agent_config', done.job_agent_config, 'result', done.result,
-                     'message', done.message, 'external_id', done.external_id,
-                     'attempt', done.attempt, 'max_attempts', done.max_attempts,
-                     'priority', done.priority, 'idempotency_key', done.idempotency_key,
-                     'available_at', replace(to_char(done.available_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'created_at', replace(to_char(done.created_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'started_at', replace(to_char(done.started_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'completed_at', replace(to_char(done.completed_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'updated_at', replace(to_char(done.updated_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z') AS job
-          FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
-          WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
-            AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))) d
+    INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
+    SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))
+    FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
+    WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
+      AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))
 ), notified AS (
     SELECT pg_notify('jobqueue_wake', 'j:' || done.id::text) FROM done
     WHERE done.watched
@@ -421,33 +377,11 @@ WITH req AS (
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
 ), hook AS (
-    INSERT INTO webhook_delivery (id, endpoint_id, job_id, created_at, payload)
-    SELECT d.id, d.endpoint_id, d.job_id, STATEMENT_TIMESTAMP(), jsonb_build_object(
-        'id', d.id, 'event', 'job.finished',
-        'created_at', replace(to_char(STATEMENT_TIMESTAMP() AT TIME ZONE 'UTC',
-            'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-        'job', d.job)
-    FROM (SELECT gen_random_uuid() AS id, e.id AS endpoint_id, done.id AS job_id,
-                 jsonb_build_object(
-                     'id', done.id, 'workspace_id', done.workspace_id,
-                     'job_agent_id', done.job_agent_id, 'status', done.status,
-                     'job_agent_config', done.job_agent_config, 'result', done.result,
-                     'message', done.message, 'external_id', done.external_id,
-                     'attempt', done.attempt, 'max_attempts', done.max_attempts,
-                     'priority', done.priority, 'idempotency_key', done.idempotency_key,
-                     'available_at', replace(to_char(done.available_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'created_at', replace(to_char(done.created_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'started_at', replace(to_char(done.started_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'completed_at', replace(to_char(done.completed_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z',
-                     'updated_at', replace(to_char(done.updated_at AT TIME ZONE 'UTC',
-                         'YYYY-MM-DD HH24:MI:SS.US'), ' ', 'T') || 'Z') AS job
-          FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
-          WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
-            AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))) d
+    INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
+    SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))
+    FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
+    WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
+      AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))
 ), notified AS (
     SELECT pg_notify('jobqueue_wake', 'j:' || done.id::text) FROM done
     WHERE done.watched
