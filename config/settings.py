@@ -276,9 +276,11 @@ JOBQUEUE = {
     "GROUP_WATCH_INTERVAL_SECONDS": env.float("JOBQUEUE_GROUP_WATCH_INTERVAL_SECONDS", 5.0),
     "GROUP_WATCH_BATCH_SIZE": env.int("JOBQUEUE_GROUP_WATCH_BATCH_SIZE", 500),
     # Webhooks: tries per delivery, the first retry's delay (doubling, with jitter, up to the
-    # max), the timeout of one POST, how long a sender reserves a delivery it is sending, how
-    # many it takes at once, how often maintenance sends, how much of an answer it reads, and
-    # the networks targets must be in (comma-separated CIDRs; empty: any).
+    # max), the deadline of one try (the whole request, connect to last byte), how long a
+    # sender reserves a delivery it is sending, how many it takes at once, how often
+    # maintenance sends, how much of an answer it reads, the networks targets must be in
+    # (comma-separated CIDRs; empty: any), how many endpoints it sends to at once, and how
+    # many endpoints a workspace may have.
     "WEBHOOK_MAX_ATTEMPTS": env.int("JOBQUEUE_WEBHOOK_MAX_ATTEMPTS", 12),
     "WEBHOOK_BACKOFF_SECONDS": env.float("JOBQUEUE_WEBHOOK_BACKOFF_SECONDS", 5.0),
     "WEBHOOK_MAX_BACKOFF_SECONDS": env.float("JOBQUEUE_WEBHOOK_MAX_BACKOFF_SECONDS", 3600.0),
@@ -288,6 +290,8 @@ JOBQUEUE = {
     "WEBHOOK_INTERVAL_SECONDS": env.float("JOBQUEUE_WEBHOOK_INTERVAL_SECONDS", 1.0),
     "WEBHOOK_RESPONSE_BYTES": env.int("JOBQUEUE_WEBHOOK_RESPONSE_BYTES", 4096),
     "WEBHOOK_ALLOWED_NETWORKS": env.str("JOBQUEUE_WEBHOOK_ALLOWED_NETWORKS", ""),
+    "WEBHOOK_CONCURRENCY": env.int("JOBQUEUE_WEBHOOK_CONCURRENCY", 8),
+    "MAX_WEBHOOKS_PER_WORKSPACE": env.int("JOBQUEUE_MAX_WEBHOOKS_PER_WORKSPACE", 20),
     # Job outputs (docs/outputs.md): each attempt's log is capped; a holder whose claim was
     # just cancelled, reaped or superseded may still append for the grace period.
     "MAX_LOG_BYTES": env.int("JOBQUEUE_MAX_LOG_BYTES", 16 * 1024 * 1024),

@@ -58,6 +58,8 @@ DEFAULTS = {
     "WEBHOOK_INTERVAL_SECONDS": 1.0,
     "WEBHOOK_RESPONSE_BYTES": 4096,
     "WEBHOOK_ALLOWED_NETWORKS": "",
+    "WEBHOOK_CONCURRENCY": 8,
+    "MAX_WEBHOOKS_PER_WORKSPACE": 20,
     "PREPARED_STATEMENTS": True,
     # The oldest jobqueue-client (major.minor) the API supports; older ones are logged.
     "MIN_CLIENT_VERSION": "0.2",

@@ -81,6 +81,13 @@ class GroupCancelled(Conflict):
     default_detail = "The job's group was cancelled; it takes no new jobs and no requeues."
 
 
+class WebhookLimitReached(Conflict):
+    """The workspace already has JOBQUEUE_MAX_WEBHOOKS_PER_WORKSPACE webhook endpoints."""
+
+    code = "webhook_limit_reached"
+    default_detail = "The workspace has as many webhook endpoints as it may have; delete one first."
+
+
 class LogRangeGap(JobQueueError):
     """A log chunk that starts past the log's end: the agent resends from `length`."""
 

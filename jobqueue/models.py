@@ -565,7 +565,9 @@ class WebhookDelivery(models.Model):
                               related_name="webhook_deliveries", db_index=False)
     event = models.CharField(max_length=32, db_default=WebhookEndpoint.JOB_FINISHED)
     status = models.CharField(max_length=16, choices=STATUSES, db_default=PENDING)
-    # The body, fixed at the first try so that every try sends the same bytes.
+    # The body, fixed when the row is written (in the transaction of the transition it tells
+    # of), so that every try sends the same document; null only in rows written before
+    # migration 0013, whose body the sender fixes at their first try.
     payload = models.JSONField(null=True, blank=True)
     attempts = models.PositiveIntegerField(db_default=0)
     next_attempt_at = models.DateTimeField(db_default=Now())
@@ -584,6 +586,9 @@ class WebhookDelivery(models.Model):
             models.Index(fields=["next_attempt_at"], condition=Q(status="pending"),
                          name="webhook_delivery_due_idx"),
             models.Index(fields=["endpoint", "-created_at"], name="webhook_delivery_recent_idx"),
+            # The sender's fair share: each endpoint's oldest due deliveries.
+            models.Index(fields=["endpoint", "next_attempt_at"], condition=Q(status="pending"),
+                         name="webhook_endpoint_due_idx"),
             models.Index(fields=["group"], condition=Q(group__isnull=False),
                          name="webhook_delivery_group_idx"),
         ]

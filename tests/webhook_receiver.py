@@ -12,7 +12,8 @@ class Receiver:
     def __init__(self):
         self.requests: list[dict] = []
         self.script: list = []  # per request, in order: int status, ("hang", s), ("redirect",),
-        self.default = 200      # ("big", n bytes), ("wait", Event); then `default`
+        self.default = 200      # ("big", n bytes), ("wait", Event), ("drip", s, n bytes: the
+        #                         whole answer a byte every s seconds); then `default`
         self.lock = threading.Lock()
         self.arrived = threading.Condition(self.lock)
         self.bytes_written = 0
@@ -33,6 +34,8 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        # A sender that hangs up (a try cut at its deadline or by a stop) is expected here.
+        self.server.handle_error = lambda request, client_address: None
         self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -53,6 +56,18 @@ class Receiver:
             handler.send_header("Location", self.url + "/elsewhere")
             handler.send_header("Content-Length", "0")
             handler.end_headers()
+        elif step[0] == "drip":
+            answer = (f"HTTP/1.1 200 OK\r\nContent-Length: {step[2]}\r\n\r\n".encode()
+                      + b"x" * step[2])
+            try:
+                for i in range(len(answer)):
+                    handler.wfile.write(answer[i:i + 1])
+                    handler.wfile.flush()
+                    self.bytes_written += 1
+                    time.sleep(step[1])
+            except OSError:  # the sender hung up
+                pass
+            handler.close_connection = True
         elif step[0] == "big":
             handler.send_response(200)
             handler.send_header("Content-Length", str(step[1]))

@@ -44,9 +44,10 @@ class WebhookViewSet(ApiViewSet):
     @extend_schema(
         tags=PRODUCER_TAGS,
         operation_id="create_webhook",
-        summary="Create a webhook endpoint (the signing secret is returned once)",
+        summary="Create a webhook endpoint (the signing secret is returned once); 409 "
+                "webhook_limit_reached past JOBQUEUE_MAX_WEBHOOKS_PER_WORKSPACE",
         request=s.WebhookCreateInput,
-        responses={201: s.WebhookCreatedSerializer, **errors(*WITH_BODY, *COMMON)},
+        responses={201: s.WebhookCreatedSerializer, **errors(*WITH_BODY, 409, *COMMON)},
     )
     def create(self, request, workspace_id):
         data = self.validated(s.WebhookCreateInput)

@@ -2,8 +2,9 @@
 actions that call the lifecycle (requeue, cancel, mark failed), need the change permission and
 write a job event naming the operator and an admin LogEntry.
 
-`dispatch_context` may hold secrets: only its keys are ever rendered. Claim ids (fencing
-tokens) are never rendered either, nor filterable from the query string.
+`dispatch_context` may hold secrets: only its keys are ever rendered, and agent text (message,
+result, external id, attempts, event details, logs) is shown through jobqueue.redaction.
+Claim ids (fencing tokens) are never rendered either, nor filterable from the query string.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
 from jobqueue.lifecycle import logs
 from jobqueue.models import Job, JobArtifact, JobEffect, JobEvent, JobGroup
+from jobqueue.redaction import redact_text, redact_value, secret_strings
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
 from .live import LIVE_POLL_MS, LiveJobViews
@@ -138,9 +140,9 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         "started_at",
         "completed_at",
         "updated_at",
-        "external_id",
+        "external_id_display",
         "idempotency_key",
-        "message",
+        "message_display",
         "job_agent_config_display",
         "dispatch_context_keys",
         "result_display",
@@ -231,11 +233,28 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
             return "(empty)"
         return format_html_join(", ", "<code>{}</code>", ((k,) for k in sorted(keys)))
 
+    def secrets(self, obj) -> list[str]:
+        """The dispatch_context's strings, which agent text is shown without
+        (jobqueue.redaction); read once per page, never rendered."""
+        if not hasattr(obj, "_secrets"):
+            obj._secrets = secret_strings(
+                Job.objects.filter(pk=obj.pk).values_list("dispatch_context", flat=True).first())
+        return obj._secrets
+
+    @admin.display(description="external id")
+    def external_id_display(self, obj):
+        return redact_text(obj.external_id, self.secrets(obj)) if obj.external_id else "—"
+
+    @admin.display(description="message")
+    def message_display(self, obj):
+        return redact_text(obj.message, self.secrets(obj)) if obj.message else "—"
+
     @admin.display(description="result")
     def result_display(self, obj):
         if obj.result is None:
             return "—"
-        return format_html("<pre>{}</pre>", json.dumps(obj.result, indent=2))
+        return format_html("<pre>{}</pre>", json.dumps(redact_value(obj.result,
+                                                                    self.secrets(obj)), indent=2))
 
     @admin.display(description="claim")
     def claim_display(self, obj):
@@ -263,10 +282,12 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
 
     @admin.display(description="attempts")
     def attempt_history(self, obj):
+        secrets = self.secrets(obj)
         rows = [
             (a.number, f"{a.claimed_at:%Y-%m-%d %H:%M:%S} UTC",
              "running" if a.ended_at is None else f"{a.ended_at:%Y-%m-%d %H:%M:%S} UTC",
-             a.outcome or "—", a.message or "—", a.claimed_by or "—", a.holder or "—")
+             a.outcome or "—", redact_text(a.message, secrets) or "—", a.claimed_by or "—",
+             a.holder or "—")
             for a in history.attempts(obj.pk)
         ]
         if not rows:
@@ -283,12 +304,11 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         tails = logs.log_tails(obj.pk, LOG_TAIL_BYTES)
         if not tails:
             return "No log."
-        secrets = _secret_strings(
-            Job.objects.filter(pk=obj.pk).values_list("dispatch_context", flat=True).first())
+        secrets = self.secrets(obj)
         items = []
         for tail in tails:
-            text = _redacted(tail.data.decode("utf-8", errors="replace"), secrets,
-                             cut=bool(tail.offset))
+            text = redact_text(tail.data.decode("utf-8", errors="replace"), secrets,
+                               cut=bool(tail.offset))
             cut = "…" if tail.offset else ""
             items.append((tail.attempt, tail.length, cut + text))
         return format_html_join(
@@ -358,7 +378,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
                 e.attempt,
                 e.actor or "—",
                 e.holder or "—",
-                _format_detail(e.detail),
+                _format_detail(e.detail, self.secrets(obj)),
                 _format_count(e),
             )
             for e in page
@@ -459,38 +479,6 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
 LOG_TAIL_BYTES = 4096
 
 
-def _secret_strings(value, found=None) -> list[str]:
-    """The strings (of 4 characters or more) in a dispatch_context, longest first."""
-    found = [] if found is None else found
-    if isinstance(value, str) and len(value) >= 4:
-        found.append(value)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _secret_strings(item, found)
-    elif isinstance(value, list):
-        for item in value:
-            _secret_strings(item, found)
-    return sorted(set(found), key=len, reverse=True)
-
-
-REDACTED = "[redacted]"
-
-
-def _redacted(text: str, secrets: list[str], *, cut: bool) -> str:
-    """A log's tail without the dispatch_context's secrets an agent echoed: every whole one,
-    and the part of one that the tail's cut (`cut`: the tail starts inside the log) or the
-    log's current end (a line still being written) splits, from 3 characters on."""
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    for secret in secrets:
-        pieces = range(len(secret) - 1, 2, -1)  # the longest first
-        head = next((k for k in pieces if cut and text.startswith(secret[-k:])), 0)
-        tail = next((k for k in pieces if text.endswith(secret[:k])), 0)
-        text = (REDACTED if head else "") + text[head:len(text) - tail] + \
-            (REDACTED if tail else "")
-    return text
-
-
 TIMELINE_PAGE_SIZE = 100
 TIMELINE_PARAM = "timeline_before"
 
@@ -508,9 +496,13 @@ def _format_count(e: JobEvent) -> str:
     return f"×{e.count}, the last at {e.last_at:%Y-%m-%d %H:%M:%S} UTC"
 
 
-def _format_detail(detail) -> str:
+def _format_detail(detail, secrets: list[str]) -> str:
+    """An event's detail, its agent text redacted (a message there is cut to a size)."""
     if not isinstance(detail, dict) or not detail:
         return ""
+    detail = redact_value(detail, secrets)
+    if isinstance(detail.get("message"), str):
+        detail["message"] = redact_text(detail["message"], secrets)
     return ", ".join(f"{k}={v}" for k, v in sorted(detail.items()))
 
 

@@ -1,12 +1,17 @@
 """Webhooks in the admin: endpoints (never their secret) and the delivery log, every try with
-its status code, duration and error, and a "redeliver" action (the change permission)."""
+its status code, duration and error, and a "redeliver" action (the change permission). A
+delivery's body is shown as it is sent: its agent text redacted (jobqueue.redaction)."""
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin, messages
+from django.utils.html import format_html
 
 from jobqueue.maintenance import webhooks
-from jobqueue.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from jobqueue.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from jobqueue.redaction import secret_strings
 
 
 @admin.register(WebhookEndpoint)
@@ -46,9 +51,18 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     search_fields = ["=id", "=job__id", "=group__name"]
     fields = readonly_fields = ["id", "endpoint", "job", "group", "event", "status", "attempts",
                                 "created_at", "last_attempt_at", "next_attempt_at",
-                                "last_status_code", "last_error", "payload"]
+                                "last_status_code", "last_error", "payload_display"]
     inlines = [AttemptInline]
     actions = ["redeliver"]
+
+    @admin.display(description="payload (as sent)")
+    def payload_display(self, obj):
+        if obj.payload is None:
+            return "— (fixed at its first try)"
+        context = Job.objects.filter(id=obj.job_id).values_list("dispatch_context",
+                                                                 flat=True).first()
+        body = webhooks.body_of(obj, secret_strings(context))
+        return format_html("<pre>{}</pre>", json.dumps(json.loads(body), indent=2))
 
     def has_add_permission(self, request):
         return False

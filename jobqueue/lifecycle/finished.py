@@ -12,12 +12,18 @@ retries, group cancel) calls it the same way.
 PostgreSQL's report statements (jobqueue/sql/postgresql.sql) write their outbox rows in the
 statement itself (one autocommit statement is the whole transaction) and so pass
 outbox_written=True, as the ORM backend does, which writes them in its own transaction.
+
+Each row's body (payload) is fixed when it is written: the job as it is at the end of the
+transition (finished_payload), so a later requeue, report or prune changes nothing a receiver
+gets. The report statements build the same document in SQL (jobqueue_finished_payload,
+migration 0014); tests/integration/core/test_webhooks.py compares the two.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from datetime import UTC
 
 from django.db import transaction
 
@@ -25,6 +31,38 @@ from jobqueue import signals
 from jobqueue.models import Job, WebhookDelivery, WebhookEndpoint
 
 Ended = tuple[uuid.UUID, uuid.UUID, str]  # job_id, workspace_id, terminal status
+
+# A job.finished body's `job`: the job as the API shows it, never its dispatch_context.
+JOB_FIELDS = ("id", "workspace_id", "job_agent_id", "status", "job_agent_config", "result",
+              "message", "external_id", "attempt", "max_attempts", "priority", "available_at",
+              "created_at", "started_at", "completed_at", "updated_at", "idempotency_key")
+
+
+def job_document(job: Job) -> dict:
+    """The job as a job.finished delivery carries it (JOB_FIELDS; ids as strings, times as
+    json_time writes them)."""
+    doc = {}
+    for name in JOB_FIELDS:
+        value = getattr(job, name)
+        if hasattr(value, "isoformat"):
+            value = json_time(value)
+        elif name.endswith("id") and value is not None and name != "external_id":
+            value = str(value)
+        doc[name] = value
+    return doc
+
+
+def json_time(value) -> str:
+    """A time as a delivery carries it: ISO 8601 in UTC, six fractional digits, a Z (the SQL
+    of the report statements writes the same)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def finished_payload(job: Job) -> dict:
+    """What a job.finished delivery stores: {"job": job_document(job)}. The body sent adds the
+    row's own id, event and created_at (maintenance/webhooks.py, body_of). PostgreSQL's
+    report statements store the same with jobqueue_finished_payload (migration 0014)."""
+    return {"job": job_document(job)}
 
 
 def announce_finished(ended: Iterable[Ended], *, actor: str = "",
@@ -40,7 +78,8 @@ def announce_finished(ended: Iterable[Ended], *, actor: str = "",
 
 
 def write_outbox(ended: list[Ended]) -> int:
-    """One pending delivery per ended job and endpoint of its workspace that wants it."""
+    """One pending delivery per ended job and endpoint of its workspace that wants it, its
+    body fixed now: the job as this transaction leaves it."""
     endpoints = [
         e for e in WebhookEndpoint.objects.filter(
             workspace_id__in={workspace_id for _, workspace_id, _ in ended}
@@ -49,8 +88,13 @@ def write_outbox(ended: list[Ended]) -> int:
     ]
     if not endpoints:
         return 0
+    wanted = {e.workspace_id for e in endpoints}
+    jobs = Job.objects.filter(id__in=[job_id for job_id, workspace_id, _ in ended
+                                      if workspace_id in wanted]).defer("dispatch_context")
+    payloads = {job.id: finished_payload(job) for job in jobs}
     rows = [
-        WebhookDelivery(endpoint_id=e.id, job_id=job_id, event=WebhookEndpoint.JOB_FINISHED)
+        WebhookDelivery(endpoint_id=e.id, job_id=job_id, event=WebhookEndpoint.JOB_FINISHED,
+                        payload=payloads[job_id])
         for job_id, workspace_id, _status in ended
         for e in endpoints if e.workspace_id == workspace_id
     ]
@@ -76,7 +120,7 @@ def write_group_outbox(finished: list, created_at) -> int:
                                        event=WebhookEndpoint.GROUP_FINISHED,
                                        created_at=created_at)
             delivery.payload = {"id": str(delivery.id), "event": delivery.event,
-                                "created_at": created_at.isoformat().replace("+00:00", "Z"),
+                                "created_at": json_time(created_at),
                                 "group": state.as_document()}
             rows.append(delivery)
     WebhookDelivery.objects.bulk_create(rows)

@@ -6,6 +6,11 @@ service that is due; a service that fails (the database is down, say) is logged,
 when the database lets us, and tried again after a backoff, while the others go on. Several
 loops at once are safe: every service takes its rows with SKIP LOCKED (the artifact cleaner
 deletes only rows that can never be published, file first). A new service joins SERVICES.
+
+A service with OWN_THREAD = True (the webhook sender: its speed is its receivers') runs on its
+own thread in the loop, with its own schedule and database connection, so that it never
+delays the others (the reaper above all); one with STOPPABLE = True gets the loop's stop event
+(service_run(stop=)) and ends a run in progress promptly when it is set.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class Maintenance:
     services: tuple = SERVICES
     interval: float | None = None  # one pause for every service (--interval); else each its own
     state: dict = field(default_factory=dict)
+    stop: threading.Event | None = None  # handed to STOPPABLE services
 
     def _interval(self, service) -> float:
         return self.interval if self.interval is not None else service.interval_seconds()
@@ -71,7 +77,8 @@ class Maintenance:
     def _run(self, service, st: _State, now: float) -> Outcome:
         close_old_connections()
         try:
-            counts, run_id, idle = service.service_run(idle_run_id=st.idle_run_id)
+            extra = {"stop": self.stop} if getattr(service, "STOPPABLE", False) else {}
+            counts, run_id, idle = service.service_run(idle_run_id=st.idle_run_id, **extra)
         except Exception as exc:  # noqa: BLE001 - one failure must not end the loop
             error = f"{type(exc).__name__}: {exc}"
             log.warning("maintenance %s failed (%s); retrying", service.SERVICE, error)
@@ -99,12 +106,38 @@ def run_once(services=None) -> list[Outcome]:
 
 def run_forever(*, stop: threading.Event, on_outcome, interval: float | None = None,
                 services=None) -> None:
-    """Run each service when it is due until `stop` is set (which ends a pause at once)."""
-    schedule = Maintenance(services=services or SERVICES, interval=interval)
-    while not stop.is_set():
-        for outcome in schedule.run_due():
+    """Run each service when it is due until `stop` is set (which ends a pause at once): the
+    OWN_THREAD services each on a thread of its own, the others on this one, in order."""
+    services = services or SERVICES
+    shared = tuple(s for s in services if not getattr(s, "OWN_THREAD", False))
+    lock = threading.Lock()
+
+    def report(outcome):
+        with lock:  # one outcome at a time (on_outcome writes lines)
             on_outcome(outcome)
-        stop.wait(schedule.next_due_in())
+
+    threads = [threading.Thread(target=_lane, args=((s,), stop, report, interval),
+                                name=f"maintenance-{s.SERVICE}")
+               for s in services if getattr(s, "OWN_THREAD", False)]
+    for thread in threads:
+        thread.start()
+    try:
+        _lane(shared, stop, report, interval)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def _lane(services: tuple, stop: threading.Event, on_outcome, interval: float | None) -> None:
+    schedule = Maintenance(services=services, interval=interval, stop=stop)
+    try:
+        while not stop.is_set():
+            for outcome in schedule.run_due():
+                on_outcome(outcome)
+            stop.wait(schedule.next_due_in() if services else None)
+    finally:
+        _drop_connection()  # this thread's own
 
 
 def _record_error(service: str, error: str) -> None:

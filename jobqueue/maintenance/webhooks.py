@@ -9,9 +9,21 @@ one try twice at once, and a sender that dies mid-send leaves the delivery to be
 when the reservation ends. The result is written only if the delivery is still this sender's
 try (attempts unchanged). Ordering per endpoint is not promised.
 
+Fair and bounded: a batch is shared round-robin between workspaces and their endpoints
+(fair_share); worker threads send to several endpoints at once (WEBHOOK_CONCURRENCY), one
+connection per endpoint at a time; WEBHOOK_TIMEOUT_SECONDS is the deadline of a whole try,
+connect to the last byte read (Try), not of each read; a failed try puts the endpoint's other
+deliveries of the batch back for the first retry's delay. The maintenance loop runs the sender
+in its own thread (maintenance/loop.py), so a slow receiver never delays the reaper; a stop
+cuts the tries in flight and puts them back.
+
 Outbound safety: http(s) only, redirects never followed, at most WEBHOOK_RESPONSE_BYTES of
-an answer read, WEBHOOK_TIMEOUT_SECONDS per request, and targets restricted to
-WEBHOOK_ALLOWED_NETWORKS when it is set (every address the host resolves to must be inside).
+an answer read, and targets restricted to WEBHOOK_ALLOWED_NETWORKS when it is set (every
+address the host resolves to must be inside).
+
+The body of a delivery is fixed when its row is written, in the transaction of the transition
+it tells of (lifecycle/finished.py); agent text in it is redacted when it is sent
+(jobqueue.redaction), and each try is signed just before its POST.
 """
 
 from __future__ import annotations
@@ -21,32 +33,35 @@ import hmac
 import ipaddress
 import json
 import logging
+import queue
 import random
 import secrets
 import socket
+import threading
 import time
+from collections import deque
 from urllib.parse import urlsplit
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, OuterRef, Subquery
 from django.db.models.functions import Now
 
 from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds, db_now
-from jobqueue.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from jobqueue.exceptions import WebhookLimitReached
+from jobqueue.lifecycle.finished import finished_payload, json_time
+from jobqueue.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint, Workspace
+from jobqueue.redaction import redact_job_document, secret_strings
 
 from . import records
 
 SERVICE = "webhooks"
+OWN_THREAD = True  # the maintenance loop runs the sender on its own thread
+STOPPABLE = True  # service_run(stop=): a stop cuts the tries in flight
 USER_AGENT = "jobqueue-webhooks/1"
 log = logging.getLogger("jobqueue.webhooks")
-
-JOB_FIELDS = ("id", "workspace_id", "job_agent_id", "status", "job_agent_config", "result",
-              "message", "external_id", "attempt", "max_attempts", "priority", "available_at",
-              "created_at", "started_at", "completed_at", "updated_at", "idempotency_key")
-
 
 class TargetRefused(Exception):
     """The URL may not be called (scheme, or an address outside the allowed networks)."""
@@ -60,19 +75,6 @@ def sign(secret: str, timestamp: int, body: bytes) -> str:
     """The X-Jobqueue-Signature value: t=<unix seconds>,v1=<hex HMAC-SHA256 of "t.body">."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
     return f"t={timestamp},v1={mac.hexdigest()}"
-
-
-def job_document(job: Job) -> dict:
-    """The job as the API shows it (GET jobs/{id}), without dispatch_context."""
-    doc = {}
-    for name in JOB_FIELDS:
-        value = getattr(job, name)
-        if hasattr(value, "isoformat"):
-            value = value.isoformat().replace("+00:00", "Z")
-        elif name.endswith("id") and value is not None and name != "external_id":
-            value = str(value)
-        doc[name] = value
-    return doc
 
 
 def allowed_networks() -> list:
@@ -113,11 +115,15 @@ def backoff_seconds(tries: int) -> float:
 
 def take(limit: int) -> list[WebhookDelivery]:
     """Reserve up to `limit` due deliveries for this sender: each try counted and pushed
-    WEBHOOK_LEASE_SECONDS ahead, so nobody else sends it meanwhile."""
+    WEBHOOK_LEASE_SECONDS ahead, so nobody else sends it meanwhile. The batch is shared fairly
+    (fair_share): one endpoint's backlog never holds back another endpoint's deliveries."""
     lease = jobqueue_settings()["WEBHOOK_LEASE_SECONDS"]
     with transaction.atomic():
-        ids = list(WebhookDelivery.objects.due().order_by("next_attempt_at")
-                   .select_for_update(skip_locked=True).values_list("id", flat=True)[:limit])
+        chosen = fair_share(limit)
+        if not chosen:
+            return []
+        ids = list(WebhookDelivery.objects.due().filter(id__in=chosen)
+                   .select_for_update(skip_locked=True).values_list("id", flat=True))
         if not ids:
             return []
         WebhookDelivery.objects.due().filter(id__in=ids).update(
@@ -125,23 +131,109 @@ def take(limit: int) -> list[WebhookDelivery]:
             last_attempt_at=Now())
         taken = list(WebhookDelivery.objects.filter(id__in=ids).select_related("endpoint"))
         for delivery in taken:
-            if delivery.payload is None:  # a job's: its body is fixed at the first try
-                # (a group.finished delivery's body was fixed when it was written)
-                job = Job.objects.get(id=delivery.job_id)
-                delivery.payload = {
-                    "id": str(delivery.id),
-                    "event": delivery.event,
-                    "created_at": delivery.created_at.isoformat().replace("+00:00", "Z"),
-                    "job": job_document(job),
-                }
+            if delivery.payload is None:  # written before bodies were fixed at the transition
+                delivery.payload = finished_payload(Job.objects.get(id=delivery.job_id))
                 WebhookDelivery.objects.filter(id=delivery.id).update(payload=delivery.payload)
-    return taken
+    rank = {delivery_id: i for i, delivery_id in enumerate(chosen)}
+    return sorted(taken, key=lambda d: rank[d.id])
 
 
-def deliver(client: httpx.Client, delivery: WebhookDelivery, timestamp: int
-            ) -> tuple[int | None, str]:
-    """POST one delivery: (status code or None, error or "")."""
-    body = json.dumps(delivery.payload, separators=(",", ":"), sort_keys=True).encode()
+def fair_share(limit: int) -> list:
+    """The ids of up to `limit` due deliveries, dealt round-robin: between the workspaces that
+    have due deliveries, and within a workspace between its endpoints, the endpoint whose
+    oldest due delivery waited longest first (at most `limit` endpoints a batch). Each
+    endpoint's own are oldest first. Reads only: take() locks what it gets."""
+    due = WebhookDelivery.objects.due()
+    oldest = Subquery(due.filter(endpoint_id=OuterRef("pk")).order_by("next_attempt_at")
+                      .values("next_attempt_at")[:1])
+    endpoints = (WebhookEndpoint.objects.annotate(oldest=oldest).filter(oldest__isnull=False)
+                 .order_by("oldest", "id").values_list("id", "workspace_id")[:limit])
+    workspaces: dict = {}  # workspace -> deque of its endpoints' deques of due ids
+    for endpoint_id, workspace_id in endpoints:
+        ids = deque(due.filter(endpoint_id=endpoint_id).order_by("next_attempt_at", "id")
+                    .values_list("id", flat=True)[:limit])
+        if ids:  # (another sender may have taken them since)
+            workspaces.setdefault(workspace_id, deque()).append(ids)
+    chosen = []
+    while workspaces and len(chosen) < limit:
+        for workspace_id in list(workspaces):
+            queues = workspaces[workspace_id]
+            ids = queues.popleft()
+            chosen.append(ids.popleft())
+            if ids:
+                queues.append(ids)
+            if not queues:
+                del workspaces[workspace_id]
+            if len(chosen) >= limit:
+                break
+    return chosen
+
+
+class Try:
+    """One try's deadline and connection. cut() shuts the connection down (a duplicate of its
+    socket, taken when it connected: shutting down any descriptor of a socket ends it for all,
+    TLS included), so a read, write or TLS handshake in progress fails at once; a connect
+    still in progress is cut as soon as it completes (it is bounded by the timeout itself)."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.cut_for = ""  # "timeout" or "stopped"
+        self._lock = threading.Lock()
+        self._sock = None
+        self._done = False
+
+    def trace(self, event: str, info: dict) -> None:
+        """httpx's (httpcore's) trace extension: told of every step of the request."""
+        if event != "connection.connect_tcp.complete":
+            return
+        sock = info["return_value"].get_extra_info("socket").dup()
+        with self._lock:
+            if self._done:
+                sock.close()
+                return
+            self._sock = sock
+            cut = bool(self.cut_for)
+        if cut:
+            _shutdown(sock)
+
+    def cut(self, why: str) -> None:
+        with self._lock:
+            if self.cut_for or self._done:
+                return
+            self.cut_for, sock = why, self._sock
+        if sock is not None:
+            _shutdown(sock)
+
+    def close(self) -> None:
+        with self._lock:
+            self._done, sock, self._sock = True, self._sock, None
+        if sock is not None:
+            sock.close()
+
+
+def _shutdown(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed by the peer or by httpx
+        pass
+
+
+def body_of(delivery: WebhookDelivery, secrets: list[str]) -> bytes:
+    """The bytes sent: the row's id, event and created_at and its fixed payload, agent text
+    redacted (the same bytes on every try: none of them, nor the job's dispatch_context, ever
+    changes)."""
+    body = {"id": str(delivery.id), "event": delivery.event,
+            "created_at": json_time(delivery.created_at), **delivery.payload}
+    if "job" in body:
+        body["job"] = redact_job_document(body["job"], secrets)
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def deliver(client: httpx.Client, delivery: WebhookDelivery, timestamp: int,
+            secrets: list[str] = (), attempt: Try | None = None) -> tuple[int | None, str]:
+    """POST one delivery, signed with `timestamp`: (status code or None, error or ""). With
+    `attempt`, the whole request (connect to the last byte read) ends by its deadline."""
+    body = body_of(delivery, list(secrets))
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
@@ -150,9 +242,11 @@ def deliver(client: httpx.Client, delivery: WebhookDelivery, timestamp: int
         "X-Jobqueue-Signature": sign(delivery.endpoint.secret, timestamp, body),
     }
     cap = jobqueue_settings()["WEBHOOK_RESPONSE_BYTES"]
+    extensions = {"trace": attempt.trace} if attempt is not None else {}
     try:
         check_target(delivery.endpoint.url)
-        with client.stream("POST", delivery.endpoint.url, content=body, headers=headers) as r:
+        with client.stream("POST", delivery.endpoint.url, content=body, headers=headers,
+                           extensions=extensions) as r:
             read = 0
             for chunk in r.iter_raw():
                 read += len(chunk)
@@ -164,7 +258,11 @@ def deliver(client: httpx.Client, delivery: WebhookDelivery, timestamp: int
     except httpx.TimeoutException:
         return None, "timeout"
     except httpx.HTTPError as exc:
+        if attempt is not None and attempt.cut_for:
+            return None, "timeout"
         return None, f"{type(exc).__name__}: {exc}"[:500]
+    if attempt is not None and attempt.cut_for:
+        return None, "timeout"  # the answer's end came too late (a close-delimited body)
     if 200 <= code < 300:
         return code, ""
     return code, "redirect not followed" if 300 <= code < 400 else f"answered {code}"
@@ -192,34 +290,171 @@ def finish(delivery: WebhookDelivery, code: int | None, error: str, duration: fl
     return outcome if n else "stale"
 
 
+def give_back(delivery: WebhookDelivery, delay: float = 0.0) -> bool:
+    """Undo the reservation of a try that never ran (or that a stop cut short): not counted,
+    due again after `delay` seconds; unless the delivery is no longer this sender's try."""
+    return bool(WebhookDelivery.objects.filter(
+        id=delivery.id, attempts=delivery.attempts, status=WebhookDelivery.PENDING,
+    ).update(attempts=F("attempts") - 1, next_attempt_at=NowPlusSeconds(delay)))
+
+
 def client() -> httpx.Client:
+    # No keep-alive: every try opens its own connection, which its deadline can cut (Try).
     timeout = jobqueue_settings()["WEBHOOK_TIMEOUT_SECONDS"]
-    return httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False)
+    return httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False,
+                        limits=httpx.Limits(max_keepalive_connections=0))
 
 
-def run_once(*, limit: int | None = None) -> dict:
-    """Send every due delivery (up to `limit`); counts of what became of them."""
-    limit = limit or jobqueue_settings()["WEBHOOK_BATCH_SIZE"]
-    counts = {"delivered": 0, "retrying": 0, "failed": 0, "stale": 0}
-    taken = take(limit)
-    if not taken:
+POLL_SECONDS = 0.1  # how often the sender looks at its stop event while tries are in flight
+
+
+class Batch:
+    """One batch being sent. Worker threads (WEBHOOK_CONCURRENCY, pure HTTP: no database)
+    send each endpoint's deliveries one after another (one connection per endpoint at a time);
+    the sender's thread records every result, cuts every try at its deadline (and all of them
+    when told to stop), and puts back what was not tried:
+
+    - after a failed try, the endpoint's other deliveries of the batch wait for the first
+      retry's delay (a slow or broken receiver costs one try a batch, not one per delivery);
+    - no try starts later than the timeout after the batch began: a batch lasts at most about
+      twice the timeout (so keep WEBHOOK_LEASE_SECONDS above that: every try then ends within
+      its reservation); what did not start is put back, due at once.
+    """
+
+    def __init__(self, taken: list[WebhookDelivery], stop: threading.Event | None):
+        conf = jobqueue_settings()
+        self.timeout = float(conf["WEBHOOK_TIMEOUT_SECONDS"])
+        self.concurrency = max(1, int(conf["WEBHOOK_CONCURRENCY"]))
+        self.began = time.monotonic()
+        self.start_by = self.began + self.timeout
+        # Signatures carry the database's clock: read once, advanced by this host's.
+        self.clock = db_now().timestamp() - self.began
+        self.stop = stop or threading.Event()
+        self.taken = taken
+        contexts = dict(Job.objects.filter(id__in={d.job_id for d in taken if d.job_id})
+                        .values_list("id", "dispatch_context"))
+        self.secrets = {job_id: secret_strings(ctx) for job_id, ctx in contexts.items()}
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.results: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.inflight: set[Try] = set()
+
+    def run(self) -> dict:
+        counts = {"delivered": 0, "retrying": 0, "failed": 0, "stale": 0, "deferred": 0}
+        by_endpoint: dict = {}
+        for delivery in self.taken:  # in take()'s fair order
+            by_endpoint.setdefault(delivery.endpoint_id, []).append(delivery)
+        for deliveries in by_endpoint.values():
+            self.tasks.put(deliveries)
+        left = {d.id: d for d in self.taken}
+        with client() as http:
+            for _ in range(min(self.concurrency, len(by_endpoint))):
+                threading.Thread(target=self._work, args=(http,), daemon=True,
+                                 name="webhook-sender").start()
+            while left and not self.stop.is_set():
+                try:
+                    item = self.results.get(timeout=self._wait())
+                except queue.Empty:
+                    item = None
+                if item is not None:
+                    self._record(item, counts)
+                    left.pop(item[0].id)
+                self._cut_late_tries()
+            if left:  # stopped: cut what is in flight, record what has ended, give back the rest
+                self._cut_all("stopped")
+                while True:
+                    try:
+                        item = self.results.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item[0].id in left:
+                        self._record(item, counts)
+                        left.pop(item[0].id)
+                for delivery in left.values():
+                    counts["deferred"] += give_back(delivery)
         return counts
-    timestamp = int(db_now().timestamp())
-    with client() as http:
-        for delivery in taken:
-            started = time.monotonic()
-            code, error = deliver(http, delivery, timestamp)
-            outcome = finish(delivery, code, error, time.monotonic() - started)
-            counts[outcome] += 1
+
+    def _wait(self) -> float:
+        now = time.monotonic()
+        with self.lock:  # a try already cut ends by itself: no deadline to wait for
+            deadlines = [t.deadline for t in self.inflight if not t.cut_for]
+        return max(0.0, min([POLL_SECONDS, *(d - now for d in deadlines)]))
+
+    def _cut_late_tries(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            late = [t for t in self.inflight if t.deadline <= now and not t.cut_for]
+        for t in late:
+            t.cut("timeout")
+
+    def _cut_all(self, why: str) -> None:
+        with self.lock:
+            tries = list(self.inflight)
+        for t in tries:
+            t.cut(why)
+
+    def _record(self, item, counts: dict) -> None:
+        delivery, outcome = item[0], item[1]
+        if outcome == "sent":
+            code, error, duration, cut_for = item[2]
+            if cut_for == "stopped":
+                counts["deferred"] += give_back(delivery)
+                return
+            counts[finish(delivery, code, error, duration)] += 1
             if error:
                 log.info("webhook %s try %d: %s", delivery.id, delivery.attempts, error)
-    return counts
+        else:  # untried: after a failed try of its endpoint (rest), or too late to start
+            rest = item[2] and not self.stop.is_set()
+            counts["deferred"] += give_back(delivery, backoff_seconds(1) if rest else 0.0)
+
+    def _work(self, http: httpx.Client) -> None:
+        while not self.stop.is_set():
+            try:
+                deliveries = self.tasks.get_nowait()
+            except queue.Empty:
+                return
+            failed = False
+            for delivery in deliveries:
+                if failed or self.stop.is_set() or time.monotonic() > self.start_by:
+                    self.results.put((delivery, "untried", failed))
+                    continue
+                result = self._try(http, delivery)
+                self.results.put((delivery, "sent", result))
+                failed = bool(result[1]) and result[3] != "stopped"
+
+    def _try(self, http: httpx.Client, delivery: WebhookDelivery) -> tuple:
+        started = time.monotonic()
+        attempt = Try(started + self.timeout)
+        with self.lock:
+            self.inflight.add(attempt)
+        try:
+            code, error = deliver(http, delivery, int(self.clock + time.monotonic()),
+                                  self.secrets.get(delivery.job_id, ()), attempt)
+        except Exception as exc:  # noqa: BLE001 - every try must have a result
+            code, error = None, f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            with self.lock:
+                self.inflight.discard(attempt)
+            attempt.close()
+        return code, error, time.monotonic() - started, attempt.cut_for
 
 
-def service_run(*, idle_run_id: int | None = None) -> tuple[dict, int | None, bool]:
+def run_once(*, limit: int | None = None, stop: threading.Event | None = None) -> dict:
+    """Send due deliveries (up to `limit`, WEBHOOK_BATCH_SIZE by default): counts of what
+    became of them (`deferred`: put back untried). Setting `stop` cuts the tries in flight
+    and ends the batch at once; what it did not finish is put back, due at once."""
+    limit = limit or jobqueue_settings()["WEBHOOK_BATCH_SIZE"]
+    taken = take(limit)
+    if not taken:
+        return {"delivered": 0, "retrying": 0, "failed": 0, "stale": 0, "deferred": 0}
+    return Batch(taken, stop).run()
+
+
+def service_run(*, idle_run_id: int | None = None, stop: threading.Event | None = None
+                ) -> tuple[dict, int | None, bool]:
     """run_once as the maintenance loop calls it, recorded in maintenance_run."""
     started = time.monotonic()
-    counts = run_once()
+    counts = run_once(stop=stop)
     idle = not any(counts.values())
     run_id = records.record(SERVICE, counts, time.monotonic() - started, idle=idle,
                             idle_run_id=idle_run_id)
@@ -234,9 +469,19 @@ def redeliver(ids) -> int:
 
 def create_endpoint(workspace_id, url: str, events=None) -> tuple[WebhookEndpoint, str]:
     """A new endpoint and its signing secret (the caller shows it once; nothing shows it
-    again). `url` and `events` are checked by the caller (the API's serializer)."""
+    again). `url` and `events` are checked by the caller (the API's serializer). At most
+    MAX_WEBHOOKS_PER_WORKSPACE endpoints a workspace (WebhookLimitReached): racing creates
+    are serialized on the workspace's row, so none gets past the cap."""
+    cap = jobqueue_settings()["MAX_WEBHOOKS_PER_WORKSPACE"]
     secret = "whsec_" + secrets.token_urlsafe(32)
-    endpoint = WebhookEndpoint.objects.create(workspace_id=workspace_id, url=url,
-                                              events=sorted(set(events or [])), secret=secret)
+    with transaction.atomic():
+        Workspace.objects.select_for_update().filter(id=workspace_id).values_list("id").first()
+        if WebhookEndpoint.objects.filter(workspace_id=workspace_id).count() >= cap:
+            raise WebhookLimitReached(
+                f"The workspace has {cap} webhook endpoints, the most it may have "
+                "(JOBQUEUE_MAX_WEBHOOKS_PER_WORKSPACE); delete one first.")
+        endpoint = WebhookEndpoint.objects.create(workspace_id=workspace_id, url=url,
+                                                  events=sorted(set(events or [])),
+                                                  secret=secret)
     endpoint.refresh_from_db(fields=["created_at"])
     return endpoint, secret

@@ -156,8 +156,10 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0))
 -- publishes its claim's staged artifacts (jobqueue/lifecycle/artifacts.py) and unpublishes
 -- an earlier set (a job requeued after a success); an ended job gets one webhook outbox row
 -- per endpoint of its workspace that wants job.finished (lifecycle/finished.py; events `[]`:
--- all). A producer waiting for the job (job.watched, set before its wait's first check) is
--- told by a NOTIFY on the channel jobqueue.wakeups.CHANNEL, delivered on commit, only then:
+-- all), its body fixed here: jobqueue_finished_payload (migration 0014) of the job as done
+-- returns it, as lifecycle/finished.py writes it. A producer waiting for the job (job.watched,
+-- set before its wait's first check) is told by a NOTIFY on the channel
+-- jobqueue.wakeups.CHANNEL, delivered on commit, only then:
 -- a NOTIFY serializes commits cluster-wide (15-30 % of the core cycle at 16 workers when
 -- every report sent one). The CTEs run because the final SELECT counts them.
 WITH done AS (
@@ -195,8 +197,8 @@ WITH done AS (
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
     FROM done
 ), hook AS (
-    INSERT INTO webhook_delivery (id, endpoint_id, job_id)
-    SELECT gen_random_uuid(), e.id, done.id
+    INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
+    SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))
     FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
     WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
       AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))
@@ -255,8 +257,8 @@ WITH done AS (
            STATEMENT_TIMESTAMP()
     FROM done
 ), hook AS (
-    INSERT INTO webhook_delivery (id, endpoint_id, job_id)
-    SELECT gen_random_uuid(), e.id, done.id
+    INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
+    SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))
     FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
     WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
       AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))
@@ -352,7 +354,9 @@ WITH req AS (
               > STATEMENT_TIMESTAMP())
       AND (job.expires_at IS NULL OR job.expires_at > STATEMENT_TIMESTAMP())
     RETURNING job.id, job.status, job.completed_at, job.attempt, job.last_claim_id,
-        job.workspace_id, job.watched
+        job.workspace_id, job.watched, job.job_agent_id, job.job_agent_config, job.result,
+        job.message, job.external_id, job.max_attempts, job.priority, job.idempotency_key,
+        job.available_at, job.created_at, job.started_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = done.id AND c.claim_id = done.last_claim_id
@@ -373,8 +377,8 @@ WITH req AS (
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
 ), hook AS (
-    INSERT INTO webhook_delivery (id, endpoint_id, job_id)
-    SELECT gen_random_uuid(), e.id, done.id
+    INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
+    SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))
     FROM done JOIN webhook_endpoint e ON e.workspace_id = done.workspace_id
     WHERE done.status IN ('successful', 'failure', 'cancelled', 'expired')
       AND (e.events = '[]'::jsonb OR jsonb_exists(e.events, 'job.finished'))

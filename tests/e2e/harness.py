@@ -288,6 +288,13 @@ class Stack:
         proc = self._spawn("reaper", argv, self.env(), ready_line="reaper looping every")
         return proc.wait_ready() if wait_ready else proc
 
+    def start_maintenance(self, wait_ready: bool = True, **env) -> Proc:
+        """`run_maintenance --loop`, every service on its own interval (JOBQUEUE_* in env)."""
+        argv = [sys.executable, "manage.py", "run_maintenance", "--loop"]
+        proc = self._spawn("maintenance", argv, self.env(**env),
+                           ready_line="maintenance looping")
+        return proc.wait_ready() if wait_ready else proc
+
     def reap_once(self) -> str:
         out = subprocess.run([sys.executable, "manage.py", "reap_claims", "--json"], cwd=ROOT,
                              env=self.env(), capture_output=True, text=True, timeout=120)

@@ -92,3 +92,33 @@ def test_the_job_page_shows_its_effect_ledger(op_client, agent):
             "<td>2 (after 1)</td><td>—</td><td><code>—</code></td>") in page
     assert ("<td>committed</td><td>1</td><td>1</td>"
             "<td><code>{&quot;id&quot;: &quot;&lt;m1&gt;&quot;}</code></td>") in page
+
+
+def test_agent_text_echoing_a_secret_is_redacted_in_every_place_of_the_job_page(op_client,
+                                                                                 agent):
+    from jobqueue import states
+    from jobqueue.db import NowPlusSeconds
+    from jobqueue.models import Job
+
+    job = JobFactory(job_agent=agent, max_attempts=3,
+                     dispatch_context={"env": {"TOKEN": "hunter2-page-secret"}})
+    grant = lifecycle.claim_job(agent, job.id)
+    lifecycle.report_status(job.id, grant.claim_id, states.FAILURE, retry=True,
+                            message="attempt 1 printed hunter2-page-secret")
+    Job.objects.filter(id=job.id).update(available_at=NowPlusSeconds(-1))  # backoff over
+    grant = lifecycle.claim_job(agent, job.id)
+    lifecycle.report_status(job.id, grant.claim_id, states.FAILURE,
+                            message="ter2-page-secret (the output's tail) then hunter2-page-s",
+                            result={"TOKEN": "hunter2-page-secret", "hunter2-page-secret": 1},
+                            external_id="run-hunter2-page-secret")
+    page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "hunter2" not in page and "page-secret" not in page
+    for shown in ("[redacted] (the output&#x27;s tail) then [redacted]",  # message
+                  "&quot;TOKEN&quot;: &quot;[redacted]&quot;",  # result
+                  "run-[redacted]",  # external id
+                  "attempt 1 printed [redacted]"):  # attempts table, event detail
+        assert shown in page, shown
+    attempts = page[page.index('class="jq-attempts"'):]
+    assert "attempt 1 printed [redacted]" in attempts[:attempts.index("</table>")]
+    timeline = page[page.index('class="jq-timeline"'):]
+    assert "message=attempt 1 printed [redacted]" in timeline

@@ -71,3 +71,15 @@ def test_the_admin_says_webhook_deliveries(op_client):
     # And no model of ours has Django's naive plural of a word in -y.
     for model in apps.get_app_config("jobqueue").get_models():
         assert not str(model._meta.verbose_name_plural).endswith("ys"), model
+
+
+def test_the_delivery_page_shows_the_body_as_sent_with_agent_text_redacted(op_client):
+    job, grant = claimed_job(dispatch_context={"token": "hunter2-admin-hook"})
+    webhooks.create_endpoint(job.workspace_id, "http://127.0.0.1:9/hook")
+    lifecycle.report_status(job.id, grant.claim_id, states.FAILURE,
+                            message="echoed hunter2-admin-hook", result={"t": "hunter2-admin-hook"})
+    delivery = WebhookDelivery.objects.get()
+    html = op_client.get(reverse("admin:jobqueue_webhookdelivery_change",
+                                 args=[delivery.id])).content.decode()
+    assert "hunter2-admin-hook" not in html
+    assert "echoed [redacted]" in html and "&quot;t&quot;: &quot;[redacted]&quot;" in html

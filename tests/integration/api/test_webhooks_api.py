@@ -84,3 +84,18 @@ def test_an_agent_token_may_not_manage_webhooks(world):
     r = world.agent_caller().post("webhooks", json={"url": "https://example.com/"})
     assert r.status_code == 403 and r.json()["code"] == "permission_denied"
     assert not WebhookEndpoint.objects.exists()
+
+
+def test_a_workspace_has_at_most_the_capped_number_of_endpoints(world, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_WEBHOOKS_PER_WORKSPACE": 2}
+    producer = world.producer()
+    made = [producer.post("webhooks", json={"url": f"http://127.0.0.1:9/{n}"}) for n in (1, 2)]
+    assert [r.status_code for r in made] == [201, 201]
+    refused = producer.post("webhooks", json={"url": "http://127.0.0.1:9/3"})
+    assert refused.status_code == 409, refused.content
+    body = refused.json()
+    assert body["code"] == "webhook_limit_reached"
+    assert "JOBQUEUE_MAX_WEBHOOKS_PER_WORKSPACE" in body["detail"] and "2" in body["detail"]
+    assert WebhookEndpoint.objects.count() == 2  # nothing made
+    assert producer.delete(f"webhooks/{made[0].json()['id']}").status_code == 204
+    assert producer.post("webhooks", json={"url": "http://127.0.0.1:9/4"}).status_code == 201

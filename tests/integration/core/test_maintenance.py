@@ -225,9 +225,10 @@ def test_spawned_one_pass_exits_zero():
 def test_send_webhooks_command(capsys):
     call_command("send_webhooks", "--json")
     assert json.loads(capsys.readouterr().out) == {"delivered": 0, "retrying": 0, "failed": 0,
-                                                   "stale": 0}
+                                                   "stale": 0, "deferred": 0}
     call_command("send_webhooks", "--limit", "5")
-    assert capsys.readouterr().out.strip() == "delivered 0, retrying 0, failed 0, stale 0"
+    assert capsys.readouterr().out.strip() == (
+        "delivered 0, retrying 0, failed 0, stale 0, deferred 0")
     with pytest.raises(CommandError, match="--limit"):
         call_command("send_webhooks", "--limit", "0")
 

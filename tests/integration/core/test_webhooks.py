@@ -18,6 +18,7 @@ from django.db import transaction
 from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import Conflict
+from jobqueue.lifecycle.finished import job_document, json_time
 from jobqueue.maintenance import loop, pruner, webhooks
 from jobqueue.models import (
     Job,
@@ -111,8 +112,19 @@ def test_every_path_that_ends_a_job_writes_one_row_per_endpoint_in_its_transacti
     assert sorted(deliveries()) == sorted(
         (job_id, ep.id) for job_id in ended for ep in (everything, finished_only))
     row = WebhookDelivery.objects.filter(job_id=single.id).first()
-    assert (row.status, row.attempts, row.event, row.payload) == ("pending", 0, "job.finished",
-                                                                  None)
+    assert (row.status, row.attempts, row.event) == ("pending", 0, "job.finished")
+    # Every body is fixed in the transition's transaction: the job as it ended (the same
+    # document on both databases, whether the report statement or the ORM wrote it).
+    for row in WebhookDelivery.objects.select_related("endpoint"):
+        if row.job_id != failed.id:
+            assert row.payload == {"job": job_document(Job.objects.get(id=row.job_id))}
+        body = json.loads(webhooks.body_of(row, []))
+        assert body == {"id": str(row.id), "event": "job.finished",
+                        "created_at": json_time(row.created_at), "job": row.payload["job"]}
+    # ... and a later requeue changes nothing of it.
+    assert {r.payload["job"]["status"] for r in WebhookDelivery.objects.filter(job=failed)} == {
+        "failure"}
+    assert Job.objects.get(id=failed.id).status == states.QUEUED
 
 
 def test_a_transition_that_rolls_back_leaves_no_outbox_row():
@@ -156,7 +168,8 @@ def test_a_delivery_is_signed_and_carries_the_job_without_dispatch_context(recei
     job, grant = claimed_job(dispatch_context=SECRET_CONTEXT)
     ep, secret = webhooks.create_endpoint(job.workspace_id, receiver.url)
     lifecycle.report_status(job.id, grant.claim_id, states.SUCCESSFUL, result={"rows": 3})
-    assert webhooks.run_once() == {"delivered": 1, "retrying": 0, "failed": 0, "stale": 0}
+    assert webhooks.run_once() == {"delivered": 1, "retrying": 0, "failed": 0, "stale": 0,
+                                   "deferred": 0}
     (req,) = receiver.requests
     h, body = req["headers"], req["body"]
     delivery = WebhookDelivery.objects.get()
