@@ -97,12 +97,6 @@ class PostgresBackend:
 
         return PgListener(hub)
 
-    def _jobs(self, statement, params, *extra):
-        cursor, rows = self.cursor.run(statement, params)
-        if not rows:
-            return []
-        return jobs_from_rows(self.db, columns(self.db, statement, cursor), rows, *extra)
-
     def claim(self, job_agent, lease: int, limit: int, actor: str, job_id=None, *,
               holder: str = "", expected_attempt: int | None = None,
               idempotency_key: str | None = None):

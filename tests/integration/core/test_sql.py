@@ -201,3 +201,27 @@ def test_a_batch_event_keeps_as_much_of_the_message_as_a_single_one():
                                                           states.FAILURE, message=long)])
     kept = [e.detail["message"] for e in JobEvent.objects.filter(kind=JobEvent.STATUS_REPORTED)]
     assert kept == [long[:MESSAGE_CHARS]] * 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_checkpoint_is_saved_only_under_the_current_claim_in_its_scope():
+    """The backend's save_checkpoint (each database's own statement or reads) writes only
+    while the claim is current and in the caller's scope; otherwise it answers False and
+    writes nothing."""
+    from django.db import transaction
+
+    from jobqueue.lifecycle.checkpoints import checkpoints_for, save_checkpoint
+
+    agent, other = JobAgentFactory(), JobAgentFactory()
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id)
+    with transaction.atomic():
+        assert not save_checkpoint(job.id, uuid.uuid4(), '{"n": 0}')
+        assert not save_checkpoint(job.id, grant.claim_id, '{"n": 0}', job_agent_id=other.id)
+        assert not save_checkpoint(job.id, grant.claim_id, '{"n": 0}',
+                                   workspace_id=other.workspace_id)
+    assert checkpoints_for([job.id]) == {}
+    with transaction.atomic():
+        assert save_checkpoint(job.id, grant.claim_id, '{"n": 1}', job_agent_id=agent.id,
+                               workspace_id=agent.workspace_id)
+    assert checkpoints_for([job.id]) == {job.id: {"n": 1}}
