@@ -332,12 +332,14 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
 
     @admin.display(description="effects")
     def effects_display(self, obj):
-        """The job's effect ledger (docs/effects.md), oldest first: read-only."""
+        """The job's effect ledger (docs/effects.md), oldest first: read-only; a result is
+        agent text, redacted as every other (jobqueue.redaction)."""
+        secrets = self.secrets(obj)
         rows = [
             (e.key, e.id, "committed" if e.committed else "begun, outcome unknown",
              e.attempt if e.earlier_attempt is None else f"{e.attempt} (after {e.earlier_attempt})",
              "—" if e.committed_attempt is None else e.committed_attempt,
-             "—" if not e.committed else json.dumps(e.result))
+             "—" if not e.committed else json.dumps(redact_value(e.result, secrets)))
             for e in JobEffect.objects.filter(job_id=obj.pk).order_by("begun_at", "key")
         ]
         if not rows:

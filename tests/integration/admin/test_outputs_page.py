@@ -122,3 +122,16 @@ def test_agent_text_echoing_a_secret_is_redacted_in_every_place_of_the_job_page(
     assert "attempt 1 printed [redacted]" in attempts[:attempts.index("</table>")]
     timeline = page[page.index('class="jq-timeline"'):]
     assert "message=attempt 1 printed [redacted]" in timeline
+
+
+def test_an_effect_result_echoing_a_secret_is_redacted_on_the_job_page(op_client, agent):
+    from jobqueue.lifecycle import effects
+
+    job = JobFactory(job_agent=agent, dispatch_context={"card": "tok-hunter2-effect"})
+    grant = lifecycle.claim_job(agent, job.id)
+    effects.begin_effect(job.id, grant.claim_id, "charge-card")
+    effects.commit_effect(job.id, grant.claim_id, "charge-card",
+                          {"charged": "tok-hunter2-effect"})
+    page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "hunter2-effect" not in page
+    assert "&quot;charged&quot;: &quot;[redacted]&quot;" in page
