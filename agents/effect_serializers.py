@@ -6,20 +6,20 @@ from rest_framework import serializers
 
 from jobqueue.lifecycle.effects import COMMITTED, STARTED, UNKNOWN
 
-from .serializers import StrictUUIDField
+from .serializers import ApiInput, StrictUUIDField
 
 RESULT_HELP = ("Any JSON, at most JOBQUEUE_MAX_RESULT_BYTES (default 1 MiB) as compact JSON; "
                "beyond is a 400 validation_error that records nothing.")
 
 
-class EffectBeginInput(serializers.Serializer):
+class EffectBeginInput(ApiInput):
     claim_id = StrictUUIDField()
 
     class Meta:
         ref_name = "EffectBegin"
 
 
-class EffectCommitInput(serializers.Serializer):
+class EffectCommitInput(ApiInput):
     claim_id = StrictUUIDField()
     result = serializers.JSONField(allow_null=True, help_text=RESULT_HELP)
 

@@ -5,7 +5,8 @@ status, attempts, times, the claim, the attempt history, the artifacts and the l
 The endpoint answers JSON: `{"status", "terminal", "fields": {name: html}}`, each field
 rendered by the very admin method (or model field) the page renders it with, so what the
 live page shows is what a reload would show: the same redaction of the dispatch_context's
-secrets in the log tail, never a claim id, only the context's keys.
+secrets in the message, the result and the log tail (jobqueue.redaction), never a claim id,
+only the context's keys.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from django.utils.html import conditional_escape
 from jobqueue import states
 
 # What a running job changes, in the order the page shows them.
-LIVE_FIELDS = ("status", "attempts", "started_at", "completed_at", "updated_at", "message",
+LIVE_FIELDS = ("status", "attempts", "started_at", "completed_at", "updated_at",
+               "message_display",
                "result_display", "claim_display", "attempt_history", "logs_display",
                "artifacts_display")
 # How often the page asks, in milliseconds (one small request per open page).

@@ -104,8 +104,8 @@ def test_systemd_accepts_the_units(tmp_path):
     Any warning (an unknown key, a bad value) fails the test as an error does."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        pytest.skip("systemd-analyze is missing: scripts/ensure_systemd_analyze.sh installs it "
-                    "(make test runs it)")
+        pytest.fail("systemd-analyze is missing: scripts/ensure_systemd_analyze.sh installs it "
+                    "(make test runs it, as root)")
     for unit in UNITS:
         text = deploy_file(unit, {
             "ExecStart=/opt/jobqueue/.venv/bin/": f"ExecStart={VENV_BIN}/",

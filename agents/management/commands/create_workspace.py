@@ -9,7 +9,7 @@ class Command(BaseCommand):
     help = "Create a workspace and print its id and, once, its API key."
 
     def add_arguments(self, parser):
-        parser.add_argument("name")
+        parser.add_argument("name", help="the workspace's name, e.g. acme-ci")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, **opts):

@@ -78,6 +78,21 @@ def version() -> str:
         return "unknown"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors (a bad option value, a missing argument) are one
+    JSON object on stderr when the command line asks for --json, as every other error is.
+    Its subcommands' parsers are of this class too (argparse makes them of the parent's)."""
+
+    machine = False  # set by main() from the command line, before parsing
+
+    def error(self, message):
+        if _Parser.machine:
+            Output(machine=True).error(f"{message} (see {self.prog} --help)", code="usage",
+                                       exit_code=EXIT_USAGE)
+            sys.exit(EXIT_USAGE)
+        super().error(message)
+
+
 class _Formatter(argparse.HelpFormatter):
     """Wraps descriptions as usual, but keeps a text with line breaks (the exit statuses)
     as it is written."""
@@ -138,7 +153,7 @@ def _int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _connection_options(argparse.SUPPRESS)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jobqueue", parents=[_connection_options(None)],
         formatter_class=_Formatter,
         description="Create jobs on a jobqueue server, follow them and collect what they "
@@ -567,6 +582,7 @@ def _subject(args) -> str:
 
 def main(argv: list[str] | None = None, *, transport=None) -> int:
     parser = build_parser()
+    _Parser.machine = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     out = Output(machine=args.json)
     try:

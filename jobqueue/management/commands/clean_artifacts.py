@@ -2,6 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from jobqueue.conf import jobqueue_settings
 from jobqueue.lifecycle import artifacts
 from jobqueue.management.progress import Progress
 
@@ -15,8 +16,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--batch-size", type=int, default=500,
-                            help="artifacts per batch (default 500)")
+        parser.add_argument("--batch-size", type=int, default=None,
+                            help="artifacts per batch (default: "
+                                 "JOBQUEUE_ARTIFACT_CLEAN_BATCH_SIZE, 500)")
         parser.add_argument("--max-batches", type=int, default=None,
                             help="stop after this many batches")
         parser.add_argument("--dry-run", action="store_true",
@@ -25,6 +27,8 @@ class Command(BaseCommand):
                             help="one JSON object (and no progress line)")
 
     def handle(self, *args, **opts):
+        if opts["batch_size"] is None:
+            opts["batch_size"] = jobqueue_settings()["ARTIFACT_CLEAN_BATCH_SIZE"]
         if opts["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1")
         if opts["max_batches"] is not None and opts["max_batches"] < 1:

@@ -20,7 +20,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--batch-size", type=int, default=None,
-                            help="claims per transaction (default: JOBQUEUE REAPER_BATCH_SIZE)")
+                            help="claims per transaction "
+                                 "(default: JOBQUEUE_REAPER_BATCH_SIZE, 500)")
         parser.add_argument("--max-batches", type=int, default=None,
                             help="stop a sweep after this many batches")
         parser.add_argument("--loop", action="store_true", help="sweep until stopped")

@@ -35,6 +35,8 @@ def test_the_live_fields_are_what_a_reload_shows(op_client, agent):
     assert 'data-state="live"' in page and live_url(job) in page
     grant = lifecycle.claim_job(agent, job.id)
     logs.append_log(job.id, grant.claim_id, f"step 1 <b> using {SECRET}\n".encode())
+    lifecycle.report_status(job.id, grant.claim_id, states.IN_PROGRESS,
+                            message=f"half done with {SECRET}")
     answer = op_client.get(live_url(job))
     assert answer.status_code == 200 and answer["Content-Type"] == "application/json"
     assert "no-cache" in answer["Cache-Control"]
@@ -42,10 +44,12 @@ def test_the_live_fields_are_what_a_reload_shows(op_client, agent):
     assert data["status"] == states.IN_PROGRESS and data["terminal"] is False
     assert "1 / 3" in data["fields"]["attempts"]
     assert "step 1 &lt;b&gt; using [redacted]" in data["fields"]["logs_display"]
+    assert data["fields"]["message_display"] == "half done with [redacted]"
     assert SECRET not in answer.content.decode()
     assert str(grant.claim_id) not in answer.content.decode()  # never the fencing token
     reload = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
-    for name in ("status", "attempts", "logs_display", "attempt_history", "started_at"):
+    for name in ("status", "attempts", "logs_display", "attempt_history", "started_at",
+                 "message_display"):
         assert data["fields"][name] == readonly(reload, name).strip(), name
 
 
@@ -56,7 +60,7 @@ def test_a_finished_job_says_terminal_and_its_page_does_not_poll(op_client, agen
     data = op_client.get(live_url(job)).json()
     assert data["terminal"] is True and data["status"] == states.FAILURE
     assert data["fields"]["status"] == "Failure"
-    assert data["fields"]["message"] == "boom<br>line 2"
+    assert data["fields"]["message_display"] == "boom<br>line 2"
     page = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
     assert 'data-state="final"' in page and 'id="jq-live"' not in page
 

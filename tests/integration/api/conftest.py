@@ -162,7 +162,7 @@ def target(world):
     lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-x")
     return {
         "path": {"workspace_id": world.workspace.id, "agent_id": world.agent.id,
-                 "job_id": job.id, "group": "run-x"},
+                 "job_id": job.id, "group": "run-x", "key": "charge-card"},
         "ids": {"claim_id": str(grant.claim_id), "job_id": str(job.id),
                 "job_agent_id": str(world.agent.id)},
     }

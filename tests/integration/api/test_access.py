@@ -286,3 +286,17 @@ def test_the_version_is_public_to_every_caller(world):
     assert all(a == answers[0] for a in answers)
     assert set(answers[0]) == {"server", "version", "api", "min_client_version"}
     assert _snapshot() == before
+
+
+@pytest.mark.parametrize("name", ["read_log", "download_artifact"])
+def test_head_is_refused_as_get_is_and_writes_nothing(world, targets, name):
+    """HEAD (which once ran the write path of these endpoints) answers each caller with the
+    status GET gets, with no body, and changes nothing, a claim header or not."""
+    for caller, target in ((world.agent_caller(), "b"), (world.producer(), "y")):
+        _, _, path, _ = next(e for e in targets[target] if e[0] == name)
+        _, _, _, held = next(e for e in targets[target] if e[0] == "heartbeat")
+        before = _snapshot()
+        got = caller.request("GET", path)
+        head = caller.request("HEAD", path, headers={"X-Claim-Id": held["claim_id"]})
+        assert (head.status_code, got.status_code) == (404, 404), (name, target)
+        assert head.content == b"" and _snapshot() == before

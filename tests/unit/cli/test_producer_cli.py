@@ -103,6 +103,18 @@ def test_json_before_or_after_the_command(env, capsys):
         assert json.loads(capsys.readouterr().out) == JOB
 
 
+def test_a_usage_error_is_one_json_object_with_json(env, capsys):
+    with pytest.raises(SystemExit) as exc:
+        producer_cli.main(["--json", "jobs", "list", "--limit", "-3"])
+    assert exc.value.code == 2
+    error = json.loads(capsys.readouterr().err)
+    assert error["exit_code"] == 2 and error["error"]["code"] == "usage"
+    assert "--limit" in error["error"]["message"] and "--help" in error["error"]["message"]
+    with pytest.raises(SystemExit) as exc:  # without --json: argparse's usage text
+        producer_cli.main(["jobs", "list", "--limit", "-3"])
+    assert exc.value.code == 2 and "usage: jobqueue jobs list" in capsys.readouterr().err
+
+
 def test_the_agents_variable_for_the_url_is_read_too(env):
     env.delenv("JOBQUEUE_URL")
     env.setenv("JOBQUEUE_SERVER", "http://agent-side.test")
