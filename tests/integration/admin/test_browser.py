@@ -172,7 +172,9 @@ def login(browser, live_server, username, password):
     wait_for(browser, "#id_username").send_keys(username)
     browser.find_element(By.ID, "id_password").send_keys(password)
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait_for(browser, "#content")
+    # The page after the login, not the login page itself (which has #content too: waiting
+    # for that let the next browser.get() race the login's POST and land on the login page).
+    wait_for(browser, "#user-tools")
 
 
 def test_a_running_jobs_page_follows_it_without_a_reload(live_server, browser,
