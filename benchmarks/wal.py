@@ -30,8 +30,10 @@ def waldump() -> str | None:
 
 
 def breakdown(start: str, end: str, dboid: int, names: dict, data_dir: str) -> dict:
-    """{(record type, relation): [bytes, records]} of the WAL in [start, end) naming this
-    database; None when pg_waldump is missing or cannot read the server's WAL."""
+    """{(record type, relation): [bytes, records, bytes of full-page images]} of the WAL in
+    [start, end) naming this database; None when pg_waldump is missing or cannot read the
+    server's WAL. A full-page image is the first change of a page after a checkpoint; its
+    share falls as the drain grows, the rest is what every job writes."""
     tool = waldump()
     if tool is None:
         return None
@@ -39,15 +41,18 @@ def breakdown(start: str, end: str, dboid: int, names: dict, data_dir: str) -> d
                          capture_output=True, text=True)
     if out.returncode != 0 and not out.stdout:
         return None
-    found: dict = collections.defaultdict(lambda: [0, 0])
+    found: dict = collections.defaultdict(lambda: [0, 0, 0])
     for line in out.stdout.splitlines():
-        m = re.search(r"rmgr: (\w+)\s+len \(rec/tot\):\s+\d+/\s*(\d+).*?desc: (\w+)", line)
+        m = re.search(r"rmgr: (\w+)\s+len \(rec/tot\):\s+(\d+)/\s*(\d+).*?desc: (\w+)", line)
         rels = re.findall(r"rel \d+/(\d+)/(\d+)", line)
         if not m or not rels or int(rels[0][0]) != dboid:
             continue
-        key = (f"{m[1]} {m[3]}", names.get(int(rels[0][1]), rels[0][1]))
-        found[key][0] += int(m[2])
+        key = (f"{m[1]} {m[4]}", names.get(int(rels[0][1]), rels[0][1]))
+        found[key][0] += int(m[3])
         found[key][1] += 1
+        # pg_waldump's rec is the record without its images; tot adds them (and headers)
+        if "FPW" in line:
+            found[key][2] += int(m[3]) - int(m[2])
     return dict(found)
 
 
@@ -93,7 +98,7 @@ def measure(run, n: int) -> dict:
                 # the statistics collector's count lags; the end-of-run ANALYZE flushes it
                 "transactions_per_job": (after[1] - before[1]) / n,
                 "parts": None if parts is None else sorted(
-                    ([kind, rel, b / n, c / n] for (kind, rel), (b, c) in parts.items()),
+                    ([kind, rel, b / n, c / n, f / n] for (kind, rel), (b, c, f) in parts.items()),
                     key=lambda row: -row[2]),
             }
     finally:
@@ -104,18 +109,22 @@ def measure(run, n: int) -> dict:
 
 def table(res: dict) -> list[str]:
     lines = ["| path | WAL bytes a job (the cluster) | of it, naming this database | "
-             "transactions a job (reads too) | target |", "| --- | ---: | ---: | ---: | ---: |"]
+             "of that, full-page images | transactions a job (reads too) | target |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     targets = {"single": 1500, "batch": 1200}
     for path in PATHS:
         row = res[path]
         named = sum(p[2] for p in row["parts"]) if row["parts"] else float("nan")
+        images = sum(p[4] for p in row["parts"]) if row["parts"] else float("nan")
         lines.append(f"| {path} | {row['wal_bytes_per_job']:,.0f} | {named:,.0f} | "
+                     f"{images:,.0f} | "
                      f"{row['transactions_per_job']:.2f} | ≤ {targets[path]:,} |")
     for path in PATHS:
         if not res[path]["parts"]:
             continue
         lines += ["", f"Where the {path} path's bytes go (pg_waldump, a job's share):", "",
-                  "| record | relation | bytes | records |", "| --- | --- | ---: | ---: |"]
-        for kind, rel, b, c in res[path]["parts"][:15]:
-            lines.append(f"| {kind} | {rel} | {b:,.0f} | {c:.2f} |")
+                  "| record | relation | bytes | of them, full-page images | records |",
+                  "| --- | --- | ---: | ---: | ---: |"]
+        for kind, rel, b, c, f in res[path]["parts"][:15]:
+            lines.append(f"| {kind} | {rel} | {b:,.0f} | {f:,.0f} | {c:.2f} |")
     return lines
