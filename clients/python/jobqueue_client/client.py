@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import re
 import socket
 import threading
 import time
@@ -261,6 +262,20 @@ class Renewal:
         if self.claim_expires_at is None or self.server_time is None:
             return 0.0
         return (self.claim_expires_at - self.server_time).total_seconds()
+
+
+EFFECT_KEY = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+
+
+def check_effect_key(key: str) -> str:
+    """An effect key as the server takes it (1 to 200 of A-Z a-z 0-9 . _ : -), checked here
+    too because it is part of the request's path: `.` or `..` would name another path
+    (URLs drop dot segments), so a key of dots only is refused without asking."""
+    if not isinstance(key, str) or not EFFECT_KEY.fullmatch(key) or not key.strip("."):
+        raise InvalidRequest(400, "validation_error",
+                             "key must be 1 to 200 characters of A-Z a-z 0-9 . _ : - "
+                             "(not dots only)", fields={"key": ["invalid"]})
+    return key
 
 
 class Effect:
@@ -639,6 +654,7 @@ class AgentClient(ApiClient):
         """POST jobs/{id}/effects/{key}/begin: begin the effect `key` for this claim's
         attempt, or learn that an earlier attempt did (Effect.state). Raises LeaseLost when
         the claim is no longer current, InvalidRequest for a bad key."""
+        check_effect_key(key)
         answer = self._effect_request("POST", f"jobs/{job_id}/effects/{key}/begin",
                                       {"claim_id": claim_id})
         return Effect(key, answer, lambda result: self._commit_answer(
@@ -653,6 +669,7 @@ class AgentClient(ApiClient):
         this attempt began. Raises EffectNotBegun (not begun by this attempt),
         EffectAlreadyCommitted (another result is recorded), LeaseLost (the claim is no
         longer current; nothing recorded)."""
+        check_effect_key(key)
         return Effect(key, self._commit_answer(job_id, claim_id, key, result))
 
     @contextlib.contextmanager
