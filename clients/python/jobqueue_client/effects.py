@@ -31,8 +31,10 @@ import json
 import logging
 import os
 import random
+import shutil
 import socket
 import sys
+import sysconfig
 import threading
 import time
 from typing import Any
@@ -50,6 +52,7 @@ from .client import (
 )
 
 ENV = "JOB_EFFECT_SOCKET"
+COMMAND = "jobqueue-effect"
 SOCKET_NAME = "effects.sock"
 # A request carries at most a result (the server's JOBQUEUE_MAX_RESULT_BYTES, 1 MiB by
 # default, says the rest); more than this is refused without asking.
@@ -92,9 +95,11 @@ class EffectServer:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._thread: threading.Thread | None = None
 
-    def open(self, jobdir) -> dict[str, str]:
+    def open(self, jobdir, child_path: str | None = None) -> dict[str, str]:
         """Listen in `jobdir` (a workdir.JobDir); returns the child's variables
-        ({JOB_EFFECT_SOCKET: path}), or {} when no socket could be made (logged)."""
+        ({JOB_EFFECT_SOCKET: path}, and PATH when `child_path`, the child's PATH, does not
+        lead to jobqueue-effect: see command_path), or {} when no socket could be made
+        (logged)."""
         path = jobdir.file(SOCKET_NAME)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -113,7 +118,10 @@ class EffectServer:
         self._thread = threading.Thread(target=self._serve, daemon=True,
                                         name=f"effects-{self.lease.job_id}")
         self._thread.start()
-        return {ENV: path}
+        variables = {ENV: path}
+        if child_path is not None and (extended := command_path(child_path)) != child_path:
+            variables["PATH"] = extended
+        return variables
 
     def close(self) -> None:
         self._stop.set()
@@ -194,6 +202,18 @@ class EffectServer:
             if fx.committed:
                 answer["result"] = fx.result
             return answer
+
+
+def command_path(path: str) -> str:
+    """`path` (a PATH) with this installation's scripts directory appended when it holds
+    jobqueue-effect and `path` does not lead to one: the child finds the command by its name
+    however the agent was installed (a virtualenv's bin is seldom on a service's PATH).
+    Appended, so nothing the job's PATH names is shadowed."""
+    scripts = sysconfig.get_path("scripts")
+    if (not scripts or not os.path.exists(os.path.join(scripts, COMMAND))
+            or shutil.which(COMMAND, path=path) is not None):
+        return path
+    return f"{path}{os.pathsep}{scripts}" if path else scripts
 
 
 def _error(status: int, code: str, detail: str) -> dict:

@@ -1093,7 +1093,7 @@ class Agent:
 
             def on_jobdir(jobdir):
                 lease.watch(jobdir)
-                return ledger.open(jobdir)
+                return ledger.open(jobdir, spec.env.get("PATH", os.environ.get("PATH", "")))
 
             try:
                 outcome = run_child(

@@ -180,3 +180,18 @@ def test_the_agent_serves_the_ledger_to_the_child_it_runs(tmp_path):
     assert outcome.returncode == 0, outcome.output_tail
     assert outcome.result == "started"
     assert client.entries["charge-card"]["result"] == 7
+
+
+def test_the_childs_path_leads_to_the_command(tmp_path, monkeypatch):
+    scripts, other = tmp_path / "venv-bin", tmp_path / "other"
+    scripts.mkdir()
+    other.mkdir()
+    monkeypatch.setattr(effects.sysconfig, "get_path", lambda name: str(scripts))
+    assert effects.command_path("/usr/bin:/bin") == "/usr/bin:/bin"  # not installed there
+    (scripts / "jobqueue-effect").write_text("#!/bin/sh\n")
+    (scripts / "jobqueue-effect").chmod(0o755)
+    assert effects.command_path("/usr/bin:/bin") == f"/usr/bin:/bin:{scripts}"  # appended
+    assert effects.command_path("") == str(scripts)
+    (other / "jobqueue-effect").write_text("#!/bin/sh\n")
+    (other / "jobqueue-effect").chmod(0o755)
+    assert effects.command_path(f"{other}:/bin") == f"{other}:/bin"  # found: unchanged
