@@ -14,11 +14,13 @@ The protocol (one request per connection, each way one JSON object and a newline
     agent -> child   the service's answer: {"state", "effect_id", "attempt", "result"?}
                      or {"error": {"status": 409, "code": "claim_superseded", "detail": "…"}}
 
-`jobqueue-effect` prints the answer as one JSON line (or one field of it with --print) and
-exits 0 when the ledger answered (begin: any state; commit: committed), 1 when the service
-refused (the error on stderr: `409 claim_superseded: …`), 2 on bad usage, 3 when no answer
-came (no JOB_EFFECT_SOCKET: not run by an agent that serves the ledger; or the agent or the
-service could not be reached: sending the same command again is safe).
+`jobqueue-effect` prints the answer as one JSON line (or one field of it with --print).
+Its exit statuses are `jobqueue`'s (cli_output.py, docs/cli.md): 0 the ledger answered
+(begin: any state; commit: committed), 2 bad usage or a request the service refused as
+invalid, 5 no answer (no JOB_EFFECT_SOCKET: not run by an agent that serves the ledger; or the
+agent or the service could not be reached: the same command again is safe), 6 a 409 (the
+claim is gone: stop; effect_already_committed; effect_not_begun), 3 / 4 a 404 / 401-403; the
+error on stderr (`jobqueue-effect: 409 claim_superseded: …`).
 
 A Python child can call `begin(key)`, `commit(key, result)` and `run(key, fn)` here instead,
 which answer as AgentClient's methods do (an Effect, or the ApiError subclass of the code).
@@ -39,6 +41,7 @@ import threading
 import time
 from typing import Any
 
+from .cli_output import EXIT_CONFLICT, EXIT_OK, exit_code_of
 from .client import (
     AgentClient,
     ApiError,
@@ -317,8 +320,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jobqueue-effect",
         description="The effect ledger of the job this command runs in, through its agent "
-        "(docs/effects.md). Prints the answer as one JSON line. Exit status: 0 answered, "
-        "1 refused by the service, 2 bad usage, 3 no answer (safe to ask again).")
+        "(docs/effects.md). Prints the answer as one JSON line.",
+        epilog="exit status: 0 answered (begin: any state), 2 bad usage (or a request the "
+        "service refused as invalid), 3 not found, 4 refused credential, 5 no answer (no "
+        "JOB_EFFECT_SOCKET, or the agent or the service unreachable: safe to ask again), "
+        "6 conflict (409: the claim is gone, so stop; or effect_already_committed, "
+        "effect_not_begun).")
     sub = parser.add_subparsers(dest="op", required=True)
     for op, text in (("begin", "begin the effect, or learn what an earlier attempt did"),
                      ("commit", "record the outcome of the effect this attempt began")):
@@ -363,19 +370,16 @@ def main(argv: list[str] | None = None) -> int:
         request["result"] = _result_arg(args, parser)
     try:
         answer = ask(request)
-    except (TransportError, NoLedger) as exc:
-        print(f"jobqueue-effect: {exc}", file=sys.stderr)
-        return 3
     except ApiError as exc:
         print(f"jobqueue-effect: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_CONFLICT if isinstance(exc, LeaseLost) else exit_code_of(exc)
     if args.field is None:
         print(json.dumps(answer, separators=(",", ":")))
     elif args.field == "result":
         print(json.dumps(answer.get("result"), separators=(",", ":")))
     else:
         print(answer.get(args.field, ""))
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # python -m jobqueue_client.effects

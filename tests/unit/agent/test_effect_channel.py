@@ -156,11 +156,13 @@ def test_the_command_prints_the_answer_and_says_by_its_status(served):
                    env=env).stdout == '{"charge":"ch_1"}\n'
     client.fail = [api.LeaseLost(409, "job_cancelled", "cancelled")]
     refused = command("begin", "other", env=env)
-    assert refused.returncode == 1 and "409 job_cancelled" in refused.stderr
+    assert refused.returncode == 6 and "409 job_cancelled" in refused.stderr
     assert command("begin", "a/b", env=env).returncode == 2
     assert command("commit", "k", env=env).returncode == 2  # --result is required
     gone = command("begin", "k", env={"PATH": "/usr/bin:/bin"})
-    assert gone.returncode == 3 and "JOB_EFFECT_SOCKET" in gone.stderr
+    assert gone.returncode == 5 and "JOB_EFFECT_SOCKET" in gone.stderr
+    client.fail = [api.InvalidRequest(400, "validation_error", "result too large")]
+    assert command("commit", "charge-card", "--result", "1", env=env).returncode == 2
 
 
 def test_the_agent_serves_the_ledger_to_the_child_it_runs(tmp_path):
