@@ -5,14 +5,17 @@ job's claim. The first attempt charges and commits, then begins an email and fai
 (retryable) before its commit; the retry sees the charge `committed` (and does not charge
 again) and the email `unknown` with the same effect_id, reconciles and commits it."""
 
+import base64
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from jobqueue import lifecycle, states
 from jobqueue.models import Job, JobEffect
 
-from .harness import wait_for
+from .harness import ROOT, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -75,3 +78,87 @@ def test_a_commands_effects_are_done_once_across_attempts(stack, make_agent, tmp
     log = proc.output()
     assert "event=effect_begin" in log and "event=effect_commit" in log
     assert token not in log
+
+
+class FakeStripe(ThreadingHTTPServer):
+    """POST /v1/charges as Stripe keeps idempotency keys: the first request with a key
+    makes a charge, a later one with the same key answers that charge. The first answer is
+    lost (a 503 after the charge is made: the caller cannot know it happened)."""
+
+    def __init__(self):
+        self.charges: dict[str, str] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.lose_first = True
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                key = self.headers.get("Idempotency-Key", "")
+                server.requests.append((key, self.headers.get("Authorization", "")))
+                charge = server.charges.setdefault(key, f"ch_{len(server.charges) + 1}")
+                status, body = 200, {"id": charge, "object": "charge"}
+                if server.lose_first:
+                    server.lose_first = False
+                    status, body = 503, {"error": {"message": "lost"}}
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self):
+        self.shutdown()
+        self.server_close()
+
+
+def docs_example() -> str:
+    text = (ROOT / "docs" / "effects.md").read_text()
+    start = text.index("```sh\n#!/bin/sh\n")
+    return text[start + len("```sh\n"):text.index("```", start + 6)]
+
+
+def test_the_docs_worked_example_charges_once(stack, make_agent):
+    """docs/effects.md's shell example, as written: the first attempt's charge is made but
+    its answer lost (exit 75); the retry hears `unknown`, sends the same Idempotency-Key and
+    gets the first charge back, and commits it; a requeued job's attempt hears `committed`
+    and calls nobody."""
+    stripe = FakeStripe()
+    try:
+        agent, token = make_agent(lease_seconds=5, max_attempts=3)
+        job, _ = lifecycle.create_job(
+            workspace=agent.workspace, job_agent=agent,
+            job_agent_config={"command": ["sh", "-c", docs_example()],
+                              "env": {"STRIPE_API": stripe.url}},
+            dispatch_context={"stripe_key": "sk_test_e2e"}, max_attempts=3,
+            retry_backoff_seconds=1)
+        stack.start_agent(agent, token, "A")
+        ended = lambda: Job.objects.get(id=job.id).status in states.TERMINAL  # noqa: E731
+        wait_for(ended, 60, "the job to end", on_fail=stack.logs)
+        done = Job.objects.get(id=job.id)
+        assert (done.status, done.attempt) == (states.SUCCESSFUL, 2), done.message
+        effect = JobEffect.objects.get(job_id=job.id, key="charge-card")
+        assert done.result == {"charge": "ch_1"} == effect.result
+        assert (effect.earlier_attempt, effect.committed_attempt) == (1, 2)
+        auth = "Basic " + base64.b64encode(b"sk_test_e2e:").decode()
+        assert stripe.requests == [(str(effect.id), auth)] * 2  # one key, one charge
+        assert stripe.charges == {str(effect.id): "ch_1"}
+        lifecycle.requeue_job(job.id)
+        wait_for(lambda: Job.objects.get(id=job.id).attempt == 3 and ended(), 60,
+                 "the requeued job to end", on_fail=stack.logs)
+        assert Job.objects.get(id=job.id).result == {"charge": "ch_1"}
+        assert len(stripe.requests) == 2  # committed: nobody called
+    finally:
+        stripe.close()
