@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from jobqueue import lifecycle, states
-from jobqueue.models import Job, JobEffect
+from jobqueue.models import Job, JobEffect, JobEvent
 
 from .harness import ROOT, wait_for
 
@@ -162,3 +162,51 @@ def test_the_docs_worked_example_charges_once(stack, make_agent):
         assert len(stripe.requests) == 2  # committed: nobody called
     finally:
         stripe.close()
+
+
+STALE = r"""
+out="$EFFECT_LOG"
+echo "$JOB_ATTEMPT begin $(jobqueue-effect begin charge-card --print state)" >> "$out"
+if [ "$JOB_ATTEMPT" = 1 ]; then
+  trap '' TERM        # let the refused commit's status be written before the agent's SIGKILL
+  touch "$EFFECT_LOG.ready"
+  while [ ! -e "$EFFECT_LOG.go" ]; do sleep 0.05; done
+  jobqueue-effect commit charge-card --result '"stale"' 2>> "$out.err"
+  echo "1 commit exit $?" >> "$out"
+  sleep 60
+fi
+jobqueue-effect commit charge-card --result '"fresh"' > /dev/null
+echo "$JOB_ATTEMPT commit exit $?" >> "$out"
+"""
+
+
+def test_a_superseded_attempts_commit_is_refused_and_stops_it(stack, make_agent, tmp_path):
+    """The job is requeued while its first attempt works: that attempt's commit, made by
+    the agent with its old claim, is refused (exit 6, `409 claim_superseded`), the agent stops
+    the command and publishes nothing; the next attempt hears `unknown` and commits."""
+    agent, token = make_agent(lease_seconds=30, max_attempts=3)
+    effect_log = tmp_path / "effects.log"
+    job, _ = lifecycle.create_job(
+        workspace=agent.workspace, job_agent=agent,
+        job_agent_config={"command": ["sh", "-c", STALE],
+                          "env": {"EFFECT_LOG": str(effect_log)}},
+        dispatch_context={}, max_attempts=3)
+    proc = stack.start_agent(agent, token, "A")
+    wait_for(lambda: (tmp_path / "effects.log.ready").exists(), 30, "the first attempt's begin",
+             on_fail=stack.logs)
+    lifecycle.requeue_job(job.id)
+    (tmp_path / "effects.log.go").touch()
+    wait_for(lambda: Job.objects.get(id=job.id).status in states.TERMINAL, 60,
+             "the job to end", on_fail=stack.logs)
+    lines = effect_log.read_text().splitlines()
+    assert lines == ["1 begin started", "1 commit exit 6", "2 begin unknown",
+                     "2 commit exit 0"], lines
+    assert "409 claim_superseded" in (tmp_path / "effects.log.err").read_text()
+    done = Job.objects.get(id=job.id)
+    assert (done.status, done.attempt) == (states.SUCCESSFUL, 2)
+    effect = JobEffect.objects.get(job_id=job.id, key="charge-card")
+    assert (effect.result, effect.committed_attempt, effect.earlier_attempt) == ("fresh", 2, 1)
+    refused = JobEvent.objects.get(job_id=job.id, kind=JobEvent.STALE_WRITE_REFUSED)
+    assert refused.detail["operation"] == "effect"
+    log = proc.output()
+    assert "event=lease_lost" in log and "via=effect" in log and "event=abandoned" in log
