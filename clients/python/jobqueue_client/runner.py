@@ -4,7 +4,8 @@ Threads: the caller's thread runs the claim loop (`Agent.run`); each claimed job
 own thread (child process, then report); one heartbeat thread renews every lease the agent
 holds, at the interval each claim suggests (batch path when the agent runs several jobs at once
 and the server has it, single path otherwise); with several jobs at once, one reporter thread
-sends the terminal reports that are waiting together in one batch report (ReportBatcher).
+sends the terminal reports that are waiting together in one batch report (ReportBatcher);
+while a job's child runs, a thread of effects.EffectServer serves it the job's effect ledger.
 
 Guarantees the agent keeps:
 - it publishes (reports) only while it believes it holds the claim; once a heartbeat or a report
