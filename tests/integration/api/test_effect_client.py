@@ -5,6 +5,7 @@ crashed between begin and commit leaves `unknown` (with the same effect_id) to t
 stale claim's begin or commit is refused with nothing recorded."""
 
 import pytest
+from jobqueue_client import ProducerClient
 from jobqueue_client import client as api
 
 from jobqueue import lifecycle, states
@@ -117,6 +118,15 @@ def test_a_crashed_attempt_leaves_unknown_with_the_same_effect_id(live_world, cl
     row = JobEffect.objects.get(job_id=job.id, key="charge-card")
     assert (str(row.id), row.attempt, row.earlier_attempt, row.committed_attempt) == (
         effect_id, 2, 1, 2)
+    # The producer reads the ledger (ProducerClient.list_effects).
+    with ProducerClient(live_world.base_url, str(live_world.workspace.id),
+                        live_world.key) as producer:
+        listed = {e["key"]: e for e in producer.list_effects(str(job.id))}
+    assert set(listed) == {"charge-card", "email"}
+    assert listed["charge-card"] | {"begun_at": None, "committed_at": None} == {
+        "effect_id": effect_id, "key": "charge-card", "state": "committed", "attempt": 2,
+        "earlier_attempt": 1, "begun_at": None, "committed_attempt": 2, "committed_at": None,
+        "result": {"charge": "ch_found_by_idempotency_key"}}
 
 
 @pytest.mark.parametrize("ending", ["reap", "requeue"])
