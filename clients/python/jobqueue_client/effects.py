@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import random
+import selectors
 import shutil
 import socket
 import sys
@@ -97,6 +98,7 @@ class EffectServer:
         self._stop = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] = (-1, -1)
 
     def open(self, jobdir, child_path: str | None = None) -> dict[str, str]:
         """Listen in `jobdir` (a workdir.JobDir); returns the child's variables
@@ -107,17 +109,18 @@ class EffectServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             # A long TMPDIR: bind through the directory's descriptor (Linux), the child
-            # connects from within the directory (connect_path).
+            # connects from within the directory (_connect).
             sock.bind(path if len(os.fsencode(path)) <= SUN_PATH_MAX
                       else f"/proc/self/fd/{jobdir.dir_fd}/{SOCKET_NAME}")
             sock.listen(16)
-            sock.settimeout(0.2)
+            sock.setblocking(False)
         except OSError as exc:
             sock.close()
             log.warning("event=effect_socket_failed job=%s attempt=%s error=%s",
                         self.lease.job_id, self.lease.attempt, type(exc).__name__)
             return {}
         self._sock = sock
+        self._wake = os.pipe()
         self._thread = threading.Thread(target=self._serve, daemon=True,
                                         name=f"effects-{self.lease.job_id}")
         self._thread.start()
@@ -127,24 +130,36 @@ class EffectServer:
         return variables
 
     def close(self) -> None:
+        """Stop serving (at once: the serving thread waits on the socket and a wake-up pipe,
+        never on a timer, so the job's end is not held up)."""
         self._stop.set()
         if self._thread is not None:
+            os.write(self._wake[1], b"x")
             self._thread.join(timeout=5)
+            for fd in self._wake:
+                os.close(fd)
+            self._thread = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self._slots.acquire()
-            threading.Thread(target=self._handle, args=(conn,), daemon=True,
-                             name=f"effect-{self.lease.job_id}").start()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._sock, selectors.EVENT_READ)
+            selector.register(self._wake[0], selectors.EVENT_READ)
+            while not self._stop.is_set():
+                selector.select()
+                if self._stop.is_set():
+                    return
+                try:
+                    conn, _ = self._sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return
+                self._slots.acquire()
+                threading.Thread(target=self._handle, args=(conn,), daemon=True,
+                                 name=f"effect-{self.lease.job_id}").start()
 
     def _handle(self, conn: socket.socket) -> None:
         try:
