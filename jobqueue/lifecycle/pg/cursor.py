@@ -12,9 +12,15 @@ django.db errors, the broken-transaction check, `execute_wrapper()`s, and query 
 (DEBUG, CaptureQueriesContext) are Django's, and the path is the same whether or not queries
 are logged. What it saves is a new cursor and a column description per call (a tenth of a
 claim's client time) and Django's pure-Python timestamptz loader.
+
+Unprepared (JOBQUEUE_PREPARED_STATEMENTS=0, behind a transaction-mode pooler), a statement
+that has a PL/pgSQL wrapper installed (pg/functions.py) runs as a call of it, whose plans the
+server keeps: the wrappers of the text this code runs, looked up once per connection.
 """
 
 from __future__ import annotations
+
+from jobqueue.sql import postgresql as sql
 
 _preparing_cursor_class = None
 
@@ -82,15 +88,32 @@ class HotCursor:
         self.db = db
         self._conn = None
         self._cursor = None
+        self._calls = None  # {statement: the call of its wrapper}, per connection
 
     def _raw(self):
         conn = self.db.connection
         if self._cursor is None or self._conn is not conn or self._cursor.closed:
             self._cursor = new_cursor(conn)
             self._conn = conn
+            self._calls = None
         return self._cursor
 
-    def run(self, sql: str, params: dict) -> tuple:
+    def _wrapper_calls(self, wrapper, raw) -> dict:
+        """{statement: the call of its wrapper} of the wrappers installed, unprepared; {}
+        when statements are prepared (they keep their plans themselves)."""
+        from jobqueue.conf import jobqueue_settings
+
+        from .functions import call, wrapped
+
+        if jobqueue_settings()["PREPARED_STATEMENTS"]:
+            return {}
+        statements = wrapped()
+        wrapper.execute(sql.function_list_installed, {"names": list(statements)})
+        with self.db.wrap_database_errors:
+            found = {name for name, _digest in raw.fetchall()}
+        return {text: call(name, text) for name, text in statements.items() if name in found}
+
+    def run(self, statement: str, params: dict) -> tuple:
         """Execute one statement: (the cursor, for its description; the rows)."""
         db = self.db
         db.close_if_health_check_failed()  # as db.cursor() does (CONN_HEALTH_CHECKS)
@@ -99,6 +122,8 @@ class HotCursor:
             raw = self._raw()
         db.validate_thread_sharing()
         wrapper = _debug_wrapper(raw, db) if db.queries_logged else db.make_cursor(raw)
-        wrapper.execute(sql, params)
+        if self._calls is None:
+            self._calls = self._wrapper_calls(wrapper, raw)
+        wrapper.execute(self._calls.get(statement, statement), params)
         with db.wrap_database_errors:
             return raw, raw.fetchall()
