@@ -50,7 +50,7 @@ def _connect(variant: str, direct: dict, bouncer) -> None:
                                         PASSWORD=bouncer.password)
     plain = variant == "pgbouncer_plain"
     cursor.HotCursor._wrapper_calls = (
-        (lambda self, wrapper, raw: {}) if plain else _WRAPPER_CALLS[0])
+        (lambda self, raw: {}) if plain else _WRAPPER_CALLS[0])
 
 
 _WRAPPER_CALLS: list = []
