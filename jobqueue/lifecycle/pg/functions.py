@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 
 from jobqueue.sql import postgresql as sql
 
+log = logging.getLogger(__name__)
 _PARAM = re.compile(r"%\((\w+)\)s")
 _WRAPPED = (
     "job_claim_by_id", "job_set_state_if_running", "job_fail_or_retry_if_running",
@@ -117,19 +119,26 @@ def installed(cursor, names) -> dict[str, str]:
 
 def install(connection) -> list[str]:
     """Define every wrapper that is missing or whose definition would now differ, on a
-    Django PostgreSQL connection, in one transaction: the names defined."""
-    from django.db import transaction
+    Django PostgreSQL connection, in one transaction: the names defined. A statement the
+    server cannot describe yet (a `migrate` stopped before the migration that adds a column
+    it names) gets no wrapper, with a warning: it runs unwrapped until the next `migrate`."""
+    from django.db import DatabaseError, transaction
 
     defined = []
     with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
         statements = wrapped()
         present = installed(cursor, statements)
         for function, statement in statements.items():
-            create, digest = definition(cursor, function, statement)
-            if present.get(function) == digest:
+            try:
+                with transaction.atomic(using=connection.alias):
+                    create, digest = definition(cursor, function, statement)
+                    if present.get(function) == digest:
+                        continue
+                    cursor.execute(sql.function_drop.format(function=function))
+                    cursor.execute(create)
+            except (DatabaseError, RuntimeError) as exc:
+                log.warning("%s not installed: %s", function, str(exc).strip())
                 continue
-            cursor.execute(sql.function_drop.format(function=function))
-            cursor.execute(create)
             defined.append(function)
     return defined
 

@@ -148,3 +148,17 @@ def test_the_migrations_reverse_drops_every_wrapper_and_migrate_installs_them_ag
     finally:
         call_command("migrate", verbosity=0)
     assert set(_installed()) == set(functions.wrapped())
+
+
+def test_a_statement_the_server_cannot_describe_gets_no_wrapper_and_fails_no_migrate(
+        monkeypatch, caplog):
+    """A `migrate` stopped before the migration that adds a column a statement names: that
+    statement gets no wrapper (it runs unwrapped), the others are still looked at."""
+    bad = {"jobqueue_nope_00000000": "SELECT no_such_column FROM job WHERE id = %(job)s"}
+    every = {**bad, **functions.wrapped()}
+    monkeypatch.setattr(functions, "wrapped", lambda: every)
+    with caplog.at_level("WARNING", logger=functions.__name__):
+        assert functions.install(connection) == []
+    assert "jobqueue_nope_00000000 not installed" in caplog.text
+    assert "no_such_column" in caplog.text
+    assert "jobqueue_nope_00000000" not in _installed()
