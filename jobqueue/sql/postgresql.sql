@@ -528,7 +528,6 @@ SELECT 1
 LISTEN jobqueue_wake
 
 
-
 -- name: function_define
 -- Not run as written: the template of a hot statement's PL/pgSQL wrapper, for a server
 -- reached through a transaction-mode pooler that cannot keep prepared statements
@@ -567,7 +566,6 @@ DROP FUNCTION IF EXISTS {function}
 -- Which of the wrappers %(names)s are installed, each with the digest of its definition.
 SELECT p.proname::text, substring(p.prosrc from 'jobqueue wrapper ([0-9a-f]+)') FROM pg_proc p
 WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = ANY(%(names)s::text[])
-
 
 
 -- name: function_list_all
