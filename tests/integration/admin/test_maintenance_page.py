@@ -4,9 +4,8 @@ failure that came after it; and the read-only maintenance_run admin."""
 import pytest
 from django.urls import reverse
 
-from jobqueue import reaper
 from jobqueue.db import NowPlusSeconds
-from jobqueue.maintenance import pruner, records
+from jobqueue.maintenance import pruner, reaper, records
 from jobqueue.models import MaintenanceRun
 
 pytestmark = pytest.mark.django_db
