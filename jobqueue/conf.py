@@ -45,7 +45,7 @@ DEFAULTS = {
     "PRUNE_INTERVAL_SECONDS": 300.0,
     "ARTIFACT_CLEAN_INTERVAL_SECONDS": 300.0,
     "ARTIFACT_CLEAN_BATCH_SIZE": 500,
-    # The group watcher (maintenance/groups.py): group.finished.
+    # The group watcher (maintenance/group_watcher.py): group.finished.
     "GROUP_WATCH_INTERVAL_SECONDS": 5.0,
     "GROUP_WATCH_BATCH_SIZE": 500,
     # Webhooks (maintenance/webhooks.py).

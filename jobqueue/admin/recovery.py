@@ -18,7 +18,7 @@ from jobqueue import lifecycle, states
 from jobqueue.conf import jobqueue_settings
 from jobqueue.maintenance import loop as maintenance
 from jobqueue.maintenance import reaper
-from jobqueue.maintenance.records import last_runs
+from jobqueue.maintenance.run_records import last_runs
 from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun
 
 from .charts import charts_context

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 from django.db import close_old_connections
 
-from . import artifacts, groups, pruner, reaper, records, webhooks
+from . import artifact_cleaner, group_watcher, pruner, reaper, run_records, webhooks
 
 log = logging.getLogger("jobqueue.maintenance")
 # The group watcher goes before the sender, so that a pass sends what it wrote.
-SERVICES = (reaper, groups, webhooks, pruner, artifacts)
+SERVICES = (reaper, group_watcher, webhooks, pruner, artifact_cleaner)
 MAX_BACKOFF_SECONDS = 60.0
 
 
@@ -157,7 +157,7 @@ def _lane(services: tuple, stop: threading.Event, on_outcome, interval: float | 
 
 def _record_error(service: str, error: str) -> None:
     try:
-        records.record_error(service, error)
+        run_records.record_error(service, error)
     except Exception:  # noqa: BLE001 - the database is what failed; the log has it
         _drop_connection()
 

@@ -19,8 +19,7 @@ from django.db import connection
 from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.lifecycle import artifacts
-from jobqueue.maintenance import artifacts as artifact_cleaner
-from jobqueue.maintenance import loop, pruner
+from jobqueue.maintenance import artifact_cleaner, loop, pruner
 from jobqueue.maintenance import reaper as reaper_service
 from jobqueue.models import Job, JobArtifact, JobClaim, JobEvent, MaintenanceRun, ReaperRun
 from tests.factories import JobAgentFactory, claimed_job
@@ -129,7 +128,7 @@ def test_an_error_that_cannot_be_recorded_is_only_logged(monkeypatch, caplog):
     def unrecordable(service, error):
         raise RuntimeError("database is down too")
 
-    monkeypatch.setattr(loop.records, "record_error", unrecordable)
+    monkeypatch.setattr(loop.run_records, "record_error", unrecordable)
     outcome, = loop.Maintenance(services=(broken_service(),)).run_due(now=0.0)
     assert outcome.error and not MaintenanceRun.objects.exists()
     assert "maintenance broken failed" in caplog.text

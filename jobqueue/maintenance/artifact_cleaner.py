@@ -10,7 +10,7 @@ import time
 from jobqueue.conf import jobqueue_settings
 from jobqueue.lifecycle.artifacts import clean_artifacts
 
-from . import records
+from . import run_records
 
 SERVICE = "artifact_cleaner"
 
@@ -25,6 +25,6 @@ def service_run(*, idle_run_id: int | None = None) -> tuple[dict, int | None, bo
     result = clean_artifacts(jobqueue_settings()["ARTIFACT_CLEAN_BATCH_SIZE"])
     counts = {"deleted": result.deleted, "batches": result.batches}
     idle = result.deleted == 0
-    run_id = records.record(SERVICE, counts, time.monotonic() - started, idle=idle,
+    run_id = run_records.record(SERVICE, counts, time.monotonic() - started, idle=idle,
                             idle_run_id=idle_run_id)
     return counts, run_id, idle
