@@ -1,9 +1,10 @@
 """What the maintenance commands share: the batch commands' options (--batch-size,
 --max-batches, --dry-run, --json) and their checks, the progress line around a run, and the
-stop event of a --loop (SIGTERM, SIGINT)."""
+stop event of a --loop (SIGTERM, SIGINT), the counts a one-run command prints."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from collections.abc import Callable
@@ -45,6 +46,14 @@ class BatchCommand(BaseCommand):
             raise CommandError(f"{failed} failed: {type(exc).__name__}: {exc}") from exc
         finally:
             progress.finish()
+
+
+def write_counts(stdout, counts: dict, as_json: bool) -> None:
+    """A one-run command's counts: one JSON object, or "name n, name n"."""
+    if as_json:
+        stdout.write(json.dumps(counts))
+    else:
+        stdout.write(", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
 def stop_on_signals() -> threading.Event:
