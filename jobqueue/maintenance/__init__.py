@@ -1,7 +1,7 @@
 """Maintenance services (River's maintenance/): each is a module with SERVICE, interval_seconds()
 and service_run(idle_run_id=) -> (counts, run id, idle), which the loop calls (loop.py,
-`run_maintenance`); each service's own command runs its run_once() (the artifact cleaner's
-command calls lifecycle.artifacts.clean_artifacts).
+`run_maintenance`); each service's own command runs its run_once() (a dict of counts, or a
+result object that carries them).
 
     reaper.py           the reaper: one sweep (reap_claims), recorded in reaper_run
     group_watcher.py    marks finished groups, writes group.finished deliveries (watch_groups)

@@ -1,7 +1,7 @@
 import json
 
 from jobqueue.conf import jobqueue_settings
-from jobqueue.lifecycle import artifacts
+from jobqueue.maintenance import artifact_cleaner
 from jobqueue.management.command_base import BatchCommand
 
 
@@ -26,7 +26,7 @@ class Command(BatchCommand):
         self.check_batch_options(opts)
         result = self.run_batches(
             "artifacts deleted", opts,
-            lambda on_batch: artifacts.clean_artifacts(
+            lambda on_batch: artifact_cleaner.run_once(
                 opts["batch_size"], max_batches=opts["max_batches"], dry_run=opts["dry_run"],
                 on_batch=on_batch))
         if opts["json"]:
