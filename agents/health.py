@@ -27,7 +27,7 @@ _seen_written: dict = {}  # job_agent_id -> time.monotonic() of this process's l
 
 def note_agent_seen(job_agent_id) -> bool:
     """Record that the agent made a request; returns whether this call wrote."""
-    every = float(jobqueue_settings().get("AGENT_SEEN_WRITE_SECONDS", 15.0))
+    every = float(jobqueue_settings()["AGENT_SEEN_WRITE_SECONDS"])
     now = time.monotonic()
     with _seen_lock:
         last = _seen_written.get(job_agent_id)

@@ -28,11 +28,10 @@ from jobqueue.conf import jobqueue_settings
 from .bodies import BODY_READ_ERRORS, IncompleteBody
 
 API_PREFIX = "/v1/"
-DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
 
 
 def max_request_bytes() -> int:
-    return int(jobqueue_settings().get("MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES))
+    return int(jobqueue_settings()["MAX_REQUEST_BYTES"])
 
 
 def _error(status: int, code: str, detail: str) -> JsonResponse:

@@ -945,7 +945,7 @@ def growth_table(res):
 
 
 def scenario_reaper():
-    from jobqueue import reaper
+    from jobqueue.maintenance import reaper
     from jobqueue.models import Job, JobClaim, JobEvent
 
     n = conf("BENCH_REAPER_CLAIMS")

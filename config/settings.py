@@ -13,6 +13,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from jobqueue import __version__ as jobqueue_version
+from jobqueue.conf import DEFAULTS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("JOBQUEUE_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -24,6 +25,12 @@ env = environ.Env(
 )
 
 DEBUG = env("DJANGO_DEBUG")
+
+
+def _env(cast, name: str):
+    """JOBQUEUE_<name> from the environment, read by `cast` (env.int, env.float, env.str,
+    env.bool); unset, jobqueue/conf.py's DEFAULTS[name], the one place a default is written."""
+    return cast(f"JOBQUEUE_{name}", DEFAULTS[name])
 
 
 def _local_secret_key(path: Path) -> str:
@@ -151,7 +158,7 @@ else:
     if _retry > 0:
         _db["ENGINE"] = "config.postgresql"
         _db["CONNECT_RETRY_SECONDS"] = _retry
-    if env.bool("JOBQUEUE_PREPARED_STATEMENTS", True):
+    if _env(env.bool, "PREPARED_STATEMENTS"):
         _db["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
     else:
         _db["DISABLE_SERVER_SIDE_CURSORS"] = True
@@ -202,125 +209,125 @@ LOGGING = {
 }
 
 # --- The job queue ----------------------------------------------------------------------
-# One dict for every lease and attempt default and bound. Durations in seconds.
+# One dict for every lease and attempt default and bound. Durations in seconds. Each is read
+# from JOBQUEUE_<name> (_env); the defaults are written once, in jobqueue/conf.py's DEFAULTS.
 JOBQUEUE = {
     # Lease given to a claim unless the job agent sets its own.
-    "DEFAULT_LEASE_SECONDS": env.int("JOBQUEUE_DEFAULT_LEASE_SECONDS", 60),
+    "DEFAULT_LEASE_SECONDS": _env(env.int, "DEFAULT_LEASE_SECONDS"),
     # Bounds for an agent's lease_seconds.
-    "MIN_LEASE_SECONDS": env.int("JOBQUEUE_MIN_LEASE_SECONDS", 5),
-    "MAX_LEASE_SECONDS": env.int("JOBQUEUE_MAX_LEASE_SECONDS", 3600),
+    "MIN_LEASE_SECONDS": _env(env.int, "MIN_LEASE_SECONDS"),
+    "MAX_LEASE_SECONDS": _env(env.int, "MAX_LEASE_SECONDS"),
     # Attempts a job gets unless its agent or its producer says otherwise, and the bounds.
-    "DEFAULT_MAX_ATTEMPTS": env.int("JOBQUEUE_DEFAULT_MAX_ATTEMPTS", 3),
-    "MIN_MAX_ATTEMPTS": 1,
-    "MAX_MAX_ATTEMPTS": env.int("JOBQUEUE_MAX_MAX_ATTEMPTS", 100),
+    "DEFAULT_MAX_ATTEMPTS": _env(env.int, "DEFAULT_MAX_ATTEMPTS"),
+    "MIN_MAX_ATTEMPTS": DEFAULTS["MIN_MAX_ATTEMPTS"],
+    "MAX_MAX_ATTEMPTS": _env(env.int, "MAX_MAX_ATTEMPTS"),
     # The heartbeat interval suggested on claim is lease_seconds divided by this.
-    "HEARTBEAT_DIVISOR": env.int("JOBQUEUE_HEARTBEAT_DIVISOR", 3),
+    "HEARTBEAT_DIVISOR": _env(env.int, "HEARTBEAT_DIVISOR"),
     # Reaper: rows per transaction, and the loop's pause between sweeps.
-    "REAPER_BATCH_SIZE": env.int("JOBQUEUE_REAPER_BATCH_SIZE", 500),
-    "REAPER_INTERVAL_SECONDS": env.float("JOBQUEUE_REAPER_INTERVAL_SECONDS", 5.0),
+    "REAPER_BATCH_SIZE": _env(env.int, "REAPER_BATCH_SIZE"),
+    "REAPER_INTERVAL_SECONDS": _env(env.float, "REAPER_INTERVAL_SECONDS"),
     # Operators are warned when the reaper has not run for longer than this.
-    "REAPER_STALE_AFTER_SECONDS": env.int("JOBQUEUE_REAPER_STALE_AFTER_SECONDS", 300),
+    "REAPER_STALE_AFTER_SECONDS": _env(env.int, "REAPER_STALE_AFTER_SECONDS"),
     # Upper bound on how many jobs one batch claim may take.
-    "MAX_CLAIM_BATCH": env.int("JOBQUEUE_MAX_CLAIM_BATCH", 100),
+    "MAX_CLAIM_BATCH": _env(env.int, "MAX_CLAIM_BATCH"),
     # Upper bound on how many claims one batch heartbeat may renew.
-    "MAX_HEARTBEAT_BATCH": env.int("JOBQUEUE_MAX_HEARTBEAT_BATCH", 500),
-    "MAX_REPORT_BATCH": env.int("JOBQUEUE_MAX_REPORT_BATCH", 500),
+    "MAX_HEARTBEAT_BATCH": _env(env.int, "MAX_HEARTBEAT_BATCH"),
+    "MAX_REPORT_BATCH": _env(env.int, "MAX_REPORT_BATCH"),
     # Upper bound on a release's retry_after_seconds.
-    "MAX_RETRY_AFTER_SECONDS": env.int("JOBQUEUE_MAX_RETRY_AFTER_SECONDS", 86400),
+    "MAX_RETRY_AFTER_SECONDS": _env(env.int, "MAX_RETRY_AFTER_SECONDS"),
     # Long-poll (docs/api.md, "Waiting"): the largest wait_seconds a claim or a producer's
     # GET jobs/{id} may ask for, and how many waits one server process holds at once (past
     # it a claim answers as if wait_seconds were 0; config/gunicorn.conf.py sizes its
     # threads from it).
-    "MAX_CLAIM_WAIT_SECONDS": env.int("JOBQUEUE_MAX_CLAIM_WAIT_SECONDS", 50),
-    "MAX_WAITING_CLAIMS": env.int("JOBQUEUE_MAX_WAITING_CLAIMS", 200),
+    "MAX_CLAIM_WAIT_SECONDS": _env(env.int, "MAX_CLAIM_WAIT_SECONDS"),
+    "MAX_WAITING_CLAIMS": _env(env.int, "MAX_WAITING_CLAIMS"),
     # How many of a process's held waits keep their database connection (the others close
     # theirs while they sleep); a wake-up goes to one of these first (jobqueue/wakeups.py).
-    "WARM_WAITS": env.int("JOBQUEUE_WARM_WAITS", 4),
+    "WARM_WAITS": _env(env.int, "WARM_WAITS"),
     # While anyone waits, each process re-checks this often with one query (a lost NOTIFY
     # never strands a waiter), and (SQLite) reads the wake file this often.
-    "WAIT_RECHECK_SECONDS": env.float("JOBQUEUE_WAIT_RECHECK_SECONDS", 2.0),
-    "WAKE_FILE_POLL_SECONDS": env.float("JOBQUEUE_WAKE_FILE_POLL_SECONDS", 0.02),
+    "WAIT_RECHECK_SECONDS": _env(env.float, "WAIT_RECHECK_SECONDS"),
+    "WAKE_FILE_POLL_SECONDS": _env(env.float, "WAKE_FILE_POLL_SECONDS"),
     # PostgreSQL: the listener's own connection (LISTEN needs a session: behind PgBouncer
     # in transaction mode, name a direct connection). Default: DATABASE_URL's database.
-    "LISTEN_DATABASE_URL": env.str("JOBQUEUE_LISTEN_DATABASE_URL", default=""),
+    "LISTEN_DATABASE_URL": _env(env.str, "LISTEN_DATABASE_URL"),
     # A group's cancel runs in transactions of at most this many jobs.
-    "GROUP_CANCEL_BATCH": env.int("JOBQUEUE_GROUP_CANCEL_BATCH", 500),
+    "GROUP_CANCEL_BATCH": _env(env.int, "GROUP_CANCEL_BATCH"),
     # Largest checkpoint (its JSON text, bytes) a heartbeat or progress report may carry.
-    "MAX_CHECKPOINT_BYTES": env.int("JOBQUEUE_MAX_CHECKPOINT_BYTES", 64 * 1024),
+    "MAX_CHECKPOINT_BYTES": _env(env.int, "MAX_CHECKPOINT_BYTES"),
     # Retryable failures ({"status": "failure", "retry": true}): the job waits
     # retry_backoff_seconds (this default unless the job sets its own) doubled per attempt,
     # at most MAX_RETRY_BACKOFF_SECONDS (also the bound of a job's retry_backoff_seconds),
     # shortened by up to RETRY_JITTER of itself (a fraction from 0 to 1; 0: no jitter).
-    "RETRY_BACKOFF_SECONDS": env.int("JOBQUEUE_RETRY_BACKOFF_SECONDS", 10),
-    "MAX_RETRY_BACKOFF_SECONDS": env.int("JOBQUEUE_MAX_RETRY_BACKOFF_SECONDS", 3600),
-    "RETRY_JITTER": env.float("JOBQUEUE_RETRY_JITTER", 0.0),
+    "RETRY_BACKOFF_SECONDS": _env(env.int, "RETRY_BACKOFF_SECONDS"),
+    "MAX_RETRY_BACKOFF_SECONDS": _env(env.int, "MAX_RETRY_BACKOFF_SECONDS"),
+    "RETRY_JITTER": _env(env.float, "RETRY_JITTER"),
     # Bounds of a job's (or its agent's default) max_runtime_seconds, and how far ahead a
     # job's expires_at may be (docs/clocks.md). No default: a job has no runtime limit and
     # never expires unless its producer (or agent) says so.
-    "MIN_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MIN_MAX_RUNTIME_SECONDS", 1),
-    "MAX_MAX_RUNTIME_SECONDS": env.int("JOBQUEUE_MAX_MAX_RUNTIME_SECONDS", 7 * 86400),
-    "MAX_EXPIRES_IN_SECONDS": env.int("JOBQUEUE_MAX_EXPIRES_IN_SECONDS", 10**8),
+    "MIN_MAX_RUNTIME_SECONDS": _env(env.int, "MIN_MAX_RUNTIME_SECONDS"),
+    "MAX_MAX_RUNTIME_SECONDS": _env(env.int, "MAX_MAX_RUNTIME_SECONDS"),
+    "MAX_EXPIRES_IN_SECONDS": _env(env.int, "MAX_EXPIRES_IN_SECONDS"),
     # Retention (prune_jobs, maintenance): days a finished job is kept, by its status (0: keep
     # forever), and jobs deleted per transaction.
-    "RETENTION_DAYS": env.float("JOBQUEUE_RETENTION_DAYS", 14),  # successful, cancelled
-    "RETENTION_FAILED_DAYS": env.float("JOBQUEUE_RETENTION_FAILED_DAYS", 30),  # failure, expired
-    "PRUNE_BATCH_SIZE": env.int("JOBQUEUE_PRUNE_BATCH_SIZE", 1000),
+    "RETENTION_DAYS": _env(env.float, "RETENTION_DAYS"),  # successful, cancelled
+    "RETENTION_FAILED_DAYS": _env(env.float, "RETENTION_FAILED_DAYS"),  # failure, expired
+    "PRUNE_BATCH_SIZE": _env(env.int, "PRUNE_BATCH_SIZE"),
     # run_maintenance --loop: seconds between two prunings.
-    "PRUNE_INTERVAL_SECONDS": env.float("JOBQUEUE_PRUNE_INTERVAL_SECONDS", 300.0),
+    "PRUNE_INTERVAL_SECONDS": _env(env.float, "PRUNE_INTERVAL_SECONDS"),
     # run_maintenance --loop: artifact clean-up (clean_artifacts) this often, in batches of.
-    "ARTIFACT_CLEAN_INTERVAL_SECONDS": env.float("JOBQUEUE_ARTIFACT_CLEAN_INTERVAL_SECONDS",
-                                                 300.0),
-    "ARTIFACT_CLEAN_BATCH_SIZE": env.int("JOBQUEUE_ARTIFACT_CLEAN_BATCH_SIZE", 500),
+    "ARTIFACT_CLEAN_INTERVAL_SECONDS": _env(env.float, "ARTIFACT_CLEAN_INTERVAL_SECONDS"),
+    "ARTIFACT_CLEAN_BATCH_SIZE": _env(env.int, "ARTIFACT_CLEAN_BATCH_SIZE"),
     # run_maintenance --loop: the group watcher (group.finished) this often, groups per
     # transaction.
-    "GROUP_WATCH_INTERVAL_SECONDS": env.float("JOBQUEUE_GROUP_WATCH_INTERVAL_SECONDS", 5.0),
-    "GROUP_WATCH_BATCH_SIZE": env.int("JOBQUEUE_GROUP_WATCH_BATCH_SIZE", 500),
+    "GROUP_WATCH_INTERVAL_SECONDS": _env(env.float, "GROUP_WATCH_INTERVAL_SECONDS"),
+    "GROUP_WATCH_BATCH_SIZE": _env(env.int, "GROUP_WATCH_BATCH_SIZE"),
     # Webhooks: tries per delivery, the first retry's delay (doubling, with jitter, up to the
     # max), the deadline of one try (the whole request, connect to last byte), how long a
     # sender reserves a delivery it is sending, how many it takes at once, how often
     # maintenance sends, how much of an answer it reads, the networks targets must be in
     # (comma-separated CIDRs; empty: any), how many endpoints it sends to at once, and how
     # many endpoints a workspace may have.
-    "WEBHOOK_MAX_ATTEMPTS": env.int("JOBQUEUE_WEBHOOK_MAX_ATTEMPTS", 12),
-    "WEBHOOK_BACKOFF_SECONDS": env.float("JOBQUEUE_WEBHOOK_BACKOFF_SECONDS", 5.0),
-    "WEBHOOK_MAX_BACKOFF_SECONDS": env.float("JOBQUEUE_WEBHOOK_MAX_BACKOFF_SECONDS", 3600.0),
-    "WEBHOOK_TIMEOUT_SECONDS": env.float("JOBQUEUE_WEBHOOK_TIMEOUT_SECONDS", 10.0),
-    "WEBHOOK_LEASE_SECONDS": env.int("JOBQUEUE_WEBHOOK_LEASE_SECONDS", 60),
-    "WEBHOOK_BATCH_SIZE": env.int("JOBQUEUE_WEBHOOK_BATCH_SIZE", 50),
-    "WEBHOOK_INTERVAL_SECONDS": env.float("JOBQUEUE_WEBHOOK_INTERVAL_SECONDS", 1.0),
-    "WEBHOOK_RESPONSE_BYTES": env.int("JOBQUEUE_WEBHOOK_RESPONSE_BYTES", 4096),
-    "WEBHOOK_ALLOWED_NETWORKS": env.str("JOBQUEUE_WEBHOOK_ALLOWED_NETWORKS", ""),
-    "WEBHOOK_CONCURRENCY": env.int("JOBQUEUE_WEBHOOK_CONCURRENCY", 8),
-    "MAX_WEBHOOKS_PER_WORKSPACE": env.int("JOBQUEUE_MAX_WEBHOOKS_PER_WORKSPACE", 20),
+    "WEBHOOK_MAX_ATTEMPTS": _env(env.int, "WEBHOOK_MAX_ATTEMPTS"),
+    "WEBHOOK_BACKOFF_SECONDS": _env(env.float, "WEBHOOK_BACKOFF_SECONDS"),
+    "WEBHOOK_MAX_BACKOFF_SECONDS": _env(env.float, "WEBHOOK_MAX_BACKOFF_SECONDS"),
+    "WEBHOOK_TIMEOUT_SECONDS": _env(env.float, "WEBHOOK_TIMEOUT_SECONDS"),
+    "WEBHOOK_LEASE_SECONDS": _env(env.int, "WEBHOOK_LEASE_SECONDS"),
+    "WEBHOOK_BATCH_SIZE": _env(env.int, "WEBHOOK_BATCH_SIZE"),
+    "WEBHOOK_INTERVAL_SECONDS": _env(env.float, "WEBHOOK_INTERVAL_SECONDS"),
+    "WEBHOOK_RESPONSE_BYTES": _env(env.int, "WEBHOOK_RESPONSE_BYTES"),
+    "WEBHOOK_ALLOWED_NETWORKS": _env(env.str, "WEBHOOK_ALLOWED_NETWORKS"),
+    "WEBHOOK_CONCURRENCY": _env(env.int, "WEBHOOK_CONCURRENCY"),
+    "MAX_WEBHOOKS_PER_WORKSPACE": _env(env.int, "MAX_WEBHOOKS_PER_WORKSPACE"),
     # Job outputs (docs/outputs.md): each attempt's log is capped; a holder whose claim was
     # just cancelled, reaped or superseded may still append for the grace period.
-    "MAX_LOG_BYTES": env.int("JOBQUEUE_MAX_LOG_BYTES", 16 * 1024 * 1024),
-    "LOG_GRACE_SECONDS": env.int("JOBQUEUE_LOG_GRACE_SECONDS", 30),
+    "MAX_LOG_BYTES": _env(env.int, "MAX_LOG_BYTES"),
+    "LOG_GRACE_SECONDS": _env(env.int, "LOG_GRACE_SECONDS"),
     # Artifacts: per file (the JSON body cap does not apply), per attempt (bytes and files).
-    "MAX_ARTIFACT_BYTES": env.int("JOBQUEUE_MAX_ARTIFACT_BYTES", 100 * 1024 * 1024),
-    "MAX_ATTEMPT_ARTIFACT_BYTES": env.int("JOBQUEUE_MAX_ATTEMPT_ARTIFACT_BYTES", 1024 ** 3),
-    "MAX_ARTIFACTS_PER_ATTEMPT": env.int("JOBQUEUE_MAX_ARTIFACTS_PER_ATTEMPT", 100),
+    "MAX_ARTIFACT_BYTES": _env(env.int, "MAX_ARTIFACT_BYTES"),
+    "MAX_ATTEMPT_ARTIFACT_BYTES": _env(env.int, "MAX_ATTEMPT_ARTIFACT_BYTES"),
+    "MAX_ARTIFACTS_PER_ATTEMPT": _env(env.int, "MAX_ARTIFACTS_PER_ATTEMPT"),
     # Largest report `message` (UTF-8 bytes) and `result` (bytes of its compact JSON) a job
     # keeps: a report over either is refused (400 validation_error) and changes nothing.
-    "MAX_MESSAGE_BYTES": env.int("JOBQUEUE_MAX_MESSAGE_BYTES", 64 * 1024),
-    "MAX_RESULT_BYTES": env.int("JOBQUEUE_MAX_RESULT_BYTES", 1024 * 1024),
+    "MAX_MESSAGE_BYTES": _env(env.int, "MAX_MESSAGE_BYTES"),
+    "MAX_RESULT_BYTES": _env(env.int, "MAX_RESULT_BYTES"),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------
 # Largest request body the API accepts (bytes), with or without Content-Length: 413 beyond.
 # Prepare the hot statements once per connection (off behind PgBouncer < 1.21 in transaction
 # mode; see DATABASES above).
-JOBQUEUE["PREPARED_STATEMENTS"] = env.bool("JOBQUEUE_PREPARED_STATEMENTS", True)
-JOBQUEUE["MAX_REQUEST_BYTES"] = env.int("JOBQUEUE_MAX_REQUEST_BYTES", 1024 * 1024)
+JOBQUEUE["PREPARED_STATEMENTS"] = _env(env.bool, "PREPARED_STATEMENTS")
+JOBQUEUE["MAX_REQUEST_BYTES"] = _env(env.int, "MAX_REQUEST_BYTES")
 # Django's own cap on bodies it reads (forms, the admin) is never below the API's.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(JOBQUEUE["MAX_REQUEST_BYTES"], 2621440)
 # A request authenticated by an agent token refreshes its agent's last_seen_at at most this
 # often per process (one UPDATE of job_agent, never of job).
-JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] = env.float("JOBQUEUE_AGENT_SEEN_WRITE_SECONDS", 15.0)
+JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] = _env(env.float, "AGENT_SEEN_WRITE_SECONDS")
 # The oldest jobqueue-client (major.minor, read from its User-Agent) this server supports: an
 # older one is logged once per version and process, WARNING (agents/middleware.py). Requests
 # are answered all the same. GET /v1/version says it too.
-JOBQUEUE["MIN_CLIENT_VERSION"] = env.str("JOBQUEUE_MIN_CLIENT_VERSION", "0.2")
+JOBQUEUE["MIN_CLIENT_VERSION"] = _env(env.str, "MIN_CLIENT_VERSION")
 if not re.fullmatch(r"\d{1,6}(\.\d{1,6})?", JOBQUEUE["MIN_CLIENT_VERSION"]):
     raise ImproperlyConfigured("JOBQUEUE_MIN_CLIENT_VERSION must be MAJOR.MINOR, e.g. 0.2")
 

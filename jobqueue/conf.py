@@ -1,3 +1,8 @@
+"""The job queue's settings. DEFAULTS is the one place each default is written:
+config/settings.py reads every JOBQUEUE value from its environment variable (JOBQUEUE_<name>)
+with this default, and jobqueue_settings() is settings.JOBQUEUE over DEFAULTS (a project
+that sets only part of JOBQUEUE gets the rest from here)."""
+
 from django.conf import settings
 
 DEFAULTS = {
@@ -45,7 +50,7 @@ DEFAULTS = {
     "PRUNE_INTERVAL_SECONDS": 300.0,
     "ARTIFACT_CLEAN_INTERVAL_SECONDS": 300.0,
     "ARTIFACT_CLEAN_BATCH_SIZE": 500,
-    # The group watcher (maintenance/groups.py): group.finished.
+    # The group watcher (maintenance/group_watcher.py): group.finished.
     "GROUP_WATCH_INTERVAL_SECONDS": 5.0,
     "GROUP_WATCH_BATCH_SIZE": 500,
     # Webhooks (maintenance/webhooks.py).
@@ -60,6 +65,10 @@ DEFAULTS = {
     "WEBHOOK_ALLOWED_NETWORKS": "",
     "WEBHOOK_CONCURRENCY": 8,
     "MAX_WEBHOOKS_PER_WORKSPACE": 20,
+    # The HTTP edge: the largest request body (bytes); how often a request refreshes its
+    # agent's last_seen_at (seconds, per process).
+    "MAX_REQUEST_BYTES": 1024 * 1024,
+    "AGENT_SEEN_WRITE_SECONDS": 15.0,
     "PREPARED_STATEMENTS": True,
     # The oldest jobqueue-client (major.minor) the API supports; older ones are logged.
     "MIN_CLIENT_VERSION": "0.2",

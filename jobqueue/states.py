@@ -1,4 +1,8 @@
-"""Job statuses, in one place. Each comment names what moves a job out of that status."""
+"""Job statuses, in one place. Each comment names what moves a job out of that status.
+
+The invariants the statuses keep are listed, numbered, in docs/architecture.md ("Invariants");
+the one code names most, invariant 2: a job is IN_PROGRESS if and only if it has exactly one
+JobClaim row (every path out of IN_PROGRESS deletes the row in the same transaction)."""
 
 PENDING = "pending"  # held by its producer; dispatch_job() makes it queued.
 QUEUED = "queued"  # claimable once available_at <= now(); claim_job()/claim_next_jobs().

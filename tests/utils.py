@@ -97,7 +97,8 @@ def statements_sent(conn=None):
 
 
 def final_state_is_consistent():
-    """Invariant 2: in_progress <=> exactly one claim row; claims only on in_progress jobs."""
+    """Invariant 2 (docs/architecture.md, "Invariants"; jobqueue/states.py): in_progress <=>
+    exactly one claim row; claims only on in_progress jobs."""
     from jobqueue import states
     from jobqueue.models import Job, JobClaim
 

@@ -1,9 +1,9 @@
 """The operator's admin: see what is stuck and repair it through the lifecycle functions.
 
-Every repair (requeue, cancel, mark failed, reap now) calls jobqueue.lifecycle or
-jobqueue.reaper, never `queryset.update`; each writes a job event naming the operator
-(`operator:<username>`) and an admin LogEntry, and needs the change permission. Jobs, claims
-and events are read-only here: a job changes status only through those functions.
+Every repair (requeue, cancel, mark failed, reap now) calls jobqueue.lifecycle or the
+reaper (jobqueue.maintenance.reaper), never `queryset.update`; each writes a job event naming
+the operator (`operator:<username>`) and an admin LogEntry, and needs the change permission.
+Jobs, claims and events are read-only here: a job changes status only through those functions.
 
 One module per page family: `jobs` (the job list and page, the repair actions), `recovery`
 (the Recovery page and reap-now), `runs` (the maintenance record), `webhooks` (endpoints, the

@@ -14,10 +14,11 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from jobqueue import lifecycle, reaper, states
+from jobqueue import lifecycle, states
 from jobqueue.conf import jobqueue_settings
 from jobqueue.maintenance import loop as maintenance
-from jobqueue.maintenance.records import last_runs
+from jobqueue.maintenance import reaper
+from jobqueue.maintenance.run_records import last_runs
 from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun
 
 from .charts import charts_context

@@ -15,7 +15,7 @@ One function per transition, each in the module that names it:
     groups.py    group_state, cancel_group (bounded batches), hold_group (create, requeue),
                  mark_finished_groups (the group watcher: group.finished)
     reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
-                 (jobqueue.reaper loops them)
+                 (jobqueue.maintenance.reaper sweeps them)
     logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
     effects.py   begin_effect, commit_effect, effects_of: the job's effect ledger (what its
                  attempts did outside the service, at most once; docs/effects.md)

@@ -116,7 +116,7 @@ def release_job(
         )
         if n == 1:
             deleted, _ = JobClaim.objects.filter(job_id=job_id, claim_id=claim_id).delete()
-            if deleted != 1:  # pragma: no cover - would break invariant 2
+            if deleted != 1:  # pragma: no cover - would break invariant 2 (states.py)
                 raise ClaimSuperseded()
             job = Job.objects.get(id=job_id)
             event(job.id, JobEvent.RELEASED, attempt=job.attempt, actor=actor, claim_id=claim_id,

@@ -134,7 +134,7 @@ class OrmBackend:
                 if n == 1:
                     # The job row is ours (locked); its claim row goes with it.
                     deleted, _ = JobClaim.objects.filter(job_id=job_id, claim_id=claim_id).delete()
-                    if deleted != 1:  # pragma: no cover - would break invariant 2
+                    if deleted != 1:  # pragma: no cover - would break invariant 2 (states.py)
                         raise ClaimSuperseded()
                     if status == states.SUCCESSFUL:
                         publish(job_id, claim_id)  # the claim's staged artifacts

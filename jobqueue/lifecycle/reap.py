@@ -6,7 +6,7 @@
   attempt for expires_at;
 - pending or queued jobs past their expires_at end `expired` (event deadline_passed).
 
-The loop around them, and its record, are jobqueue.reaper."""
+The sweep around them, and its record, are jobqueue.maintenance.reaper."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from jobqueue import states
 from jobqueue.conf import jobqueue_settings
 from jobqueue.lifecycle.prune import prunable, prune_finished_once
 
-from . import records
+from . import run_records
 
 SERVICE = "pruner"
 DAY = 86400
@@ -108,7 +108,7 @@ def run_once(*, older_than_days: float | None = None, batch_size: int | None = N
     result.jobs = sum(done.values())
     result.duration_seconds = time.monotonic() - started
     if record:
-        result.run_id = records.record(SERVICE, result.counts(), result.duration_seconds,
+        result.run_id = run_records.record(SERVICE, result.counts(), result.duration_seconds,
                                        dry_run=dry_run, idle=result.jobs == 0,
                                        idle_run_id=idle_run_id)
     return result

@@ -55,7 +55,7 @@ from jobqueue.lifecycle.finished import finished_payload, json_time
 from jobqueue.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint, Workspace
 from jobqueue.redaction import redact_job_document, secret_strings
 
-from . import records
+from . import run_records
 
 SERVICE = "webhooks"
 OWN_THREAD = True  # the maintenance loop runs the sender on its own thread
@@ -456,7 +456,7 @@ def service_run(*, idle_run_id: int | None = None, stop: threading.Event | None 
     started = time.monotonic()
     counts = run_once(stop=stop)
     idle = not any(counts.values())
-    run_id = records.record(SERVICE, counts, time.monotonic() - started, idle=idle,
+    run_id = run_records.record(SERVICE, counts, time.monotonic() - started, idle=idle,
                             idle_run_id=idle_run_id)
     return counts, run_id, idle
 

@@ -1,16 +1,14 @@
 import json
-import signal
 import sys
-import threading
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from jobqueue import reaper
 from jobqueue.conf import jobqueue_settings
-from jobqueue.management.progress import Progress
+from jobqueue.maintenance import loop, reaper
+from jobqueue.management.command_base import BatchCommand, stop_on_signals
 
 
-class Command(BaseCommand):
+class Command(BatchCommand):
     help = (
         "Enforce the three clocks: return jobs whose lease or max_runtime_seconds ran out to "
         "the queue (or end them as expired on their last attempt), and end jobs past their "
@@ -19,25 +17,19 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--batch-size", type=int, default=None,
-                            help="claims per transaction "
-                                 "(default: JOBQUEUE_REAPER_BATCH_SIZE, 500)")
-        parser.add_argument("--max-batches", type=int, default=None,
-                            help="stop a sweep after this many batches")
+        self.add_batch_arguments(parser,
+                                 batch_size_help="claims per transaction "
+                                                 "(default: JOBQUEUE_REAPER_BATCH_SIZE, 500)",
+                                 max_batches_help="stop a sweep after this many batches")
         parser.add_argument("--loop", action="store_true", help="sweep until stopped")
         parser.add_argument("--interval", type=float, default=None,
                             help="seconds between sweeps with --loop")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="count what would be reaped; change nothing")
-        parser.add_argument("--json", action="store_true",
-                            help="one JSON object per sweep (and no progress line)")
+        self.add_output_arguments(parser,
+                                  dry_run_help="count what would be reaped; change nothing",
+                                  json_help="one JSON object per sweep (and no progress line)")
 
     def handle(self, *args, **opts):
-        batch_size = opts["batch_size"]
-        if batch_size is not None and batch_size < 1:
-            raise CommandError("--batch-size must be at least 1")
-        if opts["max_batches"] is not None and opts["max_batches"] < 1:
-            raise CommandError("--max-batches must be at least 1")
+        self.check_batch_options(opts)
         interval = opts["interval"]
         if interval is None:
             interval = jobqueue_settings()["REAPER_INTERVAL_SECONDS"]
@@ -46,38 +38,30 @@ class Command(BaseCommand):
 
         if not opts["loop"]:
             # One sweep: a progress line on a terminal (the loop's sweeps print their counts).
-            progress = Progress.for_command("claims reaped", opts)
-            try:
-                result = reaper.sweep(batch_size=batch_size, max_batches=opts["max_batches"],
-                                      dry_run=opts["dry_run"], on_batch=progress)
-            except Exception as exc:  # noqa: BLE001 - turned into a clear exit status
-                raise CommandError(f"reap failed: {type(exc).__name__}: {exc}") from exc
-            finally:
-                progress.finish()
+            result = self.run_batches(
+                "claims reaped", opts,
+                lambda on_batch: reaper.run_once(
+                    batch_size=opts["batch_size"], max_batches=opts["max_batches"],
+                    dry_run=opts["dry_run"], on_batch=on_batch),
+                failed="reap")
             self._print(result, opts["json"])
             return
 
         if opts["dry_run"]:
             raise CommandError("--dry-run cannot be combined with --loop")
-        stopping = threading.Event()
-
-        def stop(signum, frame):
-            # Set from another thread: the handler runs in the main thread, which may be
-            # inside stopping.wait() holding the event's lock at that very moment.
-            threading.Thread(target=stopping.set, daemon=True).start()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        stopping = stop_on_signals()
         self.stderr.write(f"reaper looping every {interval}s (SIGTERM to stop)")
-        reaper.run_forever(
-            interval=interval,
-            batch_size=batch_size,
-            max_batches=opts["max_batches"],
-            stop=stopping,
-            on_result=lambda r: (r.requeued or r.expired or opts["json"])
-            and self._print(r, opts["json"]),
-            on_error=lambda e: self.stderr.write(f"reap failed, will retry: {e}"),
-        )
+        # The maintenance loop with the reaper alone, swept with this command's options.
+        sweeps = reaper.Sweeps(batch_size=opts["batch_size"], max_batches=opts["max_batches"])
+
+        def report(outcome):
+            if outcome.error:
+                self.stderr.write(f"reap failed, will retry: {outcome.exception}")
+            elif sweeps.last.requeued or sweeps.last.expired or opts["json"]:
+                self._print(sweeps.last, opts["json"])
+
+        loop.run_forever(stop=stopping, interval=interval, services=(sweeps,),
+                         on_outcome=report, own_command=True)
         self.stderr.write("reaper stopped")
 
     def _print(self, result, as_json):

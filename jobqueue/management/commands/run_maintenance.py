@@ -1,12 +1,11 @@
 import json
 import math
-import signal
 import sys
-import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
 from jobqueue.maintenance import loop
+from jobqueue.management.command_base import stop_on_signals
 
 
 class Command(BaseCommand):
@@ -36,15 +35,7 @@ class Command(BaseCommand):
                 raise CommandError(f"maintenance failed: {', '.join(failed)}")
             return
 
-        stopping = threading.Event()
-
-        def stop(signum, frame):
-            # Set from another thread: the handler runs in the main thread, which may be
-            # inside stopping.wait() holding the event's lock at that very moment.
-            threading.Thread(target=stopping.set, daemon=True).start()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        stopping = stop_on_signals()
         every = f"every {interval}s" if interval else "each service on its own interval"
         self.stderr.write(f"maintenance looping, {every} (SIGTERM to stop)")
 

@@ -1,8 +1,7 @@
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
 from jobqueue.maintenance import webhooks
+from jobqueue.management.command_base import write_counts
 
 
 class Command(BaseCommand):
@@ -18,7 +17,4 @@ class Command(BaseCommand):
         if opts["limit"] is not None and opts["limit"] < 1:
             raise CommandError("--limit must be at least 1")
         counts = webhooks.run_once(limit=opts["limit"])
-        if opts["json"]:
-            self.stdout.write(json.dumps(counts))
-        else:
-            self.stdout.write(", ".join(f"{k} {v}" for k, v in counts.items()))
+        write_counts(self.stdout, counts, opts["json"])

@@ -1,8 +1,7 @@
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
-from jobqueue.maintenance import groups
+from jobqueue.maintenance import group_watcher
+from jobqueue.management.command_base import write_counts
 
 
 class Command(BaseCommand):
@@ -19,8 +18,5 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         if opts["batch_size"] is not None and opts["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1")
-        counts = groups.run_once(opts["batch_size"])
-        if opts["json"]:
-            self.stdout.write(json.dumps(counts))
-        else:
-            self.stdout.write(", ".join(f"{k} {v}" for k, v in counts.items()))
+        counts = group_watcher.run_once(opts["batch_size"])
+        write_counts(self.stdout, counts, opts["json"])

@@ -4,8 +4,9 @@ the Recovery page knows about, reached through the real lifecycle functions."""
 import pytest
 from django.contrib.auth.models import Permission
 
-from jobqueue import lifecycle, reaper, states
+from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
+from jobqueue.maintenance import reaper
 from jobqueue.models import JobClaim
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
 

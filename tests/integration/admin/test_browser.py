@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jobqueue import lifecycle, reaper, states
+from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
+from jobqueue.maintenance import reaper
 from jobqueue.models import Job, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
 from tests.utils import ROOT

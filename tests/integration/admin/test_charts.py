@@ -164,7 +164,7 @@ def test_the_admin_index_links_the_recovery_page_with_what_needs_attention(op_cl
 
 
 def test_the_panel_says_all_clear_when_nothing_needs_attention(op_client):
-    from jobqueue import reaper
+    from jobqueue.maintenance import reaper
 
     reaper.sweep()
     html = op_client.get(reverse("admin:index")).content.decode()

@@ -4,9 +4,8 @@ failure that came after it; and the read-only maintenance_run admin."""
 import pytest
 from django.urls import reverse
 
-from jobqueue import reaper
 from jobqueue.db import NowPlusSeconds
-from jobqueue.maintenance import pruner, records
+from jobqueue.maintenance import pruner, reaper, run_records
 from jobqueue.models import MaintenanceRun
 
 pytestmark = pytest.mark.django_db
@@ -35,7 +34,7 @@ def test_last_runs_and_a_later_failure(op_client):
     reaper.sweep()
     pruner.run_once()
     MaintenanceRun.objects.update(finished_at=NowPlusSeconds(-60))  # times apart, whatever
-    records.record_error("pruner", "OperationalError: the database went away")  # the clock
+    run_records.record_error("pruner", "OperationalError: the database went away")  # the clock
     html = op_client.get(reverse("admin:jobqueue_job_recovery")).content.decode()
     got = rows(html)
     assert got["reaper"][1] == "requeued 0, expired 0" and got["reaper"][0].endswith("ago")

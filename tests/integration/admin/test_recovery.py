@@ -3,7 +3,7 @@
 import pytest
 from django.urls import reverse
 
-from jobqueue import reaper
+from jobqueue.maintenance import reaper
 from jobqueue.models import JobAgent, ReaperRun
 from tests.factories import JobAgentFactory
 

@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 from django.db.models import F
 
-from jobqueue import lifecycle, reaper, states
+from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import (
     DeadlineExceeded,
@@ -17,6 +17,7 @@ from jobqueue.exceptions import (
     InvalidInput,
     JobNotClaimable,
 )
+from jobqueue.maintenance import reaper
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory
 from tests.utils import final_state_is_consistent, run_threads

@@ -13,7 +13,7 @@ from django.core.management import call_command
 
 from jobqueue import lifecycle, states
 from jobqueue.exceptions import GroupCancelled
-from jobqueue.maintenance import groups as watcher
+from jobqueue.maintenance import group_watcher as watcher
 from jobqueue.maintenance import webhooks
 from jobqueue.models import Job, JobGroup, WebhookDelivery, WebhookEndpoint
 from tests.factories import JobAgentFactory, WorkspaceFactory

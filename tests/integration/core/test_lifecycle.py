@@ -472,7 +472,7 @@ def test_reaper_boundaries_expiry_and_attempts():
 
 
 def test_reaper_batches_and_sweep_records_run():
-    from jobqueue import reaper
+    from jobqueue.maintenance import reaper
     from jobqueue.models import ReaperRun
 
     agent = JobAgentFactory()

@@ -19,8 +19,7 @@ from django.db import connection
 from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.lifecycle import artifacts
-from jobqueue.maintenance import artifacts as artifact_cleaner
-from jobqueue.maintenance import loop, pruner
+from jobqueue.maintenance import artifact_cleaner, loop, pruner
 from jobqueue.maintenance import reaper as reaper_service
 from jobqueue.models import Job, JobArtifact, JobClaim, JobEvent, MaintenanceRun, ReaperRun
 from tests.factories import JobAgentFactory, claimed_job
@@ -129,7 +128,7 @@ def test_an_error_that_cannot_be_recorded_is_only_logged(monkeypatch, caplog):
     def unrecordable(service, error):
         raise RuntimeError("database is down too")
 
-    monkeypatch.setattr(loop.records, "record_error", unrecordable)
+    monkeypatch.setattr(loop.run_records, "record_error", unrecordable)
     outcome, = loop.Maintenance(services=(broken_service(),)).run_due(now=0.0)
     assert outcome.error and not MaintenanceRun.objects.exists()
     assert "maintenance broken failed" in caplog.text
@@ -140,6 +139,31 @@ def test_run_maintenance_refuses_a_bad_interval(interval):
     with pytest.raises(CommandError, match="--interval"):
         call_command("run_maintenance", "--loop", "--interval", interval)
     assert not ReaperRun.objects.exists() and not MaintenanceRun.objects.exists()
+
+
+def test_reap_claims_loop_reports_its_own_failures_as_it_always_has(caplog):
+    """reap_claims --loop is the maintenance loop with the reaper alone (own_command): a
+    failed sweep is logged as "reaper sweep failed", not recorded in maintenance_run, and
+    retried after two intervals, then four, up to the cap; a success resets the backoff."""
+    service = broken_service("reaper")
+    schedule = loop.Maintenance(services=(service,), interval=2.0, own_command=True)
+    outcome, = schedule.run_due(now=0.0)
+    assert isinstance(outcome.exception, RuntimeError) and outcome.error.startswith("Runtime")
+    assert schedule.next_due_in(now=0.0) == 4.0
+    schedule.run_due(now=4.0)
+    assert schedule.next_due_in(now=4.0) == 8.0
+    assert not MaintenanceRun.objects.exists()
+    assert "reaper sweep failed (RuntimeError: service bug); retrying" in caplog.text
+    assert "maintenance reaper failed" not in caplog.text
+
+
+def test_reaper_sweeps_keep_the_commands_options_and_its_last_result():
+    agent = JobAgentFactory()
+    expired_claim(agent)
+    sweeps = reaper_service.Sweeps(batch_size=1, max_batches=1)
+    outcome, = loop.Maintenance(services=(sweeps,), own_command=True).run_due()
+    assert outcome.counts == {"requeued": 1, "expired": 0, "batches": 1}
+    assert sweeps.last.run_id == outcome.run_id and sweeps.last.requeued == 1
 
 
 def test_reaper_service_run_once_is_the_reapers_sweep():

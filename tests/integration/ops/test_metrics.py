@@ -3,9 +3,10 @@
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobqueue import lifecycle, observe, reaper, states
+from jobqueue import lifecycle, observe, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import ClaimSuperseded, JobFinished
+from jobqueue.maintenance import reaper
 from jobqueue.models import JobClaim
 from tests.factories import JobAgentFactory, JobFactory
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 
 from jobqueue.conf import jobqueue_settings
-from jobqueue.lifecycle.artifacts import clean_artifacts
+from jobqueue.lifecycle.artifacts import CleanResult, clean_artifacts
 
-from . import records
+from . import run_records
 
 SERVICE = "artifact_cleaner"
 
@@ -19,12 +19,19 @@ def interval_seconds() -> float:
     return float(jobqueue_settings()["ARTIFACT_CLEAN_INTERVAL_SECONDS"])
 
 
+def run_once(batch_size: int | None = None, **options) -> CleanResult:
+    """One clean-up with clean_artifacts' options (max_batches, dry_run, on_batch), not
+    recorded; its counts are `deleted` and `batches`."""
+    return clean_artifacts(batch_size or jobqueue_settings()["ARTIFACT_CLEAN_BATCH_SIZE"],
+                           **options)
+
+
 def service_run(*, idle_run_id: int | None = None) -> tuple[dict, int | None, bool]:
     """One clean-up as the maintenance loop calls it: (counts, its run's row, idle)."""
     started = time.monotonic()
-    result = clean_artifacts(jobqueue_settings()["ARTIFACT_CLEAN_BATCH_SIZE"])
+    result = run_once()
     counts = {"deleted": result.deleted, "batches": result.batches}
     idle = result.deleted == 0
-    run_id = records.record(SERVICE, counts, time.monotonic() - started, idle=idle,
+    run_id = run_records.record(SERVICE, counts, time.monotonic() - started, idle=idle,
                             idle_run_id=idle_run_id)
     return counts, run_id, idle

@@ -10,7 +10,7 @@ import time
 from jobqueue.conf import jobqueue_settings
 from jobqueue.lifecycle.groups import mark_finished_groups
 
-from . import records
+from . import run_records
 
 SERVICE = "group_watcher"
 
@@ -31,6 +31,6 @@ def service_run(*, idle_run_id: int | None = None) -> tuple[dict, int | None, bo
     started = time.monotonic()
     counts = run_once()
     idle = counts["finished"] == 0
-    run_id = records.record(SERVICE, counts, time.monotonic() - started, idle=idle,
+    run_id = run_records.record(SERVICE, counts, time.monotonic() - started, idle=idle,
                             idle_run_id=idle_run_id)
     return counts, run_id, idle
