@@ -105,3 +105,23 @@ def final_state_is_consistent():
     claimed = list(JobClaim.objects.values_list("job_id", flat=True))
     assert len(claimed) == len(set(claimed))
     assert set(claimed) == in_progress
+
+
+# --- waiting on the event a test means (issue #27) -------------------------------------------
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "a condition", interval: float = 0.01):
+    """Poll `predicate()` until it answers something truthy, and return that answer; fail
+    the test (AssertionError naming `what`) if it has not within `timeout` seconds.
+
+    For a test that waits on the event it means (a database row, a log line, a registered
+    waiter) instead of sleeping: the timeout is a bound on a hang, not a timing claim, so
+    make it generous; the wait ends as soon as the event has happened."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"gave up waiting {timeout} s for {what}")
+        time.sleep(interval)
