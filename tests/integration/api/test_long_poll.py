@@ -14,13 +14,12 @@ import time
 
 import httpx
 import pytest
-from django.db import connection
 
-from jobqueue import lifecycle, states, wakeups
-from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
+from jobqueue import lifecycle, states
+from jobqueue.models import Job, JobClaim, JobEvent
 from tests.e2e.harness import Stack
 from tests.factories import JobFactory
-from tests.utils import wait_for
+from tests.utils import database_now, wait_for, wait_until_claim_held
 
 from .conftest import make_world
 
@@ -125,7 +124,7 @@ def server(transactional_db, tmp_path):
     stack = Stack(tmp_path, server_env={"JOBQUEUE_WAIT_RECHECK_SECONDS": 60,
                                         "DATABASE_CONN_MAX_AGE": "0"})
     stack.access_log = tmp_path / "access.log"
-    stack.started_at = _db_now()  # the server's listeners connect after this
+    stack.started_at = database_now()  # the server's listeners connect after this
     try:
         stack.start_server(workers=2, threads=240, access_log=stack.access_log)
         yield stack
@@ -151,33 +150,8 @@ def _held(server, world, wait: float):
     return sock
 
 
-def _db_now():
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT CURRENT_TIMESTAMP")
-        return cursor.fetchone()[0]
-
-
-def _listening(server) -> int:
-    """PostgreSQL: this server's wake-up listeners LISTENing on the test database
-    (pg_stat_activity, application_name jobqueue.wakeups.LISTENER_NAME, connected since the
-    server started). A process starts its listener when its first waiter registers: one
-    listening proves a wait is held there and that a NOTIFY from now on reaches it."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                       "AND datname = current_database() AND backend_start >= %s "
-                       "AND query ILIKE 'LISTEN%%'", [wakeups.LISTENER_NAME, server.started_at])
-        return cursor.fetchone()[0]
-
-
 def _until_held(server, world) -> None:
-    """Wait until the server holds the agent's claim, on the events that say so: the agent
-    seen (last_seen_at, written when the claim is authenticated) and, on PostgreSQL, the
-    wake-up listener of the process that registered the waiter (SQLite's listener reads a
-    file: nothing outside the process shows it)."""
-    wait_for(lambda: JobAgent.objects.filter(id=world.agent.id, last_seen_at__isnull=False)
-             .exists(), 30, "the held claim to reach the server")
-    if connection.vendor == "postgresql":
-        wait_for(lambda: _listening(server), 30, "the server's wake-up listener")
+    wait_until_claim_held(world.agent.id, server.started_at)
 
 
 def _answer(sock, timeout=30) -> bytes:
@@ -255,14 +229,19 @@ def test_a_client_that_hangs_up_during_a_wait_claims_nothing(server):
     sock = _held(server, world, 20)
     _until_held(server, world)
     sock.close()  # hangs up
-    job, _ = lifecycle.create_job(workspace=world.workspace, job_agent=world.agent)
-    # The held request is woken by the job, sees its client gone and ends: gunicorn logs it.
+    # Claimable in 1 s: not by the held request's first check, however late that runs (on
+    # SQLite nothing outside the server shows it has run). The held request sees its
+    # client gone (within 1 s, or at the job's wake-up) and ends: gunicorn logs it.
+    job, _ = lifecycle.create_job(workspace=world.workspace, job_agent=world.agent,
+                                  delay_seconds=1)
     [line] = wait_for(lambda: _claims_answered(server), 30, "the held claim to end")
     assert '" 204 ' in line, line  # answered nothing (to nobody)
     assert Job.objects.get(id=job.id).status == states.QUEUED
     assert not JobClaim.objects.filter(job_id=job.id).exists()
     with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {world.token}"}) as http:
-        r = http.post(_claim_url(server, world), json={"wait_seconds": 5})
+        # a live client gets it once it is claimable (in 1 s)
+        r = wait_for(lambda: (a := http.post(_claim_url(server, world))).status_code != 204
+                     and a, 30, "the job to become claimable", interval=0.05)
     assert r.status_code == 200 and r.json()["job"]["id"] == str(job.id)
 
 
