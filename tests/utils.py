@@ -106,3 +106,58 @@ def final_state_is_consistent():
     claimed = list(JobClaim.objects.values_list("job_id", flat=True))
     assert len(claimed) == len(set(claimed))
     assert set(claimed) == in_progress
+
+
+# --- waiting on the event a test means (issue #27) -------------------------------------------
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "a condition", interval: float = 0.01):
+    """Poll `predicate()` until it answers something truthy, and return that answer; fail
+    the test (AssertionError naming `what`) if it has not within `timeout` seconds.
+
+    For a test that waits on the event it means (a database row, a log line, a registered
+    waiter) instead of sleeping: the timeout is a bound on a hang, not a timing claim, so
+    make it generous; the wait ends as soon as the event has happened."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"gave up waiting {timeout} s for {what}")
+        time.sleep(interval)
+
+
+def database_now():
+    """The database's clock now (CURRENT_TIMESTAMP), e.g. before starting a server."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CURRENT_TIMESTAMP")
+        return cursor.fetchone()[0]
+
+
+def wake_listeners(since) -> int:
+    """PostgreSQL: the wake-up listeners LISTENing on this database that connected at or
+    after `since` (pg_stat_activity, application_name jobqueue.wakeups.LISTENER_NAME). A
+    server process starts its listener when its first waiter registers, so one listening
+    says a wait is held there and that a NOTIFY from now on reaches it."""
+    from jobqueue import wakeups
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                       "AND datname = current_database() AND backend_start >= %s "
+                       "AND query ILIKE 'LISTEN%%'", [wakeups.LISTENER_NAME, since])
+        return cursor.fetchone()[0]
+
+
+def wait_until_claim_held(job_agent_id, since, timeout: float = 30) -> None:
+    """Wait until a server started at or after `since` (database_now()) holds a claim of
+    the agent, on the events that say so: the agent seen (last_seen_at, written when its
+    request is authenticated) and, on PostgreSQL, the wake-up listener of the server process
+    that registered the waiter. (SQLite's listener reads a file: nothing outside the process
+    shows it; there only the first holds.) For a server's first held claim of the agent."""
+    from jobqueue.models import JobAgent
+
+    wait_for(lambda: JobAgent.objects.filter(id=job_agent_id, last_seen_at__isnull=False)
+             .exists(), timeout, "the held claim to reach the server")
+    if connection.vendor == "postgresql":
+        wait_for(lambda: wake_listeners(since), timeout, "the server's wake-up listener")

@@ -17,6 +17,8 @@ class Receiver:
         self.lock = threading.Lock()
         self.arrived = threading.Condition(self.lock)
         self.bytes_written = 0
+        self.answered = 0  # requests whose answer has ended (written whole, or cut)
+        self.hung_up = 0  # answers cut because the sender hung up
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -30,7 +32,12 @@ class Receiver:
                                               "body": body})
                     step = receiver.script.pop(0) if receiver.script else receiver.default
                     receiver.arrived.notify_all()
-                receiver.answer(self, step)
+                try:
+                    receiver.answer(self, step)
+                finally:
+                    with receiver.lock:
+                        receiver.answered += 1
+                        receiver.arrived.notify_all()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -66,7 +73,7 @@ class Receiver:
                     self.bytes_written += 1
                     time.sleep(step[1])
             except OSError:  # the sender hung up
-                pass
+                self.hung_up += 1
             handler.close_connection = True
         elif step[0] == "big":
             handler.send_response(200)
@@ -77,13 +84,19 @@ class Receiver:
                 for _ in range(step[1] // len(chunk)):
                     handler.wfile.write(chunk)
                     self.bytes_written += len(chunk)
-            except OSError:
-                pass
+            except OSError:  # the sender hung up
+                self.hung_up += 1
 
     def wait_for(self, n, timeout=60):
         with self.lock:
             assert self.arrived.wait_for(lambda: len(self.requests) >= n, timeout), \
                 f"{len(self.requests)} of {n} requests arrived"
+
+    def wait_answered(self, n, timeout=60):
+        """Until `n` answers have ended (the handler is done writing, or the sender hung up)."""
+        with self.lock:
+            assert self.arrived.wait_for(lambda: self.answered >= n, timeout), \
+                f"{self.answered} of {n} answers ended"
 
     def close(self):
         self.server.shutdown()

@@ -9,6 +9,7 @@ import pytest
 
 from jobqueue import states
 from jobqueue.models import Job
+from tests.utils import database_now, wait_until_claim_held
 
 from .harness import wait_for
 
@@ -20,10 +21,11 @@ def test_a_waiting_agent_starts_a_new_job_at_once(stack, make_agent, make_jobs, 
     # the bound sits below both (on a slow, shared CI machine a pickup took over 1 s).
     stack.server_env["JOBQUEUE_WAIT_RECHECK_SECONDS"] = "60"
     access = stack.tmp / "access.log"
+    since = database_now()
     stack.start_server(workers=1, threads=16, access_log=access)
     agent, token = make_agent(lease_seconds=10)
     a = stack.start_agent(agent, token, "A", idle_max=5)  # polling would sleep up to 5 s
-    time.sleep(2)  # idle: its claim is held
+    wait_until_claim_held(agent.id, since)  # idle: its claim is held
     created = time.monotonic()
     [job] = make_jobs(agent, 1, stack.command("true"))
     wait_for(lambda: stack.starts(), 10, "the job to start", interval=0.01, on_fail=stack.logs)
@@ -39,10 +41,11 @@ def test_a_waiting_agent_starts_a_new_job_at_once(stack, make_agent, make_jobs, 
 
 
 def test_sigterm_during_a_held_claim_stops_the_agent_at_once(stack, make_agent):
+    since = database_now()
     stack.start_server(workers=1, threads=16)
     agent, token = make_agent(lease_seconds=10)
     a = stack.start_agent(agent, token, "A")
-    time.sleep(1.5)  # the claim is held (wait_seconds 50)
+    wait_until_claim_held(agent.id, since)  # the claim is held (wait_seconds 50)
     stopped = time.monotonic()
     a.signal(signal.SIGTERM)
     assert a.popen.wait(timeout=10) == 0

@@ -19,6 +19,7 @@ from jobqueue import lifecycle, states
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.e2e.harness import Stack
 from tests.factories import JobFactory
+from tests.utils import database_now, wait_for, wait_until_claim_held
 
 from .conftest import make_world
 
@@ -122,8 +123,10 @@ def server(transactional_db, tmp_path):
     # waits (README: size CONN_MAX_AGE with the threads); these tests close them per request.
     stack = Stack(tmp_path, server_env={"JOBQUEUE_WAIT_RECHECK_SECONDS": 60,
                                         "DATABASE_CONN_MAX_AGE": "0"})
+    stack.access_log = tmp_path / "access.log"
+    stack.started_at = database_now()  # the server's listeners connect after this
     try:
-        stack.start_server(workers=2, threads=240)
+        stack.start_server(workers=2, threads=240, access_log=stack.access_log)
         yield stack
     finally:
         stack.close()
@@ -145,6 +148,10 @@ def _held(server, world, wait: float):
         + body
     )
     return sock
+
+
+def _until_held(server, world) -> None:
+    wait_until_claim_held(world.agent.id, server.started_at)
 
 
 def _answer(sock, timeout=30) -> bytes:
@@ -170,7 +177,7 @@ def test_a_held_claim_gets_a_job_posted_by_a_producer(server):
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.5)  # held
+    _until_held(server, world)
     with httpx.Client(base_url=server.url, timeout=30,
                       headers={"X-API-Key": world.key}) as producer:
         posted = time.monotonic()
@@ -194,7 +201,11 @@ def test_a_held_claim_gets_a_job_posted_by_a_producer(server):
 
         t = threading.Thread(target=producer_wait)
         t.start()
-        time.sleep(0.5)
+        # The producer's wait marks the job (job.watched, in the database) just before it
+        # waits: the report then ends a job a producer waits for, and the answer within the
+        # bound below is the wake-up's (the re-check is every 60 s, the wait 20 s).
+        wait_for(lambda: Job.objects.filter(id=job_id, watched=True).exists(), 30,
+                 "the producer's wait to mark the job")
         with httpx.Client(timeout=30, headers=headers) as agent:
             reported = time.monotonic()
             r = agent.put(f"{server.url}/v1/workspaces/{world.workspace.id}/jobs/{job_id}/status",
@@ -205,17 +216,32 @@ def test_a_held_claim_gets_a_job_posted_by_a_producer(server):
         assert ended["at"] - reported < 5.0
 
 
+def _claims_answered(server) -> list[str]:
+    """The access log's lines of answered claim-next requests."""
+    if not server.access_log.exists():
+        return []
+    return [line for line in server.access_log.read_text().splitlines()
+            if "/jobs/claim " in line]
+
+
 def test_a_client_that_hangs_up_during_a_wait_claims_nothing(server):
     world = make_world()
     sock = _held(server, world, 20)
-    time.sleep(0.5)
+    _until_held(server, world)
     sock.close()  # hangs up
-    time.sleep(0.2)
-    job, _ = lifecycle.create_job(workspace=world.workspace, job_agent=world.agent)
-    time.sleep(1.5)  # the held request notices at its wake-up
+    # Claimable in 1 s: not by the held request's first check, however late that runs (on
+    # SQLite nothing outside the server shows it has run). The held request sees its
+    # client gone (within 1 s, or at the job's wake-up) and ends: gunicorn logs it.
+    job, _ = lifecycle.create_job(workspace=world.workspace, job_agent=world.agent,
+                                  delay_seconds=1)
+    [line] = wait_for(lambda: _claims_answered(server), 30, "the held claim to end")
+    assert '" 204 ' in line, line  # answered nothing (to nobody)
     assert Job.objects.get(id=job.id).status == states.QUEUED
+    assert not JobClaim.objects.filter(job_id=job.id).exists()
     with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {world.token}"}) as http:
-        r = http.post(_claim_url(server, world), json={"wait_seconds": 5})
+        # a live client gets it once it is claimable (in 1 s)
+        r = wait_for(lambda: (a := http.post(_claim_url(server, world))).status_code != 204
+                     and a, 30, "the job to become claimable", interval=0.05)
     assert r.status_code == 200 and r.json()["job"]["id"] == str(job.id)
 
 
@@ -297,7 +323,7 @@ def test_heartbeats_are_not_slowed_by_200_held_waits(server):
 def test_sigterm_ends_held_waits_at_once(server):
     world = make_world()
     sock = _held(server, world, 30)
-    time.sleep(0.5)
+    _until_held(server, world)
     stopped = time.monotonic()
     server.server.signal(15)
     answer = _answer(sock)

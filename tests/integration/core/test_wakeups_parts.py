@@ -64,17 +64,29 @@ def test_an_agent_notification_wakes_a_waiter_that_kept_its_connection_first(set
     assert hub.register("a:y").warm
 
 
-def test_a_delayed_notification_fires_after_its_delay_and_a_bad_one_at_once():
+def test_a_delayed_notification_fires_after_its_delay_and_a_bad_one_at_once(settings):
+    """Through the hub's own thread and listener (LISTEN, or the wake file), as a held wait
+    sees it: the waiter's event is set after the delay, not before, and not never. (The
+    thread fires timers between two reads of its source, each at most a re-check interval
+    long: a short one keeps this test short.)"""
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WAIT_RECHECK_SECONDS": 0.1}
     hub = wakeups.Hub()
-    hub._ensure_thread = lambda: None
-    w = hub.register("a:x")
-    hub.deliver("a:x 0.2")
-    assert hub._fire_timers() is not None and not w.event.is_set()
-    time.sleep(0.25)
-    assert hub._fire_timers() is None and w.event.is_set()
-    w.event.clear()
-    hub.deliver("a:x not-a-number")  # treated as no delay
-    assert w.event.is_set()
+    key = wakeups.agent_key(uuid.uuid4())  # an agent with no jobs: the re-check wakes nobody
+    w = hub.register(key)  # starts the thread
+    try:
+        assert hub.connected.wait(30), "the listener never connected"
+        assert w.event.wait(10), "a (re)connect wakes every waiter"
+        w.event.clear()
+        sent = time.monotonic()
+        wakeups.announce(key, delay=0.3)  # committed at once (autocommit)
+        assert w.event.wait(30), "the delayed wake-up never came"
+        assert time.monotonic() - sent >= 0.3  # never before its delay
+        w.event.clear()
+        hub.deliver(f"{key} not-a-number")  # treated as no delay
+        assert w.event.is_set()
+    finally:
+        hub.close()
+        hub.join()
 
 
 def test_a_failing_recheck_leaves_the_waiters_to_their_deadlines(monkeypatch, caplog):
@@ -93,7 +105,7 @@ def test_a_failing_recheck_leaves_the_waiters_to_their_deadlines(monkeypatch, ca
 
 
 def test_the_recheck_wakes_the_waiters_of_an_ended_job():
-    job = JobFactory(status="successful", completed_at=JobFactory().created_at)
+    job = JobFactory(successful=True)
     hub = wakeups.Hub()
     hub._ensure_thread = lambda: None
     w = hub.register(wakeups.job_key(job.id), capped=False)
@@ -130,9 +142,9 @@ def test_a_file_listener_reads_new_lines_and_wakes_all_after_a_rotation(tmp_path
     t = threading.Thread(target=listener.run, daemon=True)
     t.start()
     try:
-        time.sleep(0.1)
+        assert w.event.wait(10) and other.event.wait(10)  # run() wakes everyone at its start
         w.event.clear()
-        other.event.clear()  # run() woke everyone at its start
+        other.event.clear()
         wakeups._append(listener.path, [one])
         assert w.event.wait(2) and not other.event.is_set()
         w.event.clear()

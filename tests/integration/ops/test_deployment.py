@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.utils import ROOT, subprocess_env
+from tests.utils import ROOT, subprocess_env, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -53,25 +53,25 @@ def deployed(tmp_path, static_root, django_user_model):
          "--workers", str(WORKERS), "--graceful-timeout", "5"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
+    def running(what):
+        assert proc.poll() is None, f"gunicorn exited before {what}:\n" + log_path.read_text()
+        return True
+
+    def healthy():
+        try:
+            return httpx.get(base + "/healthz", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
     try:
-        base = None
-        deadline = time.monotonic() + 60
-        while base is None and time.monotonic() < deadline and proc.poll() is None:
-            found = re.search(r"Listening at: (http://127\.0\.0\.1:\d+)", log_path.read_text())
-            base = found.group(1) if found else time.sleep(0.1)
-        assert base, "gunicorn did not start:\n" + log_path.read_text()
-        healthy = 0
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/healthz", timeout=5).status_code == 200:
-                    healthy += 1
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        assert healthy, "gunicorn never became healthy:\n" + log_path.read_text()
+        found = wait_for(lambda: running("listening") and re.search(
+            r"Listening at: (http://127\.0\.0\.1:\d+)", log_path.read_text()), 60,
+            "gunicorn's 'Listening at' line", interval=0.05)
+        base = found.group(1)
+        wait_for(lambda: running("answering") and healthy(), 60, "gunicorn to answer /healthz",
+                 interval=0.05)
         yield {"base": base, "static_root": static_root, "prom_dir": prom_dir,
-               "healthz_served": healthy}
+               "healthz_served": 1}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -123,6 +123,20 @@ def healthz_count(text: str) -> float:
     return 0.0
 
 
+def healthz_by_worker(prom_dir) -> dict[str, float]:
+    """The /healthz answers each worker process counted, read from its own file."""
+    counts = {}
+    for path in prom_dir.glob("histogram_*.db"):
+        merged = MultiProcessCollector.merge([str(path)], accumulate=True)
+        n = sum(sample.value for family in merged for sample in family.samples
+                if sample.name == "jobqueue_http_request_duration_seconds_count"
+                and sample.labels.get("route") == "healthz"
+                and sample.labels.get("status") == "200")
+        if n:
+            counts[path.stem] = n
+    return counts
+
+
 def test_metrics_add_up_across_worker_processes(deployed):
     base = deployed["base"]
     served = [deployed["healthz_served"]]
@@ -135,16 +149,29 @@ def test_metrics_add_up_across_worker_processes(deployed):
                 with lock:
                     served[0] += 1
 
-    threads = [threading.Thread(target=hit, args=(10,)) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert served[0] == 41
-    # Whichever worker answers a scrape, it reports every worker's requests.
+    def burst():
+        threads = [threading.Thread(target=hit, args=(10,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def every_worker_served():
+        if len(healthz_by_worker(deployed["prom_dir"])) >= WORKERS:
+            return True
+        burst()
+        return False
+
+    # What is checked needs requests answered by every worker: more bursts until they were.
+    burst()
+    wait_for(every_worker_served, 120, f"each of {WORKERS} workers to answer /healthz")
+    counted = healthz_by_worker(deployed["prom_dir"])
+    assert sum(counted.values()) == served[0], (counted, served)
+    # Whichever worker answers a scrape, it reports every worker's requests (the other
+    # worker's count is more than 0, so one worker's own count would fall short).
     scrapes = [httpx.get(base + "/metrics", timeout=10) for _ in range(4)]
     assert all(s.status_code == 200 for s in scrapes)
-    assert [healthz_count(s.text) for s in scrapes] == [41.0] * 4
+    assert [healthz_count(s.text) for s in scrapes] == [float(served[0])] * 4, counted
     assert "jobqueue_database_up 1.0" in scrapes[0].text
     # Each worker writes its own files into the multiprocess directory.
     assert list(deployed["prom_dir"].glob("histogram_*.db"))

@@ -3,6 +3,8 @@ once after a wait that ran its course, backs off against a server that answers e
 long-poll, or at its cap), asks for less when the server's maximum is lower, and a stop
 aborts a held claim at once. The in-memory API of test_agent_paths stands in for the server."""
 
+import itertools
+import threading
 import time
 
 import httpx
@@ -62,11 +64,17 @@ def test_after_a_full_wait_it_asks_again_at_once(begin):
 
 def test_against_a_server_without_long_poll_it_backs_off(begin):
     server = Api()  # answers 204 at once whatever wait_seconds says
+    asked = []
+    server.holds.append(lambda method, path, body: CLAIM_NEXT.search(path)
+                        and asked.append(time.monotonic()))
     run = begin(server, wait_seconds=50, idle_min=0.2, idle_max=0.4)
-    time.sleep(1.5)
-    n = len(claims(server))
-    assert 2 <= n <= 10, n  # backoff between claims, not a tight loop
+    wait_for(lambda: len(asked) >= 4, 10, "four claims")
     assert run.stop() == 0
+    assert all((b or {}).get("wait_seconds") == 50 for _, _, b in claims(server))
+    # Each early empty answer is followed by a backoff, not a tight loop: the first delay is
+    # at least idle_min / 2 (equal jitter), the next ones at least idle_max / 2.
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert gaps[0] >= 0.1 and min(gaps[1:3]) >= 0.2, gaps
 
 
 def test_a_lower_server_maximum_makes_it_ask_for_less(begin, caplog):
@@ -89,10 +97,11 @@ def test_a_lower_server_maximum_makes_it_ask_for_less(begin, caplog):
 
 def test_a_stop_aborts_a_held_claim_at_once(begin):
     server = Api()
+    holding = threading.Event()
+    server.holds.append(lambda method, path, body: CLAIM_NEXT.search(path) and holding.set())
     server.holds.append(held_for(20))
     run = begin(server, wait_seconds=20)
-    wait_for(lambda: claims(server), 10, "a held claim")
-    time.sleep(0.2)
+    assert holding.wait(10), "a held claim"
     stopped = time.monotonic()
     run.agent.request_stop()
     run.thread.join(5)
