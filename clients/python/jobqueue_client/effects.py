@@ -67,6 +67,7 @@ RETRY_SECONDS = 60.0
 CHILD_TIMEOUT_SECONDS = RETRY_SECONDS + 30.0
 READ_TIMEOUT_SECONDS = 10.0  # for the child's request to arrive once it connected
 MAX_CONNECTIONS = 8  # served at once per job; more wait in the socket's backlog
+HANDLER_GRACE_SECONDS = 1.0  # close() waits this long for requests being answered
 # sun_path holds 108 bytes on Linux, 104 on the BSDs and macOS.
 SUN_PATH_MAX = 100
 
@@ -99,6 +100,8 @@ class EffectServer:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._thread: threading.Thread | None = None
         self._wake: tuple[int, int] = (-1, -1)
+        self._handlers: set[threading.Thread] = set()
+        self._lock = threading.Lock()
 
     def open(self, jobdir, child_path: str | None = None) -> dict[str, str]:
         """Listen in `jobdir` (a workdir.JobDir); returns the child's variables
@@ -131,7 +134,9 @@ class EffectServer:
 
     def close(self) -> None:
         """Stop serving (at once: the serving thread waits on the socket and a wake-up pipe,
-        never on a timer, so the job's end is not held up)."""
+        never on a timer, so the job's end is not held up). A request still being answered
+        gives up its retries, and its answer no longer touches the lease (the job has
+        ended); it is waited for at most HANDLER_GRACE_SECONDS."""
         self._stop.set()
         if self._thread is not None:
             os.write(self._wake[1], b"x")
@@ -139,6 +144,11 @@ class EffectServer:
             for fd in self._wake:
                 os.close(fd)
             self._thread = None
+        until = time.monotonic() + HANDLER_GRACE_SECONDS
+        with self._lock:
+            handlers = list(self._handlers)
+        for handler in handlers:
+            handler.join(timeout=max(0.0, until - time.monotonic()))
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -158,8 +168,11 @@ class EffectServer:
                 except OSError:
                     return
                 self._slots.acquire()
-                threading.Thread(target=self._handle, args=(conn,), daemon=True,
-                                 name=f"effect-{self.lease.job_id}").start()
+                handler = threading.Thread(target=self._handle, args=(conn,), daemon=True,
+                                           name=f"effect-{self.lease.job_id}")
+                with self._lock:
+                    self._handlers.add(handler)
+                handler.start()
 
     def _handle(self, conn: socket.socket) -> None:
         try:
@@ -179,6 +192,8 @@ class EffectServer:
         except Exception:  # noqa: BLE001 - a bug here must not take the agent down
             log.exception("event=effect_error job=%s", self.lease.job_id)
         finally:
+            with self._lock:
+                self._handlers.discard(threading.current_thread())
             self._slots.release()
 
     def answer(self, raw: bytes) -> dict:
@@ -204,13 +219,18 @@ class EffectServer:
                     fx = self.client.commit_effect(lease.job_id, lease.claim_id, key,
                                                    request["result"])
             except (LeaseLost, NotFound) as exc:
-                if lease.mark_lost(exc.code):
+                # Once the job has ended (reported, or this server closed), a late refusal
+                # says nothing about a lease that no longer matters (as Heartbeater._lost).
+                if (not lease.finished and not self._stop.is_set()
+                        and lease.mark_lost(exc.code)):
                     log.warning("event=lease_lost job=%s attempt=%s code=%s via=effect",
                                 lease.job_id, lease.attempt, exc.code)
                 return _error(exc.status, exc.code, exc.detail)
             except ApiError as exc:
-                if exc.transient and time.monotonic() < give_up and not lease.lost:
-                    time.sleep(max(0.0, min(delay, give_up - time.monotonic())))
+                if (exc.transient and time.monotonic() < give_up and not lease.lost
+                        and not self._stop.is_set()):
+                    if self._stop.wait(max(0.0, min(delay, give_up - time.monotonic()))):
+                        return _error(exc.status, exc.code, exc.detail)  # closed meanwhile
                     delay = min(5.0, delay * 2) * random.uniform(0.75, 1.0)
                     continue
                 return _error(exc.status, exc.code, exc.detail)

@@ -50,6 +50,7 @@ class FakeLease:
     def __init__(self):
         self.deadline = time.monotonic() + 30
         self.lost_code = ""
+        self.finished = False
 
     @property
     def lost(self):
@@ -106,6 +107,43 @@ def test_other_refusals_come_back_typed_and_leave_the_lease(served):
     with pytest.raises(api.InvalidRequest):
         effects.ask({"op": "delete", "key": "x"}, path=path)
     assert not lease.lost and [c[0] for c in client.calls] == ["begin", "commit"]
+
+
+def test_a_late_refusal_after_the_job_ended_leaves_the_lease(tmp_path):
+    """A request still being answered when the job ends (its report accepted, the ledger
+    closed) neither marks the lease lost nor logs lease_lost, and gives up its retries."""
+    client, lease = FakeClient(), FakeLease()
+    server = effects.EffectServer(client, lease)
+    request = b'{"op": "begin", "key": "k"}'
+    lease.finished = True
+    client.fail = [api.LeaseLost(409, "job_finished", "done")]
+    assert server.answer(request)["error"]["code"] == "job_finished"
+    assert not lease.lost
+    lease.finished = False
+    server.close()
+    client.fail = [api.LeaseLost(409, "job_finished", "done")]
+    assert server.answer(request)["error"]["code"] == "job_finished"
+    assert not lease.lost
+    client.fail = [api.TransportError("reset")] * 50
+    started = time.monotonic()
+    assert server.answer(request)["error"]["code"] == "network_error"
+    assert time.monotonic() - started < 5 and len(client.calls) == 3  # no retry once closed
+
+
+def test_closing_gives_an_answer_being_retried_no_more_time(tmp_path):
+    client, lease = FakeClient(), FakeLease()
+    server = effects.EffectServer(client, lease)
+    with JobDir(str(tmp_path)) as jobdir:
+        path = server.open(jobdir)[effects.ENV]
+        client.fail = [api.TransportError("reset")] * 1000
+        asked = threading.Thread(target=lambda: pytest.raises(
+            api.TransportError, effects.begin, "k", path=path), daemon=True)
+        asked.start()
+        while not client.calls:
+            time.sleep(0.01)
+        server.close()
+        asked.join(timeout=10)
+        assert not asked.is_alive() and not lease.lost and len(client.calls) < 10
 
 
 def test_a_lost_answer_is_asked_again_by_the_agent(served):
