@@ -5,7 +5,7 @@ The child is any command and holds neither the agent's token nor the claim_id. T
 agent serves each job's ledger on a Unix socket in the job's private directory (0700: only
 this user reaches it), named by JOB_EFFECT_SOCKET; the agent makes the service call with the
 job's current claim, so a stale attempt is refused by the service, and a refusal that says the
-claim is gone stops the child as a heartbeat's would.
+claim is gone (a 409) stops the child as a heartbeat's would.
 
 The protocol (one request per connection, each way one JSON object and a newline):
 
@@ -49,7 +49,6 @@ from .client import (
     Effect,
     InvalidRequest,
     LeaseLost,
-    NotFound,
     TransportError,
     check_effect_key,
     error_class,
@@ -218,7 +217,9 @@ class EffectServer:
                 else:
                     fx = self.client.commit_effect(lease.job_id, lease.claim_id, key,
                                                    request["result"])
-            except (LeaseLost, NotFound) as exc:
+            except LeaseLost as exc:
+                # Only a refused claim: a 404 (an older server without the effects route
+                # answers not_found too) goes back to the child, the heartbeat decides.
                 # Once the job has ended (reported, or this server closed), a late refusal
                 # says nothing about a lease that no longer matters (as Heartbeater._lost).
                 if (not lease.finished and not self._stop.is_set()

@@ -96,6 +96,16 @@ def test_a_refused_claim_is_the_childs_lease_lost_and_stops_the_job(served):
     assert lease.lost_code == "claim_superseded"
 
 
+def test_a_404_goes_back_to_the_child_and_leaves_the_lease(served):
+    """An older server without the effects route answers 404 not_found: not a lost claim
+    (the heartbeat decides that); the child gets the 404 (jobqueue-effect: exit 3)."""
+    client, lease, path = served
+    client.fail = [api.NotFound(404, "not_found", "Not found.")]
+    with pytest.raises(api.NotFound):
+        effects.begin("charge-card", path=path)
+    assert not lease.lost
+
+
 def test_other_refusals_come_back_typed_and_leave_the_lease(served):
     client, lease, path = served
     effects.begin("charge-card", path=path)
