@@ -60,6 +60,7 @@ SOCKET_NAME = "effects.sock"
 # A request carries at most a result (the server's JOBQUEUE_MAX_RESULT_BYTES, 1 MiB by
 # default, says the rest); more than this is refused without asking.
 REQUEST_MAX_BYTES = 4 * 1024 * 1024
+DRAIN_MAX_BYTES = 64 * 1024 * 1024  # read past an oversized request before answering 413
 # How long the agent keeps retrying a service call that got no answer (within the lease),
 # and how long the child waits for the agent's answer.
 RETRY_SECONDS = 60.0
@@ -179,6 +180,12 @@ class EffectServer:
                 conn.settimeout(READ_TIMEOUT_SECONDS)
                 try:
                     raw = _read_line(conn, REQUEST_MAX_BYTES)
+                except TooLarge as exc:
+                    # Read the rest (within a cap) first: closing on unread data would reset
+                    # the connection, and the child would hear no answer (exit 5, "safe to
+                    # repeat") instead of this one (exit 2).
+                    _drain(conn, DRAIN_MAX_BYTES)
+                    answer = _error(413, "payload_too_large", str(exc))
                 except (OSError, ValueError) as exc:
                     answer = _error(400, "invalid_request", str(exc))
                 else:
@@ -259,6 +266,19 @@ def _error(status: int, code: str, detail: str) -> dict:
     return {"error": {"status": status, "code": code, "detail": detail}}
 
 
+class TooLarge(ValueError):
+    pass
+
+
+def _drain(conn: socket.socket, cap: int) -> None:
+    """Read and discard what the peer still sends, up to `cap` bytes or EOF."""
+    try:
+        while cap > 0 and (chunk := conn.recv(65536)):
+            cap -= len(chunk)
+    except OSError:
+        pass
+
+
 def _read_line(conn: socket.socket, limit: int) -> bytes:
     """One line (without its newline; EOF ends it too), at most `limit` bytes."""
     data = bytearray()
@@ -269,7 +289,7 @@ def _read_line(conn: socket.socket, limit: int) -> bytes:
         end = chunk.find(b"\n")
         data += chunk if end < 0 else chunk[:end]
         if len(data) > limit:
-            raise ValueError(f"the request is larger than {limit} bytes")
+            raise TooLarge(f"the request is larger than {limit} bytes")
         if end >= 0:
             return bytes(data)
 
@@ -285,11 +305,15 @@ def ask(request: dict, *, path: str | None = None,
     path = path or os.environ.get(ENV)
     if not path:
         raise NoLedger()
+    line = json.dumps(request).encode()
+    if len(line) > REQUEST_MAX_BYTES:
+        raise InvalidRequest(413, "payload_too_large", f"the request is larger than "
+                             f"{REQUEST_MAX_BYTES} bytes (the result is too large)")
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             _connect(sock, path)
-            sock.sendall(json.dumps(request).encode() + b"\n")
+            sock.sendall(line + b"\n")
             sock.shutdown(socket.SHUT_WR)
             raw = _read_line(sock, REQUEST_MAX_BYTES + 4096)
     except (OSError, ValueError) as exc:

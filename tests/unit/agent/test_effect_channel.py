@@ -163,6 +163,31 @@ def test_a_lost_answer_is_asked_again_by_the_agent(served):
     assert len(client.calls) == 3
 
 
+def test_a_request_too_large_is_refused_as_invalid_not_unanswered(served):
+    """Over REQUEST_MAX_BYTES: the child refuses it before asking (413: exit 2, not 5); a
+    child that sends it anyway hears the agent's 413 (read to its end, not reset)."""
+    client, _lease, path = served
+    big = "x" * (effects.REQUEST_MAX_BYTES + 10)
+    with pytest.raises(api.InvalidRequest) as refused:
+        effects.commit("k", big, path=path)
+    assert refused.value.status == 413 and refused.value.code == "payload_too_large"
+    assert client.calls == []
+    raw = json.dumps({"op": "commit", "key": "k", "result": big}).encode() + b"\n"
+    with effects.socket.socket(effects.socket.AF_UNIX, effects.socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(path)
+        sock.sendall(raw)
+        sock.shutdown(effects.socket.SHUT_WR)
+        answer = json.loads(effects._read_line(sock, 1 << 20))
+    assert answer["error"]["status"] == 413 and answer["error"]["code"] == "payload_too_large"
+    env = {"PATH": "/usr/bin:/bin", effects.ENV: path}
+    too_large = subprocess.run(
+        [sys.executable, "-m", "jobqueue_client.effects", "commit", "k", "--result-file", "-"],
+        input=json.dumps(big), capture_output=True, text=True, timeout=60, env=env)
+    assert too_large.returncode == 2 and "413 payload_too_large" in too_large.stderr
+    assert client.calls == []
+
+
 def test_without_a_socket_there_is_no_ledger(monkeypatch, tmp_path):
     monkeypatch.delenv(effects.ENV, raising=False)
     with pytest.raises(effects.NoLedger):
