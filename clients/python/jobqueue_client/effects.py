@@ -189,7 +189,12 @@ class EffectServer:
                 except (OSError, ValueError) as exc:
                     answer = _error(400, "invalid_request", str(exc))
                 else:
-                    answer = self.answer(raw)
+                    try:
+                        answer = self.answer(raw)
+                    except Exception as exc:  # noqa: BLE001 - answered, never left unanswered
+                        log.exception("event=effect_error job=%s", self.lease.job_id)
+                        answer = _error(500, "agent_error",
+                                        f"the agent failed to answer: {type(exc).__name__}")
                 conn.settimeout(READ_TIMEOUT_SECONDS)
                 try:
                     conn.sendall(json.dumps(answer).encode() + b"\n")
@@ -205,9 +210,10 @@ class EffectServer:
     def answer(self, raw: bytes) -> dict:
         """The answer to one request line (the service's, or an error object)."""
         try:
-            request = json.loads(raw.decode("utf-8"))
+            request = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
         except (ValueError, RecursionError):
-            return _error(400, "invalid_request", "the request is not one JSON object")
+            return _error(400, "invalid_request", "the request is not one JSON object "
+                          "(NaN and Infinity are not JSON)")
         op = request.get("op") if isinstance(request, dict) else None
         if op not in ("begin", "commit") or (op == "commit" and "result" not in request):
             return _error(400, "invalid_request",
@@ -262,6 +268,12 @@ def command_path(path: str) -> str:
     return f"{path}{os.pathsep}{scripts}" if path else scripts
 
 
+def _no_constant(name: str):
+    """json's parse_constant: NaN, Infinity and -Infinity are not JSON (the service, and the
+    client's encoder, refuse them)."""
+    raise ValueError(f"{name} is not JSON")
+
+
 def _error(status: int, code: str, detail: str) -> dict:
     return {"error": {"status": status, "code": code, "detail": detail}}
 
@@ -305,7 +317,10 @@ def ask(request: dict, *, path: str | None = None,
     path = path or os.environ.get(ENV)
     if not path:
         raise NoLedger()
-    line = json.dumps(request).encode()
+    try:
+        line = json.dumps(request, allow_nan=False).encode()
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidRequest(400, "invalid_request", f"the result is not JSON: {exc}") from None
     if len(line) > REQUEST_MAX_BYTES:
         raise InvalidRequest(413, "payload_too_large", f"the request is larger than "
                              f"{REQUEST_MAX_BYTES} bytes (the result is too large)")
@@ -410,11 +425,11 @@ def _result_arg(args, parser) -> Any:
         else:
             with open(args.result_file, encoding="utf-8") as fh:
                 text = fh.read()
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant)
     except OSError as exc:
         parser.error(f"--result-file: {exc.strerror or exc}")
     except (ValueError, RecursionError):
-        parser.error("the result is not valid JSON")
+        parser.error("the result is not valid JSON (NaN and Infinity are not JSON)")
     raise AssertionError("unreachable")  # pragma: no cover
 
 

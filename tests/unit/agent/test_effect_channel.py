@@ -188,6 +188,29 @@ def test_a_request_too_large_is_refused_as_invalid_not_unanswered(served):
     assert client.calls == []
 
 
+def test_nan_and_infinity_are_refused_as_invalid_everywhere(served):
+    """NaN / Infinity are not JSON: refused by the child (exit 2), by the agent when a child
+    sends them anyway (400, not a traceback and no answer), and an agent's failure is
+    answered (500 agent_error), never left without an answer (the child would exit 5)."""
+    client, lease, path = served
+    effects.begin("k", path=path)
+    with pytest.raises(api.InvalidRequest):
+        effects.commit("k", float("nan"), path=path)
+    env = {"PATH": "/usr/bin:/bin", effects.ENV: path}
+    for text in ("NaN", "[Infinity]", '{"a": -Infinity}'):
+        refused = command("commit", "k", "--result", text, env=env)
+        assert refused.returncode == 2 and "not valid JSON" in refused.stderr
+    server = effects.EffectServer(client, lease)
+    answer = server.answer(b'{"op": "commit", "key": "k", "result": NaN}')
+    assert answer["error"]["status"] == 400 and answer["error"]["code"] == "invalid_request"
+    assert [c[0] for c in client.calls] == ["begin"]
+    client.fail = [RuntimeError("a bug")]
+    with pytest.raises(api.ServerError) as failed:
+        effects.begin("k", path=path)
+    assert failed.value.status == 500 and failed.value.code == "agent_error"
+    assert not lease.lost
+
+
 def test_without_a_socket_there_is_no_ledger(monkeypatch, tmp_path):
     monkeypatch.delenv(effects.ENV, raising=False)
     with pytest.raises(effects.NoLedger):
