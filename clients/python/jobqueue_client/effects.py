@@ -29,6 +29,7 @@ which answer as AgentClient's methods do (an Effect, or the ApiError subclass of
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -67,6 +68,11 @@ RETRY_SECONDS = 60.0
 CHILD_TIMEOUT_SECONDS = RETRY_SECONDS + 30.0
 READ_TIMEOUT_SECONDS = 10.0  # for the child's request to arrive once it connected
 MAX_CONNECTIONS = 8  # served at once per job; more wait in the socket's backlog
+# accept() failures worth waiting out (descriptors or memory short, a peer gone before it was
+# accepted); any other ends serving (logged).
+ACCEPT_TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                                     errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
+ACCEPT_BACKOFF_SECONDS = 0.05
 HANDLER_GRACE_SECONDS = 1.0  # close() waits this long for requests being answered
 # sun_path holds 108 bytes on Linux, 104 on the BSDs and macOS.
 SUN_PATH_MAX = 100
@@ -102,6 +108,8 @@ class EffectServer:
         self._wake: tuple[int, int] = (-1, -1)
         self._handlers: set[threading.Thread] = set()
         self._lock = threading.Lock()
+        self._served = False  # the serving thread is done
+        self._orphaned = False  # close() gave up waiting for it: it releases the socket
 
     def open(self, jobdir, child_path: str | None = None) -> dict[str, str]:
         """Listen in `jobdir` (a workdir.JobDir); returns the child's variables
@@ -139,21 +147,43 @@ class EffectServer:
         ended); it is waited for at most HANDLER_GRACE_SECONDS."""
         self._stop.set()
         if self._thread is not None:
-            os.write(self._wake[1], b"x")
+            os.write(self._wake[1], b"x")  # open until the thread is done (_release)
             self._thread.join(timeout=5)
-            for fd in self._wake:
-                os.close(fd)
+            with self._lock:
+                done, self._orphaned = self._served, not self._served
+            if done:
+                self._release()
             self._thread = None
+        elif self._sock is not None:
+            self._release()
         until = time.monotonic() + HANDLER_GRACE_SECONDS
         with self._lock:
             handlers = list(self._handlers)
         for handler in handlers:
             handler.join(timeout=max(0.0, until - time.monotonic()))
+
+    def _release(self) -> None:
+        """Close the socket and the wake-up pipe: by close() once the serving thread is done,
+        else by the thread itself when it ends (never under its feet)."""
+        for fd in self._wake:
+            if fd >= 0:
+                os.close(fd)
+        self._wake = (-1, -1)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
 
     def _serve(self) -> None:
+        try:
+            self._accept_loop()
+        finally:
+            with self._lock:
+                self._served, orphaned = True, self._orphaned
+            if orphaned:
+                self._release()
+
+    def _accept_loop(self) -> None:
+        backoff = ACCEPT_BACKOFF_SECONDS
         with selectors.DefaultSelector() as selector:
             selector.register(self._sock, selectors.EVENT_READ)
             selector.register(self._wake[0], selectors.EVENT_READ)
@@ -165,9 +195,23 @@ class EffectServer:
                     conn, _ = self._sock.accept()
                 except (BlockingIOError, InterruptedError):
                     continue
-                except OSError:
-                    return
-                self._slots.acquire()
+                except OSError as exc:
+                    transient = exc.errno in ACCEPT_TRANSIENT_ERRNOS
+                    log.warning("event=effect_accept_error job=%s attempt=%s error=%s retry=%s",
+                                self.lease.job_id, self.lease.attempt,
+                                errno.errorcode.get(exc.errno or 0, type(exc).__name__),
+                                "yes" if transient else "no")
+                    if not transient:
+                        return
+                    self._stop.wait(backoff)  # e.g. out of descriptors: let some close
+                    backoff = min(1.0, backoff * 2)
+                    continue
+                backoff = ACCEPT_BACKOFF_SECONDS
+                # All MAX_CONNECTIONS busy: wait for one, but not past close().
+                while not self._slots.acquire(timeout=0.1):
+                    if self._stop.is_set():
+                        conn.close()
+                        return
                 handler = threading.Thread(target=self._handle, args=(conn,), daemon=True,
                                            name=f"effect-{self.lease.job_id}")
                 with self._lock:

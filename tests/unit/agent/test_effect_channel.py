@@ -4,7 +4,9 @@ client says, marks the lease lost when the service refuses the claim, retries a 
 the child's side (ask / begin / run, `jobqueue-effect`) turns the answers into Effects, typed
 errors and exit statuses. Against a real server and agent: tests/e2e/test_agent_effects.py."""
 
+import errno
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -154,6 +156,81 @@ def test_closing_gives_an_answer_being_retried_no_more_time(tmp_path):
         server.close()
         asked.join(timeout=10)
         assert not asked.is_alive() and not lease.lost and len(client.calls) < 10
+
+
+class BlockingClient(FakeClient):
+    def __init__(self):
+        super().__init__()
+        self.go = threading.Event()
+
+    def begin_effect(self, job_id, claim_id, key):
+        self.calls.append(("begin", job_id, claim_id, key))
+        self.go.wait(30)
+        return api.Effect(key, {"state": "started", "effect_id": "e", "attempt": 2})
+
+
+def test_closing_with_every_slot_busy_is_not_held_up(tmp_path):
+    """MAX_CONNECTIONS requests in flight and one more waiting for a slot: close() still
+    ends the serving thread (it waits for a slot no longer than the server is open)."""
+    client = BlockingClient()
+    server = effects.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir:
+        path = server.open(jobdir)[effects.ENV]
+        def ask():
+            try:
+                effects.begin("k", path=path, timeout=30)
+            except api.TransportError:
+                pass  # the one waiting for a slot is dropped by close()
+
+        askers = [threading.Thread(target=ask, daemon=True)
+                  for _ in range(effects.MAX_CONNECTIONS + 1)]
+        for asker in askers:
+            asker.start()
+        deadline = time.monotonic() + 20
+        while len(client.calls) < effects.MAX_CONNECTIONS and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(client.calls) == effects.MAX_CONNECTIONS
+        time.sleep(0.2)  # the last one is accepted and waits for a slot
+        serving = server._thread
+        started = time.monotonic()
+        server.close()
+        assert not serving.is_alive() and time.monotonic() - started < 4.5
+        assert server._sock is None
+        client.go.set()
+
+
+class FlakyAccept:
+    """Stands for the listening socket: accept() fails first with `errors`."""
+
+    def __init__(self, sock, errors):
+        self.sock, self.errors = sock, errors
+
+    def accept(self):
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.sock.accept()
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_a_transient_accept_error_is_logged_and_serving_goes_on(tmp_path, caplog):
+    client = FakeClient()
+    server = effects.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.WARNING, "jobqueue.agent"):
+        path = server.open(jobdir)[effects.ENV]
+        server._sock = FlakyAccept(server._sock, [OSError(errno.EMFILE, "Too many open files"),
+                                                  OSError(errno.ECONNABORTED, "aborted")])
+        try:
+            assert effects.begin("k", path=path, timeout=30).state == "started"
+            assert server._thread.is_alive()
+        finally:
+            server.close()
+    logged = [r.getMessage() for r in caplog.records if "effect_accept_error" in r.getMessage()]
+    assert len(logged) == 2 and "error=EMFILE" in logged[0] and "retry=yes" in logged[0]
 
 
 def test_a_lost_answer_is_asked_again_by_the_agent(served):
