@@ -304,12 +304,14 @@ def command_path(path: str) -> str:
     """`path` (a PATH) with this installation's scripts directory appended when it holds
     jobqueue-effect and `path` does not lead to one: the child finds the command by its name
     however the agent was installed (a virtualenv's bin is seldom on a service's PATH).
-    Appended, so nothing the job's PATH names is shadowed."""
+    Appended, so nothing the job's PATH names is shadowed. An empty PATH (or none) stands for
+    the system's default search path (os.defpath), as for exec: the child still finds sh."""
     scripts = sysconfig.get_path("scripts")
+    base = path or os.defpath
     if (not scripts or not os.path.exists(os.path.join(scripts, COMMAND))
-            or shutil.which(COMMAND, path=path) is not None):
+            or shutil.which(COMMAND, path=base) is not None):
         return path
-    return f"{path}{os.pathsep}{scripts}" if path else scripts
+    return f"{base}{os.pathsep}{scripts}"
 
 
 def _no_constant(name: str):

@@ -366,7 +366,8 @@ def test_the_childs_path_leads_to_the_command(tmp_path, monkeypatch):
     (scripts / "jobqueue-effect").write_text("#!/bin/sh\n")
     (scripts / "jobqueue-effect").chmod(0o755)
     assert effects.command_path("/usr/bin:/bin") == f"/usr/bin:/bin:{scripts}"  # appended
-    assert effects.command_path("") == str(scripts)
+    # no PATH: the system's default, not only the scripts directory (sh must still be found)
+    assert effects.command_path("") == f"{effects.os.defpath}:{scripts}"
     (other / "jobqueue-effect").write_text("#!/bin/sh\n")
     (other / "jobqueue-effect").chmod(0o755)
     assert effects.command_path(f"{other}:/bin") == f"{other}:/bin"  # found: unchanged
