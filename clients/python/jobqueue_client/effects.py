@@ -119,8 +119,8 @@ class EffectServer:
         path = jobdir.file(SOCKET_NAME)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            # A long TMPDIR: bind through the directory's descriptor (Linux), the child
-            # connects from within the directory (_connect).
+            # A long TMPDIR: bind through the directory's descriptor (Linux); the child
+            # connects likewise (_connect).
             sock.bind(path if len(os.fsencode(path)) <= SUN_PATH_MAX
                       else f"/proc/self/fd/{jobdir.dir_fd}/{SOCKET_NAME}")
             sock.listen(16)
@@ -400,15 +400,13 @@ def _connect(sock: socket.socket, path: str) -> None:
     if len(os.fsencode(path)) <= SUN_PATH_MAX:
         sock.connect(path)
         return
-    # Too long for sun_path: connect from within its directory (this is a short-lived,
-    # single-threaded caller: changing its directory for the call harms nobody).
-    here = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    # Too long for sun_path: through the directory's descriptor (Linux), as the agent binds;
+    # never by changing the working directory, which is the whole process's.
+    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.chdir(os.path.dirname(path))
-        sock.connect(os.path.basename(path))
+        sock.connect(f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}")
     finally:
-        os.fchdir(here)
-        os.close(here)
+        os.close(dir_fd)
 
 
 def begin(key: str, **kwargs) -> Effect:

@@ -296,7 +296,7 @@ def test_without_a_socket_there_is_no_ledger(monkeypatch, tmp_path):
         effects.begin("charge-card", path=str(tmp_path / "gone.sock"))
 
 
-def test_a_socket_path_too_long_for_sun_path_still_works(tmp_path):
+def test_a_socket_path_too_long_for_sun_path_still_works(tmp_path, monkeypatch):
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     client, lease = FakeClient(), FakeLease()
@@ -305,6 +305,8 @@ def test_a_socket_path_too_long_for_sun_path_still_works(tmp_path):
         path = server.open(jobdir)[effects.ENV]
         try:
             assert len(path) > effects.SUN_PATH_MAX
+            # the child never changes its (process-wide) working directory to reach it
+            monkeypatch.setattr(effects.os, "chdir", lambda p: pytest.fail("chdir"))
             assert effects.begin("k", path=path).state == "started"
         finally:
             server.close()
