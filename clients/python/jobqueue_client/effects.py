@@ -131,10 +131,17 @@ class EffectServer:
                         self.lease.job_id, self.lease.attempt, type(exc).__name__)
             return {}
         self._sock = sock
-        self._wake = os.pipe()
-        self._thread = threading.Thread(target=self._serve, daemon=True,
-                                        name=f"effects-{self.lease.job_id}")
-        self._thread.start()
+        try:
+            self._wake = os.pipe()
+            thread = threading.Thread(target=self._serve, daemon=True,
+                                      name=f"effects-{self.lease.job_id}")
+            thread.start()  # RuntimeError: can't start new thread
+        except (OSError, RuntimeError) as exc:
+            self._release()
+            log.warning("event=effect_socket_failed job=%s attempt=%s error=%s",
+                        self.lease.job_id, self.lease.attempt, type(exc).__name__)
+            return {}
+        self._thread = thread  # only a started thread: close() joins it
         variables = {ENV: path}
         if child_path is not None and (extended := command_path(child_path)) != child_path:
             variables["PATH"] = extended

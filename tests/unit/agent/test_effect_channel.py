@@ -375,6 +375,23 @@ def test_the_childs_path_leads_to_the_command(tmp_path, monkeypatch):
     assert effects.command_path(f"{other}:/bin") == f"{other}:/bin"  # found: unchanged
 
 
+def test_a_thread_that_cannot_start_leaves_no_ledger_and_closes_cleanly(tmp_path,
+                                                                         monkeypatch):
+    """open() whose thread cannot start: no JOB_EFFECT_SOCKET (the job runs without the
+    ledger), the socket and pipe are closed, and close() does not fail."""
+    server = effects.EffectServer(FakeClient(), FakeLease())
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    with JobDir(str(tmp_path)) as jobdir:
+        monkeypatch.setattr(effects.threading.Thread, "start", refuse)
+        assert server.open(jobdir) == {}
+        monkeypatch.undo()
+        assert server._sock is None and server._thread is None and server._wake == (-1, -1)
+        server.close()
+
+
 def test_closing_does_not_wait_for_a_timer(tmp_path):
     """The job's end is not held up by the ledger's thread (it waits on the socket and a
     wake-up pipe; a 0.2 s accept poll once added ~150 ms to every job)."""
