@@ -16,11 +16,12 @@ The protocol (one request per connection, each way one JSON object and a newline
 
 `jobqueue-effect` prints the answer as one JSON line (or one field of it with --print).
 Its exit statuses are `jobqueue`'s (cli_output.py, docs/cli.md): 0 the ledger answered
-(begin: any state; commit: committed), 2 bad usage or a request the service refused as
-invalid, 5 no answer (no JOB_EFFECT_SOCKET: not run by an agent that serves the ledger; or the
-agent or the service could not be reached: the same command again is safe), 6 a 409 (the
-claim is gone: stop; effect_already_committed; effect_not_begun), 3 / 4 a 404 / 401-403; the
-error on stderr (`jobqueue-effect: 409 claim_superseded: …`).
+(begin: any state; commit: committed), 2 bad usage or a request refused as invalid (by the
+service, or here: over REQUEST_MAX_BYTES 413, NaN / Infinity), 5 no answer (no
+JOB_EFFECT_SOCKET: not run by an agent that serves the ledger; or the agent or the service
+could not be reached, or the agent failed, 500 agent_error: the same command again is safe),
+6 a 409 (the claim is gone: stop; effect_already_committed; effect_not_begun), 3 / 4 a 404 /
+401-403; the error on stderr (`jobqueue-effect: 409 claim_superseded: …`).
 
 A Python child can call `begin(key)`, `commit(key, result)` and `run(key, fn)` here instead,
 which answer as AgentClient's methods do (an Effect, or the ApiError subclass of the code).
