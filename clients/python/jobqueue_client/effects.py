@@ -30,6 +30,7 @@ which answer as AgentClient's methods do (an Effect, or the ApiError subclass of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -38,6 +39,7 @@ import random
 import selectors
 import shutil
 import socket
+import struct
 import sys
 import sysconfig
 import threading
@@ -110,13 +112,19 @@ class EffectServer:
         self._handlers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._served = False  # the serving thread is done
+        self._check_peer = False
+        self._session: int | None = None  # the child's pid: it leads its own session
+        self._admitted = threading.Event()
         self._orphaned = False  # close() gave up waiting for it: it releases the socket
 
-    def open(self, jobdir, child_path: str | None = None) -> dict[str, str]:
+    def open(self, jobdir, child_path: str | None = None, *,
+             check_peer: bool = False) -> dict[str, str]:
         """Listen in `jobdir` (a workdir.JobDir); returns the child's variables
         ({JOB_EFFECT_SOCKET: path}, and PATH when `child_path`, the child's PATH, does not
         lead to jobqueue-effect: see command_path), or {} when no socket could be made
-        (logged)."""
+        (logged). With `check_peer` (Linux), only processes of the child's session are
+        answered: admit(pid) names the child once started (it runs in a new session)."""
+        self._check_peer = check_peer and hasattr(socket, "SO_PEERCRED")
         path = jobdir.file(SOCKET_NAME)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -147,6 +155,28 @@ class EffectServer:
         if child_path is not None and (extended := command_path(child_path)) != child_path:
             variables["PATH"] = extended
         return variables
+
+    def admit(self, proc) -> None:
+        """The child started (a Popen; run_child's on_start): requests are answered only
+        from its session (its own, its children's unless they left it)."""
+        self._session = proc.pid
+        self._admitted.set()
+
+    def _peer_refused(self, conn: socket.socket) -> str:
+        """Why this connection's process is not answered ("" when it is): with check_peer,
+        it must be in the child's session, so another job of the same user (whose own
+        directory is as private to the user) cannot write this job's ledger."""
+        if not self._check_peer:
+            return ""
+        if not self._admitted.wait(READ_TIMEOUT_SECONDS):
+            return "the job's process is not known"
+        try:
+            pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                      struct.calcsize("3i")))[0]
+            session = os.getsid(pid)
+        except OSError:
+            return "the caller cannot be identified"
+        return "" if session == self._session else "not a process of this job"
 
     def close(self) -> None:
         """Stop serving (at once: the serving thread waits on the socket and a wake-up pipe,
@@ -230,6 +260,14 @@ class EffectServer:
         try:
             with conn:
                 conn.settimeout(READ_TIMEOUT_SECONDS)
+                if refused := self._peer_refused(conn):
+                    log.warning("event=effect_peer_refused job=%s attempt=%s reason=%s",
+                                self.lease.job_id, self.lease.attempt, refused.replace(" ", "_"))
+                    _drain(conn, REQUEST_MAX_BYTES)
+                    with contextlib.suppress(OSError):
+                        conn.sendall(json.dumps(_error(403, "forbidden", refused)).encode()
+                                     + b"\n")
+                    return
                 try:
                     raw = _read_line(conn, REQUEST_MAX_BYTES)
                 except TooLarge as exc:

@@ -359,6 +359,44 @@ def test_the_agent_serves_the_ledger_to_the_child_it_runs(tmp_path):
     assert client.entries["charge-card"]["result"] == 7
 
 
+def test_with_check_peer_only_the_childs_session_is_answered(tmp_path):
+    """As the runner opens it: the child (a new session) and what it starts are answered;
+    another process of the same user (here the test itself) is refused 403 (exit 4)."""
+    client, lease = FakeClient(), FakeLease()
+    server = effects.EffectServer(client, lease)
+    paths = []
+
+    def on_jobdir(jobdir):
+        env = server.open(jobdir, check_peer=True)
+        paths.append(env[effects.ENV])
+        return env
+
+    script = (f'"{sys.executable}" -m jobqueue_client.effects begin k --print state '
+              '> "$JOB_RESULT_FILE.tmp" && sleep 1 && '
+              f'"{sys.executable}" -m jobqueue_client.effects commit k --result 7 > /dev/null')
+    outside = []
+
+    def on_start(proc):
+        server.admit(proc)
+        time.sleep(0.3)
+        try:
+            effects.begin("k", path=paths[0], timeout=20)
+        except api.ApiError as exc:
+            outside.append(exc)
+
+    try:
+        outcome = run_child(JobSpec(["sh", "-c", script], {}, 30), job_id="job-1", attempt=2,
+                            context={}, stop=threading.Event(), on_jobdir=on_jobdir,
+                            on_start=on_start)
+    finally:
+        server.close()
+    assert outcome.returncode == 0, outcome.output_tail
+    assert client.entries["k"]["result"] == 7
+    assert len(outside) == 1 and isinstance(outside[0], api.AuthError)
+    assert (outside[0].status, outside[0].code) == (403, "forbidden")
+    assert [c[0] for c in client.calls] == ["begin", "commit"]
+
+
 def test_the_childs_path_leads_to_the_command(tmp_path, monkeypatch):
     scripts, other = tmp_path / "venv-bin", tmp_path / "other"
     scripts.mkdir()
