@@ -209,4 +209,7 @@ def test_a_superseded_attempts_commit_is_refused_and_stops_it(stack, make_agent,
     refused = JobEvent.objects.get(job_id=job.id, kind=JobEvent.STALE_WRITE_REFUSED)
     assert refused.detail["operation"] == "effect"
     log = proc.output()
-    assert "event=lease_lost" in log and "via=effect" in log and "event=abandoned" in log
+    # Whichever noticed the requeue first, the child's commit or a heartbeat, says so.
+    lost = [line for line in log.splitlines() if "event=lease_lost" in line]
+    assert lost and any("via=effect" in line or "via=heartbeat" in line for line in lost), log
+    assert "event=abandoned" in log

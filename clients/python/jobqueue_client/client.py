@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import re
 import socket
@@ -661,6 +662,11 @@ class AgentClient(ApiClient):
             job_id, claim_id, key, result))
 
     def _commit_answer(self, job_id: str, claim_id: str, key: str, result: Any) -> dict:
+        try:  # NaN, Infinity, or not JSON at all: the request is wrong, not unanswered
+            json.dumps(result, allow_nan=False)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise InvalidRequest(400, "invalid_request",
+                                 f"the result is not JSON: {exc}") from None
         return self._effect_request("PUT", f"jobs/{job_id}/effects/{key}",
                                     {"claim_id": claim_id, "result": result})
 

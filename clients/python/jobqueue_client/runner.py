@@ -1094,7 +1094,8 @@ class Agent:
 
             def on_jobdir(jobdir):
                 lease.watch(jobdir)
-                return ledger.open(jobdir, spec.env.get("PATH", os.environ.get("PATH", "")))
+                return ledger.open(jobdir, spec.env.get("PATH", os.environ.get("PATH", "")),
+                                   check_peer=True)
 
             try:
                 outcome = run_child(
@@ -1102,6 +1103,7 @@ class Agent:
                     context=claim.job.get("dispatch_context"), stop=lease.stop_child,
                     kill_grace=self.options.kill_grace, on_output=stream.feed,
                     on_exit=on_exit, checkpoint=claim.checkpoint, on_jobdir=on_jobdir,
+                    on_start=ledger.admit,
                 )
             finally:
                 stream.close(timeout=0)

@@ -474,6 +474,16 @@ def test_an_effect_is_not_sent_again_after_a_refusal_nor_more_than_three_times(m
     assert len(server.seen) == api.EFFECT_SENDS == 3
 
 
+@pytest.mark.parametrize("result", [float("nan"), float("inf"), [float("-inf")], {1j}])
+def test_a_result_that_is_not_json_is_refused_without_a_request(result):
+    """NaN / Infinity (Python's json writes them, no JSON reader takes them) or an object
+    json cannot encode: InvalidRequest, not a ValueError or TypeError from the encoder."""
+    c, server = make()
+    with pytest.raises(api.InvalidRequest) as exc:
+        c.commit_effect("j1", "c1", "k", result)
+    assert exc.value.code == "invalid_request" and server.seen == []
+
+
 @pytest.mark.parametrize("key", ["", ".", "..", "...", "a/b", "a b", "k" * 201, None])
 def test_a_key_no_path_can_carry_is_refused_without_a_request(key):
     c, server = make()
