@@ -320,6 +320,15 @@ JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] = env.float("JOBQUEUE_AGENT_SEEN_WRITE_SECO
 # The oldest jobqueue-client (major.minor, read from its User-Agent) this server supports: an
 # older one is logged once per version and process, WARNING (agents/middleware.py). Requests
 # are answered all the same. GET /v1/version says it too.
+# Fencing tokens (jobqueue/fencing.py, docs/effects.md): the Ed25519 keys, PEM files, comma
+# separated. The first (a private key) signs every claim's `fencing_token`; the others (private
+# or public) are only published at /v1/.well-known/jwks.json, so that tokens a retired key
+# signed still verify while they may live. Unset: a key generated at first use in
+# var/fencing_key.pem (0600), like the secret key. `iss` of every token, and how long clients
+# may cache the key set.
+JOBQUEUE["FENCING_KEY_FILES"] = env.list("JOBQUEUE_FENCING_KEY_FILES", default=[])
+JOBQUEUE["FENCING_ISSUER"] = env.str("JOBQUEUE_FENCING_ISSUER", "jobqueue")
+JOBQUEUE["JWKS_MAX_AGE_SECONDS"] = env.int("JOBQUEUE_JWKS_MAX_AGE_SECONDS", 300)
 JOBQUEUE["MIN_CLIENT_VERSION"] = env.str("JOBQUEUE_MIN_CLIENT_VERSION", "0.2")
 if not re.fullmatch(r"\d{1,6}(\.\d{1,6})?", JOBQUEUE["MIN_CLIENT_VERSION"]):
     raise ImproperlyConfigured("JOBQUEUE_MIN_CLIENT_VERSION must be MAJOR.MINOR, e.g. 0.2")

@@ -61,6 +61,10 @@ DEFAULTS = {
     "WEBHOOK_CONCURRENCY": 8,
     "MAX_WEBHOOKS_PER_WORKSPACE": 20,
     "PREPARED_STATEMENTS": True,
+    # Fencing tokens (jobqueue/fencing.py): key files (none: var/fencing_key.pem), `iss`.
+    "FENCING_KEY_FILES": [],
+    "FENCING_ISSUER": "jobqueue",
+    "JWKS_MAX_AGE_SECONDS": 300,
     # The oldest jobqueue-client (major.minor) the API supports; older ones are logged.
     "MIN_CLIENT_VERSION": "0.2",
 }
