@@ -366,7 +366,10 @@ class JobDetailSerializer(JobSerializer):
 
 
 class ClaimInfoSerializer(serializers.Serializer):
-    claim_id = serializers.UUIDField(help_text="Fencing token: send it with every write.")
+    claim_id = serializers.UUIDField(
+        help_text="Send it with every write about the job: it fences the service's record "
+        "(fencing_token is for resources outside the service)."
+    )
     lease_seconds = serializers.IntegerField()
     claim_expires_at = serializers.DateTimeField()
     attempt = serializers.IntegerField()
