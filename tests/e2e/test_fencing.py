@@ -11,6 +11,7 @@ import sys
 
 import httpx
 import pytest
+from jobqueue_client import verify_fencing_token
 
 from jobqueue import states
 from jobqueue.models import Job
@@ -85,3 +86,20 @@ def test_a_paused_agent_is_refused_by_the_fenced_store_without_asking_the_servic
     assert (final.status, final.attempt) == (states.SUCCESSFUL, 2)
     say("fenced store: agent 2 (attempt 2) accepted; agent 1 (attempt 1), resumed after its "
         "reap with the service down: " + body["detail"])
+
+
+def test_the_reference_agent_hands_the_job_its_fencing_token(stack, make_agent, make_jobs,
+                                                             tmp_path):
+    """jobqueue-agent gives the command the claim's token (JOB_FENCING_TOKEN), which verifies
+    with the key set the server publishes."""
+    agent, token = make_agent(lease_seconds=5)
+    out = tmp_path / "tokens"
+    out.mkdir()
+    [job] = make_jobs(agent, 1, stack.command(f'printf %s "$JOB_FENCING_TOKEN" > {out}/$JOB_ID'))
+    proc = stack.start_agent(agent, token, "A")
+    wait_for(lambda: Job.objects.get(id=job.id).status == states.SUCCESSFUL, 60,
+             "the job to succeed", on_fail=proc.output)
+    jwks = httpx.get(f"{stack.url}/v1/.well-known/jwks.json", timeout=5).json()
+    claims = verify_fencing_token((out / str(job.id)).read_text(), jwks,
+                                  workspace_id=str(agent.workspace_id), check_expiry=False)
+    assert (claims.job_id, claims.attempt) == (str(job.id), 1)

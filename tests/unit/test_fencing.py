@@ -298,6 +298,10 @@ def test_the_key_set_must_be_a_jwk_set(keyfiles):
     wrong_kind = {"keys": [{"kid": fencing.signing_key().kid, "kty": "RSA"}]}
     with pytest.raises(FencingTokenError, match="not an Ed25519 key"):
         verify_fencing_token(token, wrong_kind)
+    broken = {"keys": [{"kid": fencing.signing_key().kid, "kty": "OKP", "crv": "Ed25519",
+                        "x": "!!"}]}
+    with pytest.raises(FencingTokenError, match="not a usable Ed25519 key"):
+        verify_fencing_token(token, broken)
     # A bare list of JWKs is a key set too.
     verify_fencing_token(token, fencing.jwks()["keys"], check_expiry=False)
 

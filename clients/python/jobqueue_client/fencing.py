@@ -20,6 +20,7 @@ FencingUnavailable, which says so.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,17 @@ def _jwt():
     return jwt
 
 
+@functools.lru_cache(maxsize=64)
+def _public_key(jwt, x: str, kid: str):
+    """The key object of a JWK (made once per key: a store verifies many tokens)."""
+    try:
+        return jwt.PyJWK({"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid},
+                         algorithm=ALGORITHM).key
+    except jwt.exceptions.PyJWTError as exc:
+        raise FencingTokenError("unknown_key", f"key {kid!r} in the key set is not a "
+                                f"usable Ed25519 key: {exc}") from exc
+
+
 def _key_for(jwt, kid: str, jwks: dict | list):
     keys = jwks.get("keys") if isinstance(jwks, dict) else jwks
     if not isinstance(keys, list):
@@ -86,7 +98,7 @@ def _key_for(jwt, kid: str, jwks: dict | list):
         if isinstance(jwk, dict) and jwk.get("kid") == kid:
             if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
                 raise FencingTokenError("unknown_key", f"key {kid!r} is not an Ed25519 key")
-            return jwt.PyJWK(jwk, algorithm=ALGORITHM).key
+            return _public_key(jwt, str(jwk.get("x")), kid)
     known = ", ".join(repr(k.get("kid")) for k in keys if isinstance(k, dict)) or "none"
     raise FencingTokenError(
         "unknown_key",
