@@ -182,3 +182,18 @@ def token_for(grant) -> str:
     }
     return jwt.encode(payload, key.private_key, algorithm=ALGORITHM,
                       headers={"kid": key.kid, "typ": "JWT"})
+
+
+def check_keys(app_configs=None, **kwargs):
+    """System check (`manage.py check`, `migrate`: before a deployment serves): configured key
+    files that cannot sign or be published are an error. The claim views also load the
+    signing key before they claim, so that a bad key never leaves a claim unanswered."""
+    from django.core import checks
+
+    if not jobqueue_settings().get("FENCING_KEY_FILES"):
+        return []  # generated at first use
+    try:
+        keys()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="jobqueue.E001")]
+    return []

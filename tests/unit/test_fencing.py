@@ -400,3 +400,14 @@ def test_the_client_module_imports_without_the_extra():
                          timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
     assert client_fencing.EXTRA == "pip install 'jobqueue-client[fencing]'"
+
+
+def test_the_system_check_names_a_bad_key_file(tmp_path, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": []}
+    assert fencing.check_keys() == []
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(tmp_path / "gone")]}
+    [error] = fencing.check_keys()
+    assert error.id == "jobqueue.E001" and "cannot read" in error.msg
+    settings.JOBQUEUE = {**settings.JOBQUEUE,
+                         "FENCING_KEY_FILES": [str(pem_file(tmp_path / "k.pem"))]}
+    assert fencing.check_keys() == []

@@ -144,3 +144,18 @@ def test_the_token_expires_with_the_lease_at_claim_time(world):
     after = parse_time(claim["claim_expires_at"]) + dt.timedelta(seconds=1)
     with pytest.raises(FencingTokenError, match="expired"):
         verify_fencing_token(claim["fencing_token"], jwks(world), now=after)
+
+
+def test_a_key_that_cannot_sign_claims_nothing(world, settings, tmp_path):
+    """A misconfigured key fails the claim before the job is claimed: no claim is left
+    without its answer (the job stays queued for a claim once the key is mended)."""
+    from jobqueue.models import JobClaim
+
+    job = JobFactory(job_agent=world.agent)
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(tmp_path / "gone")]}
+    caller = world.agent_caller()
+    caller._client.raise_request_exception = False
+    for path in (f"jobs/{job.id}/claim", "jobs/claim"):
+        r = caller.post(f"job-agents/{world.agent.id}/{path}")
+        assert r.status_code == 500
+    assert not JobClaim.objects.exists()
