@@ -23,8 +23,9 @@ def jwks(world):
     return r.json()
 
 
-def check(world, answer) -> dict:
-    """The answer's token verifies, and says what the answer says."""
+def check(world, answer, *, replay=False) -> dict:
+    """The answer's token verifies, and says what the answer says (iat: the claim's time,
+    which a replay's server_time is later than)."""
     job, claim = answer["job"], answer["claim"]
     claims = verify_fencing_token(claim["fencing_token"], jwks(world),
                                   workspace_id=str(world.workspace.id))
@@ -33,8 +34,11 @@ def check(world, answer) -> dict:
     assert claims.claim_id == claim["claim_id"]
     expires = parse_time(claim["claim_expires_at"])
     assert claims.expires_at.timestamp() == math.floor(expires.timestamp())
-    assert claims.issued_at.timestamp() == math.floor(parse_time(claim["server_time"])
-                                                      .timestamp())
+    answered = math.floor(parse_time(claim["server_time"]).timestamp())
+    if replay:
+        assert claims.issued_at.timestamp() <= answered
+    else:
+        assert claims.issued_at.timestamp() == answered
     assert claims.expires_at <= expires
     return claim
 
@@ -99,10 +103,11 @@ def test_the_idempotent_replay_carries_the_claims_token(world, body):
     firsts, agains = (first["claims"], again["claims"]) if body else ([first], [again])
     assert [a["claim"]["claim_id"] for a in agains] == [f["claim"]["claim_id"] for f in firsts]
     for f, a in zip(firsts, agains, strict=True):
-        replayed = check(world, a)
+        replayed = verify_fencing_token(check(world, a, replay=True)["fencing_token"],
+                                        jwks(world))
         original = verify_fencing_token(f["claim"]["fencing_token"], jwks(world))
-        assert verify_fencing_token(replayed["fencing_token"], jwks(world)).attempt \
-            == original.attempt
+        assert (replayed.attempt, replayed.claim_id, replayed.issued_at) == (
+            original.attempt, original.claim_id, original.issued_at)
 
 
 def test_the_replay_after_a_heartbeat_says_the_lease_it_answers(world):
@@ -113,7 +118,7 @@ def test_the_replay_after_a_heartbeat_says_the_lease_it_answers(world):
     job_id, claim_id = first["job"]["id"], first["claim"]["claim_id"]
     lifecycle.heartbeat(uuid.UUID(job_id), uuid.UUID(claim_id))
     again = agent_post(world, "jobs/claim", headers={"Idempotency-Key": "k-2"}).json()
-    check(world, again)
+    check(world, again, replay=True)
 
 
 def test_a_later_claim_of_the_job_has_a_higher_attempt_and_fences_the_earlier(world):
