@@ -135,6 +135,7 @@ endif
 bench: install .venv-bench/.installed
 	@$(BIN)/python scripts/check_postgres.py "$(TEST_DATABASE_URL)"
 	@command -v pgbench >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql-contrib; }
+	@case " $(BENCH_ARGS) " in *" pgbouncer "*) sh scripts/ensure_pgbouncer.sh;; esac
 	BENCH_DATABASE_URL="$(TEST_DATABASE_URL)" $(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 # Refreshes the admin screenshots that README.md shows (the browser test takes them).

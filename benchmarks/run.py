@@ -22,6 +22,12 @@ Scenarios (each verifies its own outcome before it reports):
   wal        what a job costs the database over the API (benchmarks/wal.py): WAL bytes and
              transactions a job on the single and the batch path, and where the bytes go
              (pg_waldump, per relation); BENCH_WAL_JOBS jobs a path
+  readers    every index on `job`, the reader it serves (benchmarks/readers.py): whether the
+             reader's plan reads it, and its latency, on BENCH_READERS_JOBS jobs
+  pgbouncer  the core cycle (claim-next + report, one caller in-process) direct and through a
+             real PgBouncer in transaction mode as docs/deploying.md configures it
+             (benchmarks/pgbouncer.py): rates, the ratio (target >= 0.8x);
+             BENCH_PGBOUNCER_JOBS jobs a run, BENCH_PGBOUNCER_ROUNDS interleaved rounds
   completion the outbox's cost per job (one webhook endpoint), the webhook sender's
              deliveries/s, and pruning BENCH_PRUNE_JOBS (1,000,000) finished jobs: jobs/s,
              and another agent's cycle latency before and while it runs
@@ -101,6 +107,10 @@ DEFAULTS = {
     "BENCH_PICKUP_WORKERS": 5,
     "BENCH_PICKUP_HEARTBEATS": 300,
     "BENCH_WAL_JOBS": 2000,
+    "BENCH_READERS_JOBS": 1_000_000,
+    "BENCH_READERS_SAMPLES": 200,
+    "BENCH_PGBOUNCER_JOBS": 500,
+    "BENCH_PGBOUNCER_ROUNDS": 7,
 }
 DB = db_name("core")
 APP_PY = str(ROOT / ".venv" / "bin" / "python")
@@ -1217,10 +1227,34 @@ def scenario_wal():
     return wal.measure(lambda cmd: run_workers(cmd), conf("BENCH_WAL_JOBS"))
 
 
+def scenario_readers():
+    from benchmarks import readers
+
+    return readers.measure(conf("BENCH_READERS_JOBS"), conf("BENCH_READERS_SAMPLES"))
+
+
+def readers_table(res):
+    from benchmarks import readers
+
+    return readers.table(res)
+
+
 def wal_table(res):
     from benchmarks import wal
 
     return wal.table(res)
+
+
+def scenario_pgbouncer():
+    from benchmarks import pgbouncer
+
+    return pgbouncer.measure(conf("BENCH_PGBOUNCER_ROUNDS"), conf("BENCH_PGBOUNCER_JOBS"))
+
+
+def pgbouncer_table(res):
+    from benchmarks import pgbouncer
+
+    return pgbouncer.table(res)
 
 
 def completion_table(res):
@@ -1266,6 +1300,8 @@ def markdown(results):
         ("pickup", "Pickup (long-poll)", pickup_table),
         ("completion", "Completion: outbox, webhook sender, pruning", completion_table),
         ("wal", "What a job costs the database (WAL)", wal_table),
+        ("readers", "Who reads each index on job", readers_table),
+        ("pgbouncer", "Behind PgBouncer (transaction pooling)", pgbouncer_table),
     ]
     for key, title, fn in sections:
         if key in results["scenarios"]:
@@ -1328,7 +1364,8 @@ def main(argv=None):
                "peers": scenario_peers, "heartbeat": scenario_heartbeat,
                "growth": scenario_growth, "reaper": scenario_reaper,
                "pickup": scenario_pickup, "completion": scenario_completion,
-               "wal": scenario_wal}
+               "wal": scenario_wal, "readers": scenario_readers,
+               "pgbouncer": scenario_pgbouncer}
     provenance = {"commit": git_commit()}
     if wants_peers:
         provenance["versions"] = json.loads(

@@ -171,6 +171,10 @@ class Job(models.Model):
                 name="job_idempotency_key_unique",
             ),
         ]
+        # Every index on job costs each claim and report an entry per row version: each one
+        # names its reader in benchmarks/readers.py (tests/integration/core/
+        # test_job_indexes.py fails otherwise), whose `readers` scenario times the reader with
+        # and without it (docs/performance.md).
         indexes = [
             # Serves claim-next and the queued poll: only claimable rows, in claim order.
             models.Index(

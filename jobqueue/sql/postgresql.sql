@@ -69,7 +69,7 @@ WITH locked AS MATERIALIZED (
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
-    SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
+    SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s::integer, STATEMENT_TIMESTAMP(),
            LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s),
                  STATEMENT_TIMESTAMP() + make_interval(secs => max_runtime_seconds),
                  expires_at),
@@ -118,7 +118,7 @@ WITH locked AS MATERIALIZED (
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
-    SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s, STATEMENT_TIMESTAMP(),
+    SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s::integer, STATEMENT_TIMESTAMP(),
            LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s),
                  STATEMENT_TIMESTAMP() + make_interval(secs => max_runtime_seconds),
                  expires_at),
@@ -526,3 +526,58 @@ SELECT 1
 -- The wake-up hub's listener (jobqueue.wakeups.PgListener), on its own connection: the
 -- channel is jobqueue.wakeups.CHANNEL.
 LISTEN jobqueue_wake
+
+
+-- name: function_define
+-- Not run as written: the template of a hot statement's PL/pgSQL wrapper, for a server
+-- reached through a transaction-mode pooler that cannot keep prepared statements
+-- (JOBQUEUE_PREPARED_STATEMENTS=0; PgBouncer before 1.21). PL/pgSQL prepares the statement
+-- inside the function once per server connection and keeps its plan there, whichever client
+-- the pooler lends that connection to; a call is one short statement to plan. The
+-- migrations fill it in (jobqueue/lifecycle/pg/functions.py) from the statement as the
+-- backend runs it, its %(name)s parameters becoming the function's, in order of first use
+-- ({parameters}, $1...: their types as PostgreSQL infers them), its columns the function's
+-- result ({columns}: their names and types): the statement's text stays in one place, here.
+-- {function} names the statement and the digest of its text; {digest} is the digest of the
+-- whole definition (a change of the types it was made with is installed again).
+-- A column of the result and a table column of the same name: the table's (use_column).
+CREATE FUNCTION {function}({parameters}) RETURNS TABLE ({columns})
+LANGUAGE plpgsql VOLATILE AS $jobqueue$
+/* jobqueue wrapper {digest} */
+#variable_conflict use_column
+BEGIN
+RETURN QUERY {statement};
+END
+$jobqueue$
+
+
+-- name: function_call
+-- Not run as written: a call of a statement's wrapper (function_define), the statement's own
+-- %(name)s parameters as its arguments, in the function's order.
+SELECT * FROM {function}({arguments})
+
+
+-- name: function_drop
+-- Not run as written: drop a wrapper (function_define) to define it again.
+DROP FUNCTION IF EXISTS {function}
+
+
+-- name: function_list_installed
+-- Which of the wrappers %(names)s are installed, each with the digest of its definition.
+SELECT p.proname::text, substring(p.prosrc from 'jobqueue wrapper ([0-9a-f]+)') FROM pg_proc p
+WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = ANY(%(names)s::text[])
+
+
+-- name: function_list_all
+-- Every wrapper (function_define) installed, whichever release defined it.
+SELECT p.proname::text FROM pg_proc p
+WHERE p.pronamespace = current_schema()::regnamespace
+  AND p.prosrc LIKE '%%/* jobqueue wrapper %%'
+
+
+-- name: function_type_names
+-- The names of the types %(oids)s with their modifiers %(mods)s, in order (a wrapper's
+-- parameters and columns).
+SELECT format_type(t.oid, t.mod)
+FROM unnest(%(oids)s::oid[], %(mods)s::integer[]) WITH ORDINALITY AS t(oid, mod, n)
+ORDER BY t.n

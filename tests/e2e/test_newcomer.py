@@ -1,8 +1,9 @@
 """A newcomer's first run, as the README writes it: `make run` (on SQLite, and on PostgreSQL
 after the README's `createdb`), the landing page, the README's five exports and its
 `jobqueue-agent` line, its two `curl` commands, until the job is `successful`; a second
-`make run PORT=...` beside the first; and `make run` against a database that does not exist,
-which must end in a short hint, not a traceback.
+`make run PORT=...` beside the first; `make run` against a database that does not exist,
+which must end in a short hint, not a traceback; and the README's "one layer alone" test
+commands (`make install-dev`, the unit layer, the SQLite line collected).
 
 The commands are taken from README.md itself, with only the values a reader would paste
 (ids, the key, the token) and the test's own port, var directory and database name put in.
@@ -205,3 +206,28 @@ def test_make_run_without_its_database_says_how_to_create_it(tmp_path):
     assert "Traceback" not in said and len(said.strip().splitlines()) <= 6, said
     if d.get("PASSWORD"):
         assert d["PASSWORD"] not in said
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite",
+                    reason="uses no database: run once, in the SQLite pass")
+def test_the_readmes_one_layer_test_commands_run_as_written(tmp_path):
+    """The README's "one layer alone" block, line by line: `make install-dev`, the unit
+    layer as written (it must pass), and the SQLite line, collected only (running it would
+    run this very pass again)."""
+    install, unit, sqlite = [line.split("#")[0].strip() for line in readme_block(
+        "One layer alone").strip().splitlines()]
+    assert (install, unit) == ("make install-dev", ".venv/bin/pytest tests/unit")
+    assert sqlite == "env -u DATABASE_URL .venv/bin/pytest tests/integration"
+    env = make_env(tmp_path)
+    make = subprocess.run([*MAKE[:-2], "-o", ".venv/.installed-dev", *install.split()[1:]],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert make.returncode == 0, make.stdout + make.stderr
+    ran = subprocess.run(["sh", "-c", unit], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert re.search(r"\b\d+ passed", ran.stdout.strip().splitlines()[-1]), ran.stdout[-500:]
+    collected = subprocess.run(["sh", "-c", f"{sqlite} --collect-only -q"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=300)
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    assert re.search(r"^\d+(/\d+)? tests collected", collected.stdout.strip().splitlines()[-1],
+                     re.M), collected.stdout[-500:]

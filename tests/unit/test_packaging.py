@@ -156,6 +156,18 @@ def test_the_producer_command_line_is_installed_with_it(agent_venv):
     assert missing.returncode == 2 and "set JOBQUEUE_URL (or --url)" in missing.stderr
 
 
+def test_the_effect_command_is_installed_with_it(agent_venv):
+    """`jobqueue-effect` (a job's child's way to the effect ledger) comes with the agent;
+    outside a job (no JOB_EFFECT_SOCKET) it says so with exit status 5 (no answer)."""
+    help_ = run_in(agent_venv, "jobqueue-effect", "--help")
+    assert help_.returncode == 0, help_.stderr
+    assert help_.stdout.startswith("usage: jobqueue-effect") and "begin" in help_.stdout
+    outside = run_in(agent_venv, "jobqueue-effect", "begin", "charge-card")
+    assert outside.returncode == 5 and "JOB_EFFECT_SOCKET is not set" in outside.stderr
+    bad = run_in(agent_venv, "jobqueue-effect", "commit", "charge-card", "--result", "{x")
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr
+
+
 def test_the_installed_agent_runs_and_stops_cleanly_on_sigterm(agent_venv):
     """Against a port where nothing listens: it retries its claims, and SIGTERM ends it with
     status 0, as under a supervisor."""

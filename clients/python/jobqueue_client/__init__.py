@@ -1,7 +1,8 @@
 """The jobqueue client library and the reference pull agent, `jobqueue-agent` (see cli.py).
 
 - `AgentClient` (client.py): the agent's side of the API (claim, heartbeat, report, release,
-  logs and artifacts of its claims), with an agent token.
+  logs and artifacts of its claims), with an agent token; its effect ledger
+  (`effect()`, `run_effect()`: docs/effects.md).
 - `ProducerClient` (producer.py): the producer's side (create jobs, get and wait for them,
   cancel, requeue, list, groups, logs and artifacts), with a workspace API key.
 - `verify_fencing_token` (fencing.py): a claim's fencing token verified offline, and the
@@ -18,6 +19,9 @@ from .client import (
     ApiError,
     AuthError,
     Conflict,
+    Effect,
+    EffectAlreadyCommitted,
+    EffectNotBegun,
     InvalidRequest,
     LeaseLost,
     NotClaimable,
@@ -52,3 +56,5 @@ __all__ = [
     "NotClaimable", "NotFound", "ProducerClient", "ServerError", "Throttled", "TransportError",
     "USER_AGENT", "WaitTimeout", "__version__", "fetch_jwks", "verify_fencing_token",
 ]
+# The effect ledger (docs/effects.md; a job's child uses it through `jobqueue-effect`).
+__all__ += ["Effect", "EffectAlreadyCommitted", "EffectNotBegun"]

@@ -9,8 +9,10 @@ One client may be shared by several threads (httpx.Client pools its connections)
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
+import re
 import socket
 import threading
 import time
@@ -110,6 +112,16 @@ class Conflict(ApiError):
     """Any other 409 (e.g. invalid_transition)."""
 
 
+class EffectAlreadyCommitted(Conflict):
+    """409 effect_already_committed: the effect's outcome is recorded, with another result
+    (nothing changed). Begin it again to read the recorded one."""
+
+
+class EffectNotBegun(Conflict):
+    """409 effect_not_begun: a commit for a key this attempt has not begun (begin it first,
+    and handle `unknown`)."""
+
+
 class InvalidRequest(ApiError):
     """400, 413, 415, 416, 422: the request itself is wrong; retrying it cannot help."""
 
@@ -131,6 +143,17 @@ def error_from_response(response: httpx.Response) -> ApiError:
     fields = body.get("fields") if isinstance(body.get("fields"), dict) else None
     retry_after = _retry_after(response.headers.get("Retry-After"))
     length = _range_length(response.headers.get("Range"))
+    cls = error_class(status, code)
+    return cls(status, code, detail, fields=fields, retry_after=retry_after, length=length)
+
+
+_CONFLICTS = {"deadline_exceeded": DeadlineExceeded, "job_not_claimable": NotClaimable,
+              "agent_paused": NotClaimable, "effect_already_committed": EffectAlreadyCommitted,
+              "effect_not_begun": EffectNotBegun}
+
+
+def error_class(status: int, code: str) -> type[ApiError]:
+    """The ApiError subclass for an error answer's status and code."""
     if status >= 500:
         cls = ServerError
     elif status == 429:
@@ -140,19 +163,12 @@ def error_from_response(response: httpx.Response) -> ApiError:
     elif status == 404:
         cls = NotFound
     elif status == 409:
-        if code == "deadline_exceeded":
-            cls = DeadlineExceeded
-        elif code in LEASE_LOST_CODES:
-            cls = LeaseLost
-        elif code in ("job_not_claimable", "agent_paused"):
-            cls = NotClaimable
-        else:
-            cls = Conflict
+        cls = _CONFLICTS.get(code) or (LeaseLost if code in LEASE_LOST_CODES else Conflict)
     elif status == 408:
         cls = ServerError
     else:
         cls = InvalidRequest
-    return cls(status, code, detail, fields=fields, retry_after=retry_after, length=length)
+    return cls
 
 
 def _range_length(value: str | None) -> int | None:
@@ -252,12 +268,75 @@ class Renewal:
         return (self.claim_expires_at - self.server_time).total_seconds()
 
 
+EFFECT_KEY = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+
+
+def check_effect_key(key: str) -> str:
+    """An effect key as the server takes it (1 to 200 of A-Z a-z 0-9 . _ : -), checked here
+    too because it is part of the request's path: `.` or `..` would name another path
+    (URLs drop dot segments), so a key of dots only is refused without asking."""
+    if not isinstance(key, str) or not EFFECT_KEY.fullmatch(key) or not key.strip("."):
+        raise InvalidRequest(400, "validation_error",
+                             "key must be 1 to 200 characters of A-Z a-z 0-9 . _ : - "
+                             "(not dots only)", fields={"key": ["invalid"]})
+    return key
+
+
+class Effect:
+    """One step of a job done outside the service, as the effect ledger answered it
+    (docs/effects.md): what `AgentClient.begin_effect` and `effect()` hand the caller.
+
+    `state` is "started" (no attempt began it: do it now), "unknown" (an earlier attempt
+    began it and recorded no outcome: reconcile with the outside system) or "committed"
+    (done: `result` is the recorded outcome; do not do it again). `effect_id` is the same
+    for every attempt of the job: give it to the outside system as its idempotency key.
+    `attempt`: started, this attempt; unknown, the earlier one; committed, the committer.
+    `commit(result)` records the outcome (once; the same result again is accepted)."""
+
+    STARTED, UNKNOWN, COMMITTED = "started", "unknown", "committed"
+
+    def __init__(self, key: str, answer: dict, commit=None):
+        self.key = key
+        self._commit = commit
+        self._update(answer)
+
+    def _update(self, answer: dict) -> None:
+        try:
+            self.state = str(answer["state"])
+            self.effect_id = str(answer["effect_id"])
+            self.attempt = int(answer["attempt"])
+        except (KeyError, TypeError, ValueError):
+            raise ServerError(200, "invalid_response", "Unexpected effect answer.") from None
+        self.result = answer.get("result")
+
+    @property
+    def committed(self) -> bool:
+        return self.state == self.COMMITTED
+
+    def commit(self, result: Any = None) -> Any:
+        """Record `result` (any JSON) as the effect's outcome and return it. Raises
+        LeaseLost when the claim is no longer current (nothing recorded), and
+        EffectAlreadyCommitted when another result is recorded already."""
+        if self._commit is None:
+            raise RuntimeError("this Effect is not bound to a claim")
+        self._update(self._commit(result))
+        return self.result
+
+    def __repr__(self) -> str:  # the result may be private: not printed
+        return (f"Effect(key={self.key!r}, state={self.state!r}, effect_id={self.effect_id!r}, "
+                f"attempt={self.attempt})")
+
+
 # --- the client --------------------------------------------------------------------------
 
 # A claim-next whose answer is lost (a transport error, a 5xx) is sent again this many times
 # in all, with the same Idempotency-Key: the server answers the claim(s) the first one made.
 CLAIM_SENDS = 3
 HOLDER_MAX = 200
+# An effect's begin or commit whose answer is lost (a transport error, 5xx, 429) is sent
+# again this many times in all: both are safe to repeat (the same attempt's begin answers
+# the same; the same result again is accepted unchanged).
+EFFECT_SENDS = 3
 
 
 def default_holder() -> str:
@@ -561,6 +640,68 @@ class AgentClient(ApiClient):
         {"current": True, "lease_state", ...} or {"current": False, "code", "final_status"?}
         (final_status: how the job ended, when this claim's own report ended it)."""
         return self._json(self._request("GET", f"jobs/{job_id}/claims/{claim_id}"))
+
+    # -- the effect ledger (docs/effects.md) --
+
+    def _effect_request(self, method: str, path: str, body: dict) -> dict:
+        for send in range(1, EFFECT_SENDS + 1):
+            try:
+                return self._json(self._request(method, path, json=body))
+            except ApiError as exc:
+                if not exc.transient or send == EFFECT_SENDS:
+                    raise
+                time.sleep(min(5.0, exc.retry_after if exc.retry_after is not None
+                               else 0.2 * send))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def begin_effect(self, job_id: str, claim_id: str, key: str) -> Effect:
+        """POST jobs/{id}/effects/{key}/begin: begin the effect `key` for this claim's
+        attempt, or learn that an earlier attempt did (Effect.state). Raises LeaseLost when
+        the claim is no longer current, InvalidRequest for a bad key."""
+        check_effect_key(key)
+        answer = self._effect_request("POST", f"jobs/{job_id}/effects/{key}/begin",
+                                      {"claim_id": claim_id})
+        return Effect(key, answer, lambda result: self._commit_answer(
+            job_id, claim_id, key, result))
+
+    def _commit_answer(self, job_id: str, claim_id: str, key: str, result: Any) -> dict:
+        return self._effect_request("PUT", f"jobs/{job_id}/effects/{key}",
+                                    {"claim_id": claim_id, "result": result})
+
+    def commit_effect(self, job_id: str, claim_id: str, key: str, result: Any) -> Effect:
+        """PUT jobs/{id}/effects/{key}: record `result` as the outcome of the effect `key`
+        this attempt began. Raises EffectNotBegun (not begun by this attempt),
+        EffectAlreadyCommitted (another result is recorded), LeaseLost (the claim is no
+        longer current; nothing recorded)."""
+        check_effect_key(key)
+        return Effect(key, self._commit_answer(job_id, claim_id, key, result))
+
+    @contextlib.contextmanager
+    def effect(self, claim: Claim, key: str):
+        """Begin the effect `key` of the claimed job and hand over its Effect:
+
+            with client.effect(claim, "charge-card") as fx:
+                if fx.committed:
+                    charge = fx.result          # done by an earlier attempt: not again
+                else:                           # started, or unknown: reconcile
+                    charge = provider.charge(..., idempotency_key=fx.effect_id)
+                    fx.commit(charge)
+
+        The block always runs (a `with` cannot skip it): look at `fx.committed`. Leaving it
+        without `fx.commit()` (an exception, or not) records nothing: the entry stays begun,
+        and the next attempt's begin answers `unknown` with the same effect_id."""
+        yield self.begin_effect(claim.job_id, claim.claim_id, key)
+
+    def run_effect(self, claim: Claim, key: str, fn) -> Any:
+        """Do the effect `key` at most once across the job's attempts: begin it; when it is
+        committed, return the recorded result without calling `fn`; else call `fn(effect)`
+        (effect.state "started" or "unknown", effect.effect_id the idempotency key) and
+        commit what it returns, which is returned. An exception from `fn` propagates and
+        records nothing (the next attempt's begin answers `unknown`)."""
+        fx = self.begin_effect(claim.job_id, claim.claim_id, key)
+        if fx.committed:
+            return fx.result
+        return fx.commit(fn(fx))
 
     def append_log(self, job_id: str, claim_id: str, data: bytes, start: int) -> int:
         """Append `data` at byte `start` of the claim's attempt's log (GitLab's trace

@@ -381,6 +381,12 @@ class ProducerClient(ApiClient):
         uploaded), each {"name", "size", "sha256", "attempt", "content_type"}."""
         return self._get(f"jobs/{_segment(job_id)}/artifacts")["results"]
 
+    def list_effects(self, job_id: str) -> list[dict]:
+        """GET jobs/{job_id}/effects: the job's effect ledger, oldest first, each {"effect_id",
+        "key", "state" (started or committed), "attempt", "earlier_attempt", "begun_at",
+        "committed_attempt", "committed_at", "result"} (docs/effects.md)."""
+        return self._get(f"jobs/{_segment(job_id)}/effects")["results"]
+
     def download_artifact(self, job_id: str, name: str,
                           dest: str | os.PathLike | IO[bytes]) -> dict:
         """GET jobs/{job_id}/artifacts/{name}, streamed (never held in memory) into `dest`:

@@ -4,7 +4,8 @@ Threads: the caller's thread runs the claim loop (`Agent.run`); each claimed job
 own thread (child process, then report); one heartbeat thread renews every lease the agent
 holds, at the interval each claim suggests (batch path when the agent runs several jobs at once
 and the server has it, single path otherwise); with several jobs at once, one reporter thread
-sends the terminal reports that are waiting together in one batch report (ReportBatcher).
+sends the terminal reports that are waiting together in one batch report (ReportBatcher);
+while a job's child runs, a thread of effects.EffectServer serves it the job's effect ledger.
 
 Guarantees the agent keeps:
 - it publishes (reports) only while it believes it holds the claim; once a heartbeat or a report
@@ -14,7 +15,9 @@ Guarantees the agent keeps:
   heartbeats continue meanwhile; a terminal report is retried after a lost response (the server
   answers 200 again to an identical retry);
 - dispatch_context reaches the child only through a 0600 file named by JOB_CONTEXT_FILE, and is
-  never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children;
+  never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children,
+  nor the claim_id: the child reaches the job's effect ledger through the agent
+  (JOB_EFFECT_SOCKET, effects.py), which calls the service with the current claim;
 - what the child leaves in its directory is read only by workdir.read_child_file (no link
   followed, nothing that blocks, regular files only, at most the cap + 1 byte), so no result
   file can wedge the agent or exhaust its memory; job directories of dead agents are removed
@@ -50,6 +53,7 @@ from .client import (
     TransportError,
     Unsupported,
 )
+from .effects import EffectServer
 from .version import __version__
 from .workdir import ARTIFACTS_DIR, ChildFileError, JobDir, base_dir, remove_stale_dirs
 
@@ -280,8 +284,8 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
     output as it comes (the job's log); `on_exit(jobdir, outcome)` runs once the child is
     done. The previous attempt's `checkpoint`, if any, is in JOB_CHECKPOINT_FILE; the child
     may write a new one to JOB_CHECKPOINT_OUT (`on_jobdir(jobdir)` lets the caller watch
-    it). The directory (and JOB_ARTIFACTS_DIR in it) is removed afterwards, whatever
-    happened.
+    it, and may return more JOB_* variables: JOB_EFFECT_SOCKET). The directory (and
+    JOB_ARTIFACTS_DIR in it) is removed afterwards, whatever happened.
     """
     outcome = ChildOutcome()
     jobdir = JobDir()
@@ -302,9 +306,9 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
         if checkpoint is not None:
             extra["JOB_CHECKPOINT_FILE"] = jobdir.write_private(
                 CHECKPOINT_FILE, json.dumps(checkpoint).encode())
-        env = child_environment(spec, extra)
         if on_jobdir is not None:
-            on_jobdir(jobdir)
+            extra.update(on_jobdir(jobdir) or {})
+        env = child_environment(spec, extra)
         try:
             # The child holds the directory's lock too: an orphan of a killed agent keeps
             # its directory until it ends (workdir.remove_stale_dirs).
@@ -1089,16 +1093,23 @@ class Agent:
 
             if claim.checkpoint is not None:
                 log_event("resuming", job=claim.job_id, attempt=claim.attempt)
+            ledger = EffectServer(self.client, lease)  # JOB_EFFECT_SOCKET (effects.py)
+
+            def on_jobdir(jobdir):
+                lease.watch(jobdir)
+                return ledger.open(jobdir, spec.env.get("PATH", os.environ.get("PATH", "")))
+
             try:
                 outcome = run_child(
                     spec, job_id=claim.job_id, attempt=claim.attempt,
                     context=claim.job.get("dispatch_context"), stop=lease.stop_child,
                     kill_grace=self.options.kill_grace, on_output=stream.feed,
-                    on_exit=on_exit, checkpoint=claim.checkpoint, on_jobdir=lease.watch,
+                    on_exit=on_exit, checkpoint=claim.checkpoint, on_jobdir=on_jobdir,
                     fencing_token=claim.fencing_token,
                 )
             finally:
                 stream.close(timeout=0)
+                ledger.close()
                 lease.watch(None)
             took = time.monotonic() - started
             if lease.lost:

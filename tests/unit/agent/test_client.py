@@ -61,6 +61,8 @@ def response(status, body=None, headers=None, raw=None):
     (409, "job_not_claimable", api.NotClaimable),
     (409, "agent_paused", api.NotClaimable),
     (409, "invalid_transition", api.Conflict),
+    (409, "effect_already_committed", api.EffectAlreadyCommitted),
+    (409, "effect_not_begun", api.EffectNotBegun),
     (400, "validation_error", api.InvalidRequest),
     (413, "payload_too_large", api.InvalidRequest),
     (415, "unsupported_media_type", api.InvalidRequest),
@@ -440,3 +442,43 @@ def test_a_network_error_carries_the_address_it_tried():
     assert caught.value.code == "network_error"
     assert caught.value.url.startswith("http://jq.test:9/v1/workspaces/ws/job-agents/ag/jobs")
     assert "secret" not in caught.value.url
+
+
+# --- the effect ledger -----------------------------------------------------------------------
+
+
+def test_an_effects_lost_answer_is_sent_again_and_its_begin_is_bound_to_commit(monkeypatch):
+    monkeypatch.setattr(api.time, "sleep", lambda s: None)
+    answer = {"state": "unknown", "effect_id": "e1", "attempt": 1}
+    c, server = make(httpx.ReadError("lost"), (503, {"code": "unavailable"}), (200, answer),
+                     (200, {**answer, "state": "committed", "attempt": 2, "result": [1]}))
+    fx = c.begin_effect("j1", "c1", "charge-card")
+    assert (fx.key, fx.state, fx.effect_id, fx.attempt, fx.result) == (
+        "charge-card", "unknown", "e1", 1, None)
+    assert server.seen == [("POST", "/v1/workspaces/ws/jobs/j1/effects/charge-card/begin",
+                            {"claim_id": "c1"})] * 3
+    assert fx.commit([1]) == [1] and fx.committed and fx.attempt == 2
+    assert server.seen[-1] == ("PUT", "/v1/workspaces/ws/jobs/j1/effects/charge-card",
+                               {"claim_id": "c1", "result": [1]})
+
+
+def test_an_effect_is_not_sent_again_after_a_refusal_nor_more_than_three_times(monkeypatch):
+    monkeypatch.setattr(api.time, "sleep", lambda s: None)
+    c, server = make((409, {"code": "claim_superseded"}))
+    with pytest.raises(api.LeaseLost):
+        c.begin_effect("j1", "c1", "k")
+    assert len(server.seen) == 1
+    c, server = make(*[httpx.ConnectError("refused")] * 3)
+    with pytest.raises(api.TransportError):
+        c.commit_effect("j1", "c1", "k", None)
+    assert len(server.seen) == api.EFFECT_SENDS == 3
+
+
+@pytest.mark.parametrize("key", ["", ".", "..", "...", "a/b", "a b", "k" * 201, None])
+def test_a_key_no_path_can_carry_is_refused_without_a_request(key):
+    c, server = make()
+    with pytest.raises(api.InvalidRequest) as exc:
+        c.begin_effect("j1", "c1", key)
+    assert exc.value.code == "validation_error" and "key" in exc.value.fields
+    assert server.seen == []
+    assert api.check_effect_key("a..b") == "a..b" and api.check_effect_key(".k") == ".k"
