@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
-from jobqueue import states
+from jobqueue import fencing, states
 from jobqueue.exceptions import InvalidInput
 from jobqueue.lifecycle import inputs
 from jobqueue.models import JobAgent, WebhookDelivery, WebhookEndpoint
@@ -366,7 +366,10 @@ class JobDetailSerializer(JobSerializer):
 
 
 class ClaimInfoSerializer(serializers.Serializer):
-    claim_id = serializers.UUIDField(help_text="Fencing token: send it with every write.")
+    claim_id = serializers.UUIDField(
+        help_text="Send it with every write about the job: it fences the service's record "
+        "(fencing_token is for resources outside the service)."
+    )
     lease_seconds = serializers.IntegerField()
     claim_expires_at = serializers.DateTimeField()
     attempt = serializers.IntegerField()
@@ -377,9 +380,19 @@ class ClaimInfoSerializer(serializers.Serializer):
     checkpoint = serializers.JSONField(
         allow_null=True, help_text="The latest checkpoint an earlier attempt saved (null: none)."
     )
+    fencing_token = serializers.SerializerMethodField(
+        help_text="A compact JWS (EdDSA, Ed25519; `kid` in its header) of {iss, job_id, "
+        "workspace_id, attempt, claim_id, iat, exp: the lease's end at claim time}, "
+        "verifiable offline with GET /v1/.well-known/jwks.json. Hand it to outside resources: "
+        "`attempt` orders a job's claims (docs/effects.md, fencing)."
+    )
 
     class Meta:
         ref_name = "ClaimInfo"
+
+    @extend_schema_field(serializers.CharField())
+    def get_fencing_token(self, grant) -> str:
+        return fencing.token_for(grant)
 
 
 class ClaimResponseSerializer(serializers.Serializer):

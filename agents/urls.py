@@ -22,7 +22,7 @@ from .views import (
     TokenViewSet,
     WebhookViewSet,
 )
-from .views.meta import VersionView
+from .views.meta import JwksView, VersionView
 
 
 class AnyId:
@@ -70,5 +70,6 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("version", VersionView.as_view(), name="api-version"),
+    path(".well-known/jwks.json", JwksView.as_view(), name="api-jwks"),
     *router.urls,
 ]

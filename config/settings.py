@@ -327,6 +327,16 @@ JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] = _env(env.float, "AGENT_SEEN_WRITE_SECONDS
 # The oldest jobqueue-client (major.minor, read from its User-Agent) this server supports: an
 # older one is logged once per version and process, WARNING (agents/middleware.py). Requests
 # are answered all the same. GET /v1/version says it too.
+# Fencing tokens (jobqueue/fencing.py, docs/effects.md): the Ed25519 keys, PEM files, comma
+# separated. The first (a private key) signs every claim's `fencing_token`; the others (private
+# or public) are only published at /v1/.well-known/jwks.json, so that tokens a retired key
+# signed still verify while they may live. Unset: a key generated at first use in
+# var/fencing_key.pem (0600), like the secret key. `iss` of every token, and how long clients
+# may cache the key set.
+JOBQUEUE["FENCING_KEY_FILES"] = env.list("JOBQUEUE_FENCING_KEY_FILES",
+                                         default=DEFAULTS["FENCING_KEY_FILES"])
+JOBQUEUE["FENCING_ISSUER"] = _env(env.str, "FENCING_ISSUER")
+JOBQUEUE["JWKS_MAX_AGE_SECONDS"] = _env(env.int, "JWKS_MAX_AGE_SECONDS")
 JOBQUEUE["MIN_CLIENT_VERSION"] = _env(env.str, "MIN_CLIENT_VERSION")
 if not re.fullmatch(r"\d{1,6}(\.\d{1,6})?", JOBQUEUE["MIN_CLIENT_VERSION"]):
     raise ImproperlyConfigured("JOBQUEUE_MIN_CLIENT_VERSION must be MAJOR.MINOR, e.g. 0.2")

@@ -31,3 +31,9 @@ class JobQueueConfig(AppConfig):
     def ready(self):
         post_migrate.connect(install_statement_functions, sender=self,
                              dispatch_uid="jobqueue.install_statement_functions")
+
+        from django.core import checks
+
+        from jobqueue import fencing
+
+        checks.register(fencing.check_keys)

@@ -70,6 +70,10 @@ DEFAULTS = {
     "MAX_REQUEST_BYTES": 1024 * 1024,
     "AGENT_SEEN_WRITE_SECONDS": 15.0,
     "PREPARED_STATEMENTS": True,
+    # Fencing tokens (jobqueue/fencing.py): key files (none: var/fencing_key.pem), `iss`.
+    "FENCING_KEY_FILES": [],
+    "FENCING_ISSUER": "jobqueue",
+    "JWKS_MAX_AGE_SECONDS": 300,
     # The oldest jobqueue-client (major.minor) the API supports; older ones are logged.
     "MIN_CLIENT_VERSION": "0.2",
 }

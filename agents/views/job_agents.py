@@ -16,7 +16,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from jobqueue import lifecycle, states
+from jobqueue import fencing, lifecycle, states
 from jobqueue.models import Job, JobAgent, Workspace
 
 from .. import health
@@ -158,6 +158,7 @@ class JobAgentViewSet(ApiViewSet):
         body = request.data
         data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimInput)
         agent = self.agent_in_path()
+        fencing.signing_key()  # a key that cannot sign fails here, before anything is claimed
         grant = lifecycle.claim_job(agent, self.path_uuid("job_id"), holder=data.get("holder"),
                                     expected_attempt=data.get("expected_attempt"))
         return Response(claim_body(grant))
@@ -191,6 +192,7 @@ class JobAgentViewSet(ApiViewSet):
         body = request.data
         data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimNextInput)
         agent = self.agent_in_path()
+        fencing.signing_key()  # a key that cannot sign fails here, before anything is claimed
         holder = data.get("holder")
         key = request.headers.get("Idempotency-Key")
         grants = lifecycle.claim_next(agent, data.get("limit"), data.get("wait_seconds"),

@@ -49,6 +49,20 @@ def test_requirements_pin_exactly_what_the_pyprojects_declare():
         assert pin.extras == wanted.extras, name
 
 
+def test_the_clients_fencing_extra_is_what_the_server_signs_with():
+    """Verifying fencing tokens is optional for the agent (`jobqueue-client[fencing]`); the
+    extra declares the server's own ranges of the JOSE library and its crypto backend."""
+    project = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
+    extra = {canonicalize_name(r.name): r
+             for r in map(Requirement, project["optional-dependencies"]["fencing"])}
+    server = declared(ROOT / "pyproject.toml")
+    assert set(extra) == {"pyjwt", "cryptography"}
+    for name, req in extra.items():
+        assert req.specifier == server[name].specifier, name
+        [pin] = pinned()[name].specifier
+        assert req.specifier.contains(pin.version), f"the {name} pin is outside the extra"
+
+
 def test_both_distributions_admit_python_3_11_and_3_12():
     for pyproject in (ROOT / "pyproject.toml", CLIENT / "pyproject.toml"):
         project = tomllib.loads(pyproject.read_text())["project"]

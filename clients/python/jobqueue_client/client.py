@@ -218,6 +218,9 @@ class Claim:
     server_time: dt.datetime
     # What an earlier attempt saved for this one to resume from (None: nothing).
     checkpoint: Any = field(default=None, repr=False)
+    # The claim's signed fencing token (a compact JWS), for outside resources to verify
+    # offline (fencing.verify_fencing_token; None from a server that sends none).
+    fencing_token: str | None = field(default=None, repr=False)
 
     @property
     def job_id(self) -> str:
@@ -242,6 +245,7 @@ class Claim:
             claim_expires_at=parse_time(claim["claim_expires_at"]),
             server_time=parse_time(claim.get("server_time") or claim["claim_expires_at"]),
             checkpoint=claim.get("checkpoint"),
+            fencing_token=claim.get("fencing_token"),
         )
 
     def __repr__(self) -> str:  # never print dispatch_context

@@ -273,7 +273,7 @@ def stop_process_group(proc: subprocess.Popen, grace: float) -> None:
 def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
               stop: threading.Event, kill_grace: float = 5.0,
               on_start=None, on_output=None, on_exit=None, checkpoint: Any = None,
-              on_jobdir=None) -> ChildOutcome:
+              on_jobdir=None, fencing_token: str | None = None) -> ChildOutcome:
     """Run the job's command to completion, timeout, or until `stop` is set.
 
     The child runs in its own process group (so that stopping it stops what it started) with
@@ -300,6 +300,9 @@ def run_child(spec: JobSpec, *, job_id: str, attempt: int, context: Any,
             "JOB_ARTIFACTS_DIR": jobdir.file(ARTIFACTS_DIR),
             "JOB_CHECKPOINT_OUT": jobdir.file(CHECKPOINT_OUT_FILE),
         }
+        if fencing_token:
+            # The claim's signed token, for outside resources that fence (docs/effects.md).
+            extra["JOB_FENCING_TOKEN"] = fencing_token
         if checkpoint is not None:
             extra["JOB_CHECKPOINT_FILE"] = jobdir.write_private(
                 CHECKPOINT_FILE, json.dumps(checkpoint).encode())
@@ -1103,7 +1106,7 @@ class Agent:
                     context=claim.job.get("dispatch_context"), stop=lease.stop_child,
                     kill_grace=self.options.kill_grace, on_output=stream.feed,
                     on_exit=on_exit, checkpoint=claim.checkpoint, on_jobdir=on_jobdir,
-                    on_start=ledger.admit,
+                    on_start=ledger.admit, fencing_token=claim.fencing_token,
                 )
             finally:
                 stream.close(timeout=0)

@@ -288,6 +288,27 @@ def test_the_version_is_public_to_every_caller(world):
     assert _snapshot() == before
 
 
+def test_the_jwks_is_public_to_every_caller(world):
+    """GET /v1/.well-known/jwks.json (the keys that verify fencing tokens) answers everyone
+    alike, with or without a credential, a valid or a malformed one, cacheable; it changes
+    nothing and publishes no private part."""
+    before = _snapshot()
+    callers = [world.anonymous(), world.producer(), world.agent_caller(),
+               world.anonymous().with_headers({"X-API-Key": "nonsense"}),
+               world.anonymous().with_headers({"Authorization": "Bearer jqa_short_x"})]
+    answers = []
+    for caller in callers:
+        r = caller.get("/v1/.well-known/jwks.json")
+        assert r.status_code == 200, r.content
+        assert "WWW-Authenticate" not in r.headers
+        assert r.headers["Cache-Control"].startswith("public, max-age=")
+        answers.append(r.json())
+    assert all(a == answers[0] for a in answers)
+    [key] = answers[0]["keys"]
+    assert set(key) == {"kty", "crv", "x", "kid", "alg", "use"}  # no "d"
+    assert _snapshot() == before
+
+
 @pytest.mark.parametrize("name", ["read_log", "download_artifact"])
 def test_head_is_refused_as_get_is_and_writes_nothing(world, targets, name):
     """HEAD (which once ran the write path of these endpoints) answers each caller with the

@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+from jobqueue_client import verify_fencing_token
 
 from jobqueue import lifecycle, states
 from jobqueue.models import Job, JobClaim, JobEvent
@@ -188,6 +189,12 @@ def test_a_held_claim_gets_a_job_posted_by_a_producer(server):
         r = result["r"]
         assert r.status_code == 200 and r.json()["job"]["id"] == created.json()["id"]
         assert result["at"] - posted < 5.0  # the wake-up: the re-check is every 60 s here
+        # The woken claim carries its fencing token, verifiable with the served key set.
+        token = r.json()["claim"]["fencing_token"]
+        claims = verify_fencing_token(token, producer.get("/v1/.well-known/jwks.json").json(),
+                                      workspace_id=str(world.workspace.id))
+        assert (claims.job_id, claims.attempt, claims.claim_id) == (
+            created.json()["id"], 1, r.json()["claim"]["claim_id"])
 
         # the producer waits for the end, which the agent reports
         job_id, claim_id = r.json()["job"]["id"], r.json()["claim"]["claim_id"]

@@ -60,7 +60,7 @@ def _drive(live_server, api_target, mode, checks):
     assert len(operations) >= 20
     for operation in operations:
         if mode == GenerationMode.NEGATIVE and not takes_input(operation):
-            continue  # GET /v1/version: nothing a request could get wrong
+            continue  # GET /v1/version, the JWKS: nothing a request could get wrong
 
         @given(case=operation.as_strategy(generation_mode=mode))
         @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
@@ -122,8 +122,13 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "jobs/{job_id}/effects/{key}/begin",
     ]:
         assert base + path in paths, path
-    # The public version (no credential needed; tests/integration/ops/test_versions.py).
+    # The public version (no credential needed; tests/integration/ops/test_versions.py) and
+    # the fencing tokens' key set (tests/integration/api/test_fencing.py).
     assert "/v1/version" in paths
+    assert "/v1/.well-known/jwks.json" in paths
+    claim_info = doc["components"]["schemas"]["ClaimInfo"]
+    assert "fencing_token" in claim_info["required"]
+    assert claim_info["properties"]["fencing_token"]["type"] == "string"
     schemes = doc["components"]["securitySchemes"]
     assert schemes["workspaceApiKey"]["name"] == "X-API-Key"
     assert schemes["agentToken"]["scheme"] == "bearer"

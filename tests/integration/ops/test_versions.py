@@ -63,7 +63,8 @@ def test_the_landing_page_links_the_docs_the_schema_and_the_admin(client, path):
     page = client.get(path)
     assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
     html = page.content.decode()
-    for link in ('href="/v1/docs/"', 'href="/v1/schema/"', 'href="/admin/"'):
+    for link in ('href="/v1/docs/"', 'href="/v1/schema/"', 'href="/admin/"',
+                 'href="/v1/.well-known/jwks.json"'):
         assert link in html
     assert jobqueue.__version__ in html
     # Each link answers (the admin with its login page).

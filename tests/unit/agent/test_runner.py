@@ -98,6 +98,13 @@ def test_exit_zero_is_success_and_the_result_file_becomes_the_result():
     assert "working on job-1/2" in out.output_tail
 
 
+def test_the_claims_fencing_token_is_in_the_childs_environment():
+    out = run(sh('echo "token=${JOB_FENCING_TOKEN-unset}"'), fencing_token="h.p.s")
+    assert "token=h.p.s" in out.output_tail
+    out = run(sh('echo "token=${JOB_FENCING_TOKEN-unset}"'))  # an older server: none
+    assert "token=unset" in out.output_tail
+
+
 def test_non_zero_exit_is_failure_with_the_output_tail_as_message():
     out = run(sh("echo first; echo boom >&2; exit 3"))
     assert not out.succeeded and out.returncode == 3

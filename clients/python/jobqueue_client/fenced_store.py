@@ -1,0 +1,174 @@
+"""A fenced store: the worked example of an outside resource that fences off stale workers by
+itself (docs/effects.md, "Fencing at outside resources"; Kleppmann's fencing tokens).
+
+A worker whose lease ran out (a long GC pause, a stopped VM, a partition) may still believe
+it holds its job, while the service has reaped the claim and handed the job to another
+worker. The service refuses the stale worker's writes (its claim_id no longer matches), but
+an outside resource (a bucket, a database, a payment API) cannot ask the service before each
+write. It does not need to: every claim carries a fencing token signed by the service, and
+its `attempt` only grows for a job. The store keeps, per job, the highest attempt it has
+seen, and refuses a write with a lower one. The key set is fetched once, at start; after
+that the store never contacts the service.
+
+    store = FencedStore(fetch_jwks("https://jobs.example"), workspace_id="...")
+    store.write(claim.fencing_token, "report.csv", data)   # or raises StaleAttempt
+
+`python -m jobqueue_client.fenced_store --server URL --port 8765` serves one over HTTP
+(POST /write {"token", "key", "value"}; GET /read?key=...), for trying it out and for the
+acceptance test. Needs the `fencing` extra: pip install 'jobqueue-client[fencing]'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .fencing import FencingClaims, FencingTokenError, fetch_jwks, verify_fencing_token
+
+
+class StaleAttempt(Exception):
+    """A write with an attempt lower than the highest the store has seen for its job."""
+
+    def __init__(self, claims: FencingClaims, highest: int):
+        super().__init__(
+            f"refused: job {claims.job_id} attempt {claims.attempt} is stale, the store has "
+            f"seen attempt {highest} (a newer claim of the job)"
+        )
+        self.claims = claims
+        self.highest = highest
+
+
+@dataclass(frozen=True)
+class Stored:
+    value: Any
+    job_id: str
+    attempt: int
+    claim_id: str
+
+
+class FencedStore:
+    """Values by key, each write fenced by a verified token: a write whose attempt is lower
+    than the highest seen for its job is refused (StaleAttempt); an equal or higher one is
+    accepted (and a higher one raises the bar). Thread-safe; in memory (a real resource keeps
+    `highest` next to its data, in the same transaction as the write).
+
+    `check_expiry` is off by default: a token's `exp` is its lease's end at claim time, and a
+    heartbeat extends the lease but not the token, so a long job's later writes would be
+    refused; the attempt order fences without any clock."""
+
+    def __init__(self, jwks: dict, *, workspace_id: str | None = None,
+                 issuer: str | None = "jobqueue", check_expiry: bool = False):
+        self.jwks = jwks
+        self.workspace_id = workspace_id
+        self.issuer = issuer
+        self.check_expiry = check_expiry
+        self._lock = threading.Lock()
+        self._highest: dict[str, int] = {}
+        self._data: dict[str, Stored] = {}
+
+    def verify(self, token: str) -> FencingClaims:
+        return verify_fencing_token(token, self.jwks, workspace_id=self.workspace_id,
+                                    issuer=self.issuer, check_expiry=self.check_expiry)
+
+    def write(self, token: str, key: str, value: Any) -> FencingClaims:
+        """Store `value` under `key` for the token's claim; raises FencingTokenError (the
+        token does not verify) or StaleAttempt (a newer attempt of the job has written)."""
+        claims = self.verify(token)
+        with self._lock:
+            highest = self._highest.get(claims.job_id, 0)
+            if claims.attempt < highest:
+                raise StaleAttempt(claims, highest)
+            self._highest[claims.job_id] = claims.attempt
+            self._data[key] = Stored(value, claims.job_id, claims.attempt, claims.claim_id)
+        return claims
+
+    def read(self, key: str) -> Stored | None:
+        with self._lock:
+            return self._data.get(key)
+
+    def highest_attempt(self, job_id: str) -> int:
+        with self._lock:
+            return self._highest.get(str(job_id), 0)
+
+
+def _handler(store: FencedStore):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format, *args):  # noqa: A002 - the base class's name
+            pass
+
+        def _answer(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):  # noqa: N802 - http.server's name
+            if urlsplit(self.path).path != "/write":
+                return self._answer(404, {"code": "not_found"})
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                token, key, value = body["token"], str(body["key"]), body.get("value")
+            except (ValueError, KeyError, TypeError):
+                return self._answer(400, {"code": "bad_request",
+                                          "detail": 'JSON {"token", "key", "value"}'})
+            try:
+                claims = store.write(token, key, value)
+            except FencingTokenError as exc:
+                return self._answer(401, {"code": "invalid_token", "reason": exc.reason,
+                                          "detail": str(exc)})
+            except StaleAttempt as exc:
+                return self._answer(409, {"code": "stale_attempt", "detail": str(exc),
+                                          "attempt": exc.claims.attempt,
+                                          "highest_attempt": exc.highest})
+            return self._answer(200, {"accepted": True, "job_id": claims.job_id,
+                                      "attempt": claims.attempt})
+
+        def do_GET(self):  # noqa: N802
+            url = urlsplit(self.path)
+            if url.path != "/read":
+                return self._answer(404, {"code": "not_found"})
+            key = parse_qs(url.query).get("key", [""])[0]
+            stored = store.read(key)
+            if stored is None:
+                return self._answer(404, {"code": "not_found"})
+            return self._answer(200, {"key": key, "value": stored.value,
+                                      "job_id": stored.job_id, "attempt": stored.attempt})
+
+    return Handler
+
+
+def serve(store: FencedStore, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """An HTTP server for `store` (not started: call serve_forever())."""
+    return ThreadingHTTPServer((host, port), _handler(store))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m jobqueue_client.fenced_store",
+        description="A fenced store over HTTP: fetches the service's key set once, then "
+        "verifies every write's fencing token offline and refuses stale attempts.")
+    parser.add_argument("--server", required=True, help="the service's base URL (JWKS)")
+    parser.add_argument("--workspace", help="accept only this workspace's tokens")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args(argv)
+    store = FencedStore(fetch_jwks(args.server), workspace_id=args.workspace)
+    httpd = serve(store, args.host, args.port)
+    print(f"fenced store listening on http://{args.host}:{httpd.server_address[1]}", flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""Fencing tokens without a database: the server's signing and key set (jobqueue/fencing.py),
+the client's offline verifier (jobqueue_client.fencing) and its fenced store, and the bad
+inputs a verifier meets (malformed, foreign-signed, expired, another workspace or issuer)."""
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.exceptions import ImproperlyConfigured
+from jobqueue_client import (
+    FencingTokenError,
+    FencingUnavailable,
+    fetch_jwks,
+    verify_fencing_token,
+)
+from jobqueue_client import fencing as client_fencing
+from jobqueue_client.client import Claim
+from jobqueue_client.fenced_store import FencedStore, StaleAttempt, serve
+
+from jobqueue import fencing
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
+WS = str(uuid.uuid4())
+
+
+@dataclass
+class FakeJob:
+    id: uuid.UUID
+    workspace_id: uuid.UUID
+
+
+@dataclass
+class FakeGrant:
+    job: FakeJob
+    claim_id: uuid.UUID
+    attempt: int
+    claimed_at: dt.datetime
+    claim_expires_at: dt.datetime
+
+
+def grant(attempt=1, job_id=None, workspace_id=WS, lease=60, at=T0):
+    return FakeGrant(FakeJob(job_id or uuid.uuid4(), uuid.UUID(workspace_id)), uuid.uuid4(),
+                     attempt, at, at + dt.timedelta(seconds=lease))
+
+
+def pem_file(path: Path, key=None, public=False) -> Path:
+    key = key or Ed25519PrivateKey.generate()
+    if public:
+        data = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                             serialization.PublicFormat.SubjectPublicKeyInfo)
+    else:
+        data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def keyfiles(tmp_path, settings):
+    """Two keys configured: the first signs, the second is only published."""
+    files = [pem_file(tmp_path / "new.pem"), pem_file(tmp_path / "old.pem")]
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(f) for f in files]}
+    return files
+
+
+def at(seconds):
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+# --- the server side ----------------------------------------------------------------------
+
+
+def test_a_token_carries_the_contracts_payload_and_header(keyfiles):
+    g = grant(attempt=3)
+    token = fencing.token_for(g)
+    header = jwt.get_unverified_header(token)
+    assert header["alg"] == "EdDSA" and header["kid"] == fencing.signing_key().kid
+    payload = jwt.decode(token, options={"verify_signature": False})
+    assert payload == {
+        "iss": "jobqueue", "job_id": str(g.job.id), "workspace_id": WS, "attempt": 3,
+        "claim_id": str(g.claim_id), "iat": int(T0.timestamp()),
+        # the lease's end at claim time, rounded down: never later than the lease
+        "exp": int(T0.timestamp()) + 60,
+    }
+
+
+def test_the_key_set_publishes_every_key_by_its_thumbprint_and_nothing_private(keyfiles):
+    published = fencing.jwks()["keys"]
+    assert [k["kid"] for k in published] == [k.kid for k in fencing.keys()]
+    assert len(published) == 2
+    for jwk in published:
+        assert set(jwk) == {"kty", "crv", "x", "kid", "alg", "use"}
+        assert (jwk["kty"], jwk["crv"], jwk["alg"], jwk["use"]) == ("OKP", "Ed25519", "EdDSA",
+                                                                    "sig")
+    # RFC 7638, section 3.1's method, by hand: sha256 over the sorted required members.
+    import base64
+    import hashlib
+    first = published[0]
+    canonical = f'{{"crv":"Ed25519","kty":"OKP","x":"{first["x"]}"}}'.encode()
+    assert first["kid"] == base64.urlsafe_b64encode(
+        hashlib.sha256(canonical).digest()).rstrip(b"=").decode()
+
+
+def test_rotation_a_token_of_the_retired_key_still_verifies_while_it_is_published(
+        tmp_path, settings):
+    old = pem_file(tmp_path / "old.pem")
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(old)]}
+    old_token = fencing.token_for(grant())
+    old_set = fencing.jwks()
+    # Rotate: a new key signs; the old one stays published (as a public key only).
+    new = pem_file(tmp_path / "new.pem")
+    old_public = pem_file(tmp_path / "old.pub.pem",
+                          serialization.load_pem_private_key(old.read_bytes(), None), public=True)
+    settings.JOBQUEUE = {**settings.JOBQUEUE,
+                         "FENCING_KEY_FILES": [str(new), str(old_public)]}
+    new_set = fencing.jwks()
+    new_token = fencing.token_for(grant())
+    assert jwt.get_unverified_header(new_token)["kid"] != jwt.get_unverified_header(
+        old_token)["kid"]
+    assert [k["kid"] for k in new_set["keys"]][1] == old_set["keys"][0]["kid"]
+    for token in (old_token, new_token):
+        verify_fencing_token(token, new_set, check_expiry=False)
+    # A verifier still holding only the old set meets the new kid: a clear error.
+    with pytest.raises(FencingTokenError, match="does not hold") as exc:
+        verify_fencing_token(new_token, old_set, check_expiry=False)
+    assert exc.value.reason == "unknown_key"
+
+
+def test_a_public_key_cannot_sign_and_junk_is_refused_at_configuration(tmp_path, settings):
+    public = pem_file(tmp_path / "pub.pem", public=True)
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(public)]}
+    with pytest.raises(ImproperlyConfigured, match="private key"):
+        fencing.keys()
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a key")
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(junk)]}
+    with pytest.raises(ImproperlyConfigured, match="openssl genpkey"):
+        fencing.keys()
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(tmp_path / "none")]}
+    with pytest.raises(ImproperlyConfigured, match="cannot read"):
+        fencing.keys()
+    key = pem_file(tmp_path / "k.pem")
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(key), str(key)]}
+    with pytest.raises(ImproperlyConfigured, match="twice"):
+        fencing.keys()
+
+
+def test_unset_a_key_is_generated_under_var_once_mode_0600(tmp_path, settings):
+    settings.VAR_DIR = tmp_path / "var"
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": []}
+    [key] = fencing.keys()
+    path = tmp_path / "var" / "fencing_key.pem"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert key.private_key is not None
+    before = path.read_bytes()
+    fencing._cache.clear()
+    assert fencing.keys()[0].kid == key.kid and path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir()] == ["fencing_key.pem"]  # no leftovers
+
+
+def test_processes_starting_at_once_agree_on_one_generated_key(tmp_path):
+    """Eight processes generate the key at the same moment: one file, the same key for all."""
+    path = tmp_path / "fencing_key.pem"
+    code = ("import sys, time; from pathlib import Path; from jobqueue import fencing; "
+            "t = float(sys.argv[2]); time.sleep(max(0, t - time.time())); "
+            "fencing.generate_key_file(Path(sys.argv[1])); "
+            "print(fencing._load(Path(sys.argv[1]), must_sign=True).kid)")
+    import time
+    start = time.time() + 1.5
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(start)],
+                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(8)]
+    kids = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(kids) == 1 and "" not in kids
+    assert [p.name for p in tmp_path.iterdir()] == ["fencing_key.pem"]
+
+
+def test_the_issuer_comes_from_settings(keyfiles, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_ISSUER": "https://jobs.example"}
+    token = fencing.token_for(grant())
+    with pytest.raises(FencingTokenError, match="issued by 'https://jobs.example'") as exc:
+        verify_fencing_token(token, fencing.jwks(), check_expiry=False)
+    assert exc.value.reason == "wrong_issuer"
+    claims = verify_fencing_token(token, fencing.jwks(), issuer="https://jobs.example",
+                                  check_expiry=False)
+    assert claims.issuer == "https://jobs.example"
+
+
+# --- the client's verifier ----------------------------------------------------------------
+
+
+def test_a_token_verifies_offline_with_its_claims(keyfiles):
+    g = grant(attempt=2)
+    claims = verify_fencing_token(fencing.token_for(g), fencing.jwks(), workspace_id=WS,
+                                  now=at(59))
+    assert (claims.job_id, claims.workspace_id, claims.attempt, claims.claim_id) == (
+        str(g.job.id), WS, 2, str(g.claim_id))
+    assert claims.expires_at == at(60).replace(microsecond=0)
+    assert claims.issued_at == T0.replace(microsecond=0)
+
+
+def test_an_expired_token_is_refused_unless_expiry_is_not_checked(keyfiles):
+    token = fencing.token_for(grant(lease=60))
+    exp = int(T0.timestamp()) + 60
+    now = dt.datetime.fromtimestamp(exp, dt.UTC)
+    with pytest.raises(FencingTokenError, match="expired at") as exc:
+        verify_fencing_token(token, fencing.jwks(), now=now)
+    assert exc.value.reason == "expired"
+    verify_fencing_token(token, fencing.jwks(), now=now, leeway=5)
+    verify_fencing_token(token, fencing.jwks(), check_expiry=False)
+
+
+def test_a_token_of_another_workspace_is_refused(keyfiles):
+    token = fencing.token_for(grant())
+    other = str(uuid.uuid4())
+    with pytest.raises(FencingTokenError, match=f"not '{other}'") as exc:
+        verify_fencing_token(token, fencing.jwks(), workspace_id=other, check_expiry=False)
+    assert exc.value.reason == "wrong_workspace"
+
+
+def test_a_foreign_signed_token_is_refused(keyfiles, tmp_path):
+    """Signed by a key the service does not have: under a kid the set does not hold, or
+    (forged) under the service's own kid."""
+    foreign = Ed25519PrivateKey.generate()
+    payload = jwt.decode(fencing.token_for(grant()), options={"verify_signature": False})
+    unknown = jwt.encode(payload, foreign, algorithm="EdDSA", headers={"kid": "someone-else"})
+    with pytest.raises(FencingTokenError, match="'someone-else', which the key set does not"
+                       ) as exc:
+        verify_fencing_token(unknown, fencing.jwks(), check_expiry=False)
+    assert exc.value.reason == "unknown_key"
+    forged = jwt.encode({**payload, "attempt": 99}, foreign, algorithm="EdDSA",
+                        headers={"kid": fencing.signing_key().kid})
+    with pytest.raises(FencingTokenError, match="signature does not verify") as exc:
+        verify_fencing_token(forged, fencing.jwks(), check_expiry=False)
+    assert exc.value.reason == "bad_signature"
+
+
+def test_an_altered_payload_does_not_verify(keyfiles):
+    import base64
+    header, body, sig = fencing.token_for(grant(attempt=1)).split(".")
+    payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    payload["attempt"] = 7
+    raised = base64.urlsafe_b64encode(json.dumps(payload).encode()).rstrip(b"=").decode()
+    with pytest.raises(FencingTokenError) as exc:
+        verify_fencing_token(f"{header}.{raised}.{sig}", fencing.jwks(), check_expiry=False)
+    assert exc.value.reason == "bad_signature"
+
+
+@pytest.mark.parametrize("token, message", [
+    ("", "not a compact JWS"),
+    ("abc", "not a compact JWS"),
+    (None, "not a compact JWS"),
+    ("a.b.c", "malformed fencing token"),
+    ("eyJhbGciOiJFZERTQSJ9.e30.AAAA", "no kid"),  # {"alg": "EdDSA"}, {}
+    ("eyJhbGciOiJIUzI1NiIsImtpZCI6ImsifQ.e30.AAAA", "only EdDSA"),  # HS256
+    ("eyJhbGciOiJub25lIiwia2lkIjoiayJ9.e30.", "only EdDSA"),  # alg none
+])
+def test_a_malformed_token_gets_a_clear_error(keyfiles, token, message):
+    with pytest.raises(FencingTokenError, match=message) as exc:
+        verify_fencing_token(token, fencing.jwks())
+    assert exc.value.reason == "malformed"
+    assert str(exc.value).startswith(("malformed fencing token", "fencing token algorithm"))
+
+
+def test_a_signed_token_missing_members_or_with_a_bad_attempt_is_malformed(keyfiles):
+    key = fencing.signing_key()
+    full = jwt.decode(fencing.token_for(grant()), options={"verify_signature": False})
+
+    def signed(payload):
+        return jwt.encode(payload, key.private_key, algorithm="EdDSA", headers={"kid": key.kid})
+
+    with pytest.raises(FencingTokenError, match="no attempt, claim_id in its payload"):
+        verify_fencing_token(signed({k: v for k, v in full.items()
+                                     if k not in ("attempt", "claim_id")}), fencing.jwks())
+    for attempt in ("3", 1.5, True, None):
+        with pytest.raises(FencingTokenError, match="attempt an integer"):
+            verify_fencing_token(signed({**full, "attempt": attempt}), fencing.jwks(),
+                                 check_expiry=False)
+
+
+def test_the_key_set_must_be_a_jwk_set(keyfiles):
+    token = fencing.token_for(grant())
+    with pytest.raises(TypeError, match="JWK set"):
+        verify_fencing_token(token, {"nope": 1})
+    wrong_kind = {"keys": [{"kid": fencing.signing_key().kid, "kty": "RSA"}]}
+    with pytest.raises(FencingTokenError, match="not an Ed25519 key"):
+        verify_fencing_token(token, wrong_kind)
+    broken = {"keys": [{"kid": fencing.signing_key().kid, "kty": "OKP", "crv": "Ed25519",
+                        "x": "!!"}]}
+    with pytest.raises(FencingTokenError, match="not a usable Ed25519 key"):
+        verify_fencing_token(token, broken)
+    # A bare list of JWKs is a key set too.
+    verify_fencing_token(token, fencing.jwks()["keys"], check_expiry=False)
+
+
+def test_without_the_extra_the_verifier_names_it(keyfiles, monkeypatch):
+    token = fencing.token_for(grant())
+    monkeypatch.setitem(sys.modules, "jwt", None)  # import jwt -> ImportError
+    with pytest.raises(FencingUnavailable, match=r"jobqueue-client\[fencing\]"):
+        verify_fencing_token(token, fencing.jwks())
+
+
+def test_the_claim_object_carries_the_token():
+    payload = {"job": {"id": "j"}, "claim": {
+        "claim_id": "c", "lease_seconds": 60, "claim_expires_at": "2026-01-01T00:01:00Z",
+        "server_time": "2026-01-01T00:00:00Z", "attempt": 1, "fencing_token": "a.b.c"}}
+    claim = Claim.from_payload(payload)
+    assert claim.fencing_token == "a.b.c" and "a.b.c" not in repr(claim)
+    del payload["claim"]["fencing_token"]
+    assert Claim.from_payload(payload).fencing_token is None
+
+
+def test_fetch_jwks_reads_the_well_known_path():
+    seen = []
+
+    def handler(request):
+        seen.append(request.url.path)
+        return httpx.Response(200, json={"keys": []})
+
+    assert fetch_jwks("http://svc/", transport=httpx.MockTransport(handler)) == {"keys": []}
+    assert seen == ["/v1/.well-known/jwks.json"]
+
+
+# --- the fenced store ---------------------------------------------------------------------
+
+
+def test_the_fenced_store_refuses_a_lower_attempt_and_accepts_equal_or_higher(keyfiles):
+    store = FencedStore(fencing.jwks(), workspace_id=WS)
+    job = uuid.uuid4()
+    first, second = grant(1, job), grant(2, job)
+    store.write(fencing.token_for(first), "out", "from 1")
+    store.write(fencing.token_for(first), "out", "from 1 again")  # the same attempt: fine
+    store.write(fencing.token_for(second), "out", "from 2")
+    with pytest.raises(StaleAttempt, match="attempt 1 is stale, the store has seen attempt 2"):
+        store.write(fencing.token_for(first), "out", "late from 1")
+    assert store.read("out").value == "from 2" and store.read("out").attempt == 2
+    assert store.highest_attempt(str(job)) == 2
+    # Another job's attempts are its own.
+    store.write(fencing.token_for(grant(1)), "other", "x")
+    # The store's tokens are old (T0): it does not look at exp, the attempt order fences.
+    assert store.read("missing") is None
+
+
+def test_the_fenced_store_refuses_bad_tokens(keyfiles):
+    store = FencedStore(fencing.jwks(), workspace_id=WS)
+    with pytest.raises(FencingTokenError):
+        store.write("nonsense", "k", 1)
+    with pytest.raises(FencingTokenError, match="workspace"):
+        store.write(fencing.token_for(grant(workspace_id=str(uuid.uuid4()))), "k", 1)
+    assert store.read("k") is None
+
+
+def test_the_fenced_store_over_http(keyfiles):
+    store = FencedStore(fencing.jwks(), workspace_id=WS)
+    httpd = serve(store)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        job = uuid.uuid4()
+        ok = httpx.post(f"{url}/write", json={"token": fencing.token_for(grant(2, job)),
+                                              "key": "k", "value": [1]})
+        assert ok.status_code == 200 and ok.json()["attempt"] == 2
+        stale = httpx.post(f"{url}/write", json={"token": fencing.token_for(grant(1, job)),
+                                                 "key": "k", "value": [0]})
+        assert stale.status_code == 409
+        assert stale.json()["code"] == "stale_attempt"
+        assert stale.json()["highest_attempt"] == 2
+        bad = httpx.post(f"{url}/write", json={"token": "x.y.z", "key": "k"})
+        assert bad.status_code == 401 and bad.json()["reason"] == "malformed"
+        assert httpx.post(f"{url}/write", content=b"{").status_code == 400
+        assert httpx.post(f"{url}/other", json={}).status_code == 404
+        read = httpx.get(f"{url}/read", params={"key": "k"})
+        assert read.json()["value"] == [1] and read.json()["attempt"] == 2
+        assert httpx.get(f"{url}/read", params={"key": "no"}).status_code == 404
+        assert httpx.get(f"{url}/else").status_code == 404
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_client_module_imports_without_the_extra():
+    """The base install is httpx-only: importing the package (and the fencing modules) never
+    needs PyJWT; only verifying does."""
+    code = ("import sys; sys.modules['jwt'] = None; import jobqueue_client, "
+            "jobqueue_client.fenced_store; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+    assert client_fencing.EXTRA == "pip install 'jobqueue-client[fencing]'"
+
+
+def test_the_system_check_names_a_bad_key_file(tmp_path, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": []}
+    assert fencing.check_keys() == []
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(tmp_path / "gone")]}
+    [error] = fencing.check_keys()
+    assert error.id == "jobqueue.E001" and "cannot read" in error.msg
+    settings.JOBQUEUE = {**settings.JOBQUEUE,
+                         "FENCING_KEY_FILES": [str(pem_file(tmp_path / "k.pem"))]}
+    assert fencing.check_keys() == []
