@@ -1,0 +1,47 @@
+"""Pieces of the HTTP edge that the API's own order of checks never lets a request reach, yet
+that keep their answer should that order change: DRF asks only the first authenticator for
+the WWW-Authenticate header, permissions refuse an anonymous request before a throttle sees
+it, reverse() is not used on job ids."""
+
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from agents.authentication import ApiKeyAuthentication
+from agents.batch_serializers import Outcome
+from agents.permissions import InWorkspace, WorkspaceKeyOnly
+from agents.throttling import CredentialRateThrottle
+from agents.urls import AnyId
+from agents.views.base import _has_body
+
+
+def test_the_api_key_scheme_names_its_header():
+    assert ApiKeyAuthentication().authenticate_header(None) == 'ApiKey header="X-API-Key"'
+
+
+@pytest.mark.parametrize("permission", [InWorkspace, WorkspaceKeyOnly])
+@pytest.mark.parametrize("user", [None, SimpleNamespace(is_authenticated=False, kind="x")])
+def test_no_principal_is_no_permission(permission, user):
+    assert permission().has_permission(SimpleNamespace(user=user), SimpleNamespace()) is False
+
+
+def test_a_request_without_a_credential_is_not_throttled():
+    assert CredentialRateThrottle().allow_request(SimpleNamespace(user=None), None) is True
+
+
+def test_any_id_converts_back_to_its_text():
+    job_id = uuid.uuid4()
+    assert AnyId().to_url(job_id) == str(job_id) and AnyId().to_python("x") == "x"
+
+
+@pytest.mark.parametrize(("length", "has"), [("12", True), ("0", False), (None, False),
+                                             ("twelve", False)])
+def test_a_body_is_there_when_its_length_says_so(length, has):
+    meta = {} if length is None else {"CONTENT_LENGTH": length}
+    assert _has_body(SimpleNamespace(META=meta)) is has
+
+
+def test_an_outcome_shape_must_say_what_a_success_carries():
+    with pytest.raises(NotImplementedError):
+        Outcome().success(None)
