@@ -9,7 +9,7 @@ import threading
 
 import pytest
 from django.apps import apps
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from jobqueue import lifecycle, states
 from jobqueue.exceptions import GroupCancelled
@@ -156,6 +156,8 @@ def test_watch_groups_command_and_batches(capsys):
     assert capsys.readouterr().out.strip() == "finished 0, cancelled 0"
     assert set(JobGroup.objects.filter(finished_at__isnull=True).values_list(
         "name", flat=True)) == {"live"}
+    with pytest.raises(CommandError, match="--batch-size must be at least 1"):
+        call_command("watch_groups", "--batch-size", "0")
 
 
 def test_the_migration_marks_groups_already_finished_without_a_delivery():
