@@ -440,3 +440,8 @@ def test_a_network_error_carries_the_address_it_tried():
     assert caught.value.code == "network_error"
     assert caught.value.url.startswith("http://jq.test:9/v1/workspaces/ws/job-agents/ag/jobs")
     assert "secret" not in caught.value.url
+
+
+def test_a_transport_error_before_any_request_has_no_url():
+    err = api.TransportError.of(httpx.ConnectError("no route"))
+    assert err.url is None and "ConnectError: no route" in str(err)
