@@ -577,3 +577,27 @@ def test_get_of_a_claimed_job_shows_its_lease(env, capsys):
                                                 claim=claim)))[0] == 0
     assert "attempt 2, lease active until t9 (last heartbeat none yet)" in \
         capsys.readouterr().out
+
+
+def test_logs_follow_of_a_retry_whose_first_attempt_printed_nothing_has_no_separator(
+        env, capsysbinary):
+    code, _ = run(["jobs", "logs", "j1", "--follow", "--interval", "0.01"],
+                  (200, job(status="in_progress", attempt=1)),
+                  log(b"", 1, 0),
+                  (200, job(status="in_progress", attempt=2)),
+                  log(b"", 1, 0),
+                  log(b"two\n", 2, 4),
+                  (200, job(status="successful", attempt=2)),
+                  log(b"", 2, 4))
+    assert code == 0
+    out = capsysbinary.readouterr()
+    assert out.out == b"two\n" and b"--- attempt" not in out.err
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(env, monkeypatch, tmp_path):
+    """`jobqueue jobs list | head`: BrokenPipeError is exit status 0, and what is left to
+    print goes to /dev/null (here: a file standing in for the pipe)."""
+    with open(tmp_path / "stdout", "w") as stdout:
+        monkeypatch.setattr(producer_cli.sys, "stdout", stdout)
+        code, _ = run(["jobs", "get", "j1"], BrokenPipeError(32, "Broken pipe"))
+    assert code == 0
