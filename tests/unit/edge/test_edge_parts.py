@@ -3,14 +3,17 @@ that keep their answer should that order change: DRF asks only the first authent
 the WWW-Authenticate header, permissions refuse an anonymous request before a throttle sees
 it, reverse() is not used on job ids."""
 
+import gc
 import uuid
 from types import SimpleNamespace
 
 import pytest
+from rest_framework import serializers
 
 from agents.authentication import ApiKeyAuthentication
 from agents.batch_serializers import Outcome
 from agents.permissions import InWorkspace, WorkspaceKeyOnly
+from agents.serializers import ApiInput, StrictIntegerField, vocabulary
 from agents.throttling import CredentialRateThrottle
 from agents.urls import AnyId
 from agents.views.base import _has_body
@@ -45,3 +48,29 @@ def test_a_body_is_there_when_its_length_says_so(length, has):
 def test_an_outcome_shape_must_say_what_a_success_carries():
     with pytest.raises(NotImplementedError):
         Outcome().success(None)
+
+
+def test_a_strict_integer_with_one_bound_keeps_drfs_message_for_it():
+    field = StrictIntegerField(min_value=1)
+    assert field.error_messages["min_value"] == \
+        serializers.IntegerField.default_error_messages["min_value"]
+    both = StrictIntegerField(min_value=1, max_value=9)
+    assert both.error_messages["min_value"] == "Must be an integer from 1 to 9."
+
+
+def test_the_vocabulary_walk_visits_a_shape_reached_twice_once():
+    """A request shape that inherits from two others is met on both paths: counted once."""
+    before = vocabulary()
+
+    class Left(ApiInput):
+        pass
+
+    class Right(ApiInput):
+        pass
+
+    class Both(Left, Right):
+        pass
+
+    assert vocabulary() == before  # no new words: the walk met Both twice and ended
+    del Left, Right, Both
+    gc.collect()
