@@ -10,13 +10,15 @@ from types import SimpleNamespace
 import pytest
 from rest_framework import serializers
 
-from agents.authentication import ApiKeyAuthentication
+from agents.authentication import KIND_AGENT_TOKEN, KIND_API_KEY, ApiKeyAuthentication, Principal
 from agents.batch_serializers import Outcome
 from agents.permissions import InWorkspace, WorkspaceKeyOnly
 from agents.serializers import ApiInput, StrictIntegerField, vocabulary
 from agents.throttling import CredentialRateThrottle
 from agents.urls import AnyId
 from agents.views.base import _has_body
+from jobqueue import actors
+from jobqueue.models import JobAgent
 
 
 def test_the_api_key_scheme_names_its_header():
@@ -74,3 +76,12 @@ def test_the_vocabulary_walk_visits_a_shape_reached_twice_once():
     assert vocabulary() == before  # no new words: the walk met Both twice and ended
     del Left, Right, Both
     gc.collect()
+
+
+def test_the_actor_of_a_principal_is_its_agent_or_its_key():
+    agent = JobAgent(id=uuid.uuid4())
+    workspace, credential = uuid.uuid4(), uuid.uuid4()
+    as_agent = Principal(KIND_AGENT_TOKEN, workspace, credential, job_agent=agent)
+    assert as_agent.actor == actors.agent_actor(agent.id) == f"agent:{agent.id}"
+    as_key = Principal(KIND_API_KEY, workspace, credential)
+    assert as_key.actor == actors.producer_actor(credential)
