@@ -50,7 +50,8 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
                   "job__max_attempts", "job__expires_at", "job__workspace_id",
                   "job__job_agent_id")
         )
-        if not expired_claims:
+        # Each claim renewed between the two queries: a race with heartbeats no test can time.
+        if not expired_claims:  # pragma: no cover -- that race
             return ReapResult(batches=1)
         JobClaim.objects.filter(job_id__in=[c.job_id for c in expired_claims]).delete()
         ended = {c.job_id: _why(c) for c in expired_claims}
@@ -68,7 +69,7 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
                 status=states.IN_PROGRESS,
             ).update(status=states.EXPIRED, completed_at=Now(), updated_at=Now(),
                      message=message)
-        if requeued != len(to_requeue) or expired != len(expiring):  # pragma: no cover
+        if requeued != len(to_requeue) or expired != len(expiring):  # pragma: no cover -- locked
             raise RuntimeError("reaper: job rows changed under their locks")
         events = []
         for c in expired_claims:

@@ -430,7 +430,8 @@ class ApiClient:
             if not wait:
                 raise
             # httpx: the client was closed under the request (abort_wait)
-            raise TransportError(f"The wait was aborted: {exc}") from None
+            raise TransportError(  # pragma: no cover -- abort_wait() just before send(): a race
+                f"The wait was aborted: {exc}") from None
         except httpx.TransportError as exc:
             raise TransportError.of(exc) from None
         if response.status_code >= 400:
@@ -501,7 +502,7 @@ class AgentClient(ApiClient):
                 if send == self.claim_sends:
                     raise
                 time.sleep(0.05 * send)
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise AssertionError("unreachable")  # pragma: no cover -- the loop returns or raises
 
     def claim(self, job_id: str, *, expected_attempt: int | None = None) -> Claim:
         """Claim the named job (only while its attempt is still `expected_attempt`, if

@@ -178,3 +178,25 @@ def test_the_panel_is_not_shown_without_the_job_view_permission(client, django_u
     client.force_login(user)
     html = client.get(reverse("admin:index")).content.decode()
     assert "Needs attention" not in html
+
+
+def test_events_after_the_charts_now_are_not_counted():
+    """The page reads the database's clock once; an event written after it (while the page
+    renders) falls after the last bucket and is left out."""
+    agent = JobAgentFactory(max_attempts=1)
+    earlier = db_now() - dt.timedelta(hours=2)
+    _finish(agent, states.SUCCESSFUL)
+    assert sum(map(sum, charts.finished_per_minute(earlier)["series"].values())) == 0
+    assert sum(charts.queue_depth(earlier)["depth"]) == 0
+    assert sum(charts.finished_per_minute(db_now())["series"][states.SUCCESSFUL]) == 1
+
+
+def test_the_database_clock_is_read_once_per_request(django_assert_num_queries):
+    from types import SimpleNamespace
+
+    from jobqueue.admin.common import request_db_now
+
+    request = SimpleNamespace()
+    first = request_db_now(request)
+    with django_assert_num_queries(0):
+        assert request_db_now(request) is first

@@ -6,6 +6,7 @@ from django.urls import reverse
 
 from agents import credentials
 from agents.models import AgentToken, WorkspaceApiKey
+from tests.factories import JobFactory
 
 from .conftest import SECRET
 from .test_actions import run_action
@@ -92,6 +93,8 @@ def test_revoke_agent_token(op_client, agent):
     ).get_change_message()
     active = op_client.get(reverse("admin:agents_agenttoken_changelist") + "?state=active")
     assert list(active.context["cl"].result_list) == []
+    revoked = op_client.get(reverse("admin:agents_agenttoken_changelist") + "?state=revoked")
+    assert list(revoked.context["cl"].result_list) == [token]
 
 
 def test_issue_and_revoke_workspace_api_key(op_client, agent):
@@ -146,9 +149,13 @@ def test_issue_form_names_agents_with_their_workspace(op_client, agent):
 def test_query_string_cannot_probe_secrets(viewer_client, url):
     """A filter on dispatch_context (or a token or hash) would be a guessing oracle: each
     guess answering "1 result" or "0 results". The admin refuses such lookups outright."""
-    from tests.factories import JobFactory
-
     JobFactory(dispatch_context={"api_key": SECRET})
     response = viewer_client.get(url)
     assert response.status_code == 400
     assert SECRET.encode() not in response.content
+
+
+def test_a_dispatch_context_that_is_not_an_object_shows_only_its_type(op_client, agent):
+    job = JobFactory(job_agent=agent, dispatch_context=[SECRET])
+    html = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "(list, redacted)" in html and SECRET not in html

@@ -83,3 +83,11 @@ def test_the_delivery_page_shows_the_body_as_sent_with_agent_text_redacted(op_cl
                                  args=[delivery.id])).content.decode()
     assert "hunter2-admin-hook" not in html
     assert "echoed [redacted]" in html and "&quot;t&quot;: &quot;[redacted]&quot;" in html
+
+
+def test_a_delivery_written_before_bodies_were_fixed_says_so(op_client, failed_delivery):
+    _, _, delivery = failed_delivery
+    WebhookDelivery.objects.filter(id=delivery.id).update(payload=None)
+    html = op_client.get(reverse("admin:jobqueue_webhookdelivery_change",
+                                 args=[delivery.id])).content.decode()
+    assert "— (fixed at its first try)" in html

@@ -167,3 +167,12 @@ def test_a_connection_lost_under_a_request_is_a_503_to_retry_not_a_500(caplog):
     assert "answered 503" in caplog.text
     connection.close()  # the server drops it at the request's end; the test client does not
     assert agent.post(claim).status_code == 204
+
+
+def test_a_post_that_is_no_form_is_left_to_the_view(caplog):
+    """Only form bodies are parsed early; anything else reaches CSRF and the view as sent
+    (here: the CSRF refusal, 403, since the JSON body carries no token)."""
+    caplog.set_level(logging.DEBUG)
+    c = client(enforce_csrf_checks=True)
+    r = c.post("/admin/login/", data='{"username": "a"}', content_type="application/json")
+    assert r.status_code == 403 and "Bad Request" not in caplog.text

@@ -7,10 +7,12 @@ nothing. Both databases: the PostgreSQL statements write the outbox rows themsel
 import threading
 
 import pytest
+from django.db import transaction
 
 from jobqueue import lifecycle, signals, states
 from jobqueue.actors import REAPER
 from jobqueue.db import NowPlusSeconds
+from jobqueue.lifecycle.finished import announce_retrying
 from jobqueue.maintenance import webhooks
 from jobqueue.models import Job, JobClaim, WebhookDelivery
 from tests.factories import JobAgentFactory, claimed_job
@@ -125,3 +127,10 @@ def test_job_retrying_is_sent_once_per_requeued_retry_and_never_for_the_last(
     fail(second.claim_id)  # the last attempt: it ends the job
     assert len(retrying) == 1
     assert heard == [(job.id, states.FAILURE, f"agent:{agent.id}")]
+
+
+def test_announcing_no_retried_jobs_sends_nothing_and_queues_nothing(retrying):
+    with transaction.atomic():
+        announce_retrying([])
+        assert transaction.get_connection().run_on_commit == []
+    assert retrying == []

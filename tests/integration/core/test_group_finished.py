@@ -9,7 +9,7 @@ import threading
 
 import pytest
 from django.apps import apps
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from jobqueue import lifecycle, states
 from jobqueue.exceptions import GroupCancelled
@@ -156,6 +156,8 @@ def test_watch_groups_command_and_batches(capsys):
     assert capsys.readouterr().out.strip() == "finished 0, cancelled 0"
     assert set(JobGroup.objects.filter(finished_at__isnull=True).values_list(
         "name", flat=True)) == {"live"}
+    with pytest.raises(CommandError, match="--batch-size must be at least 1"):
+        call_command("watch_groups", "--batch-size", "0")
 
 
 def test_the_migration_marks_groups_already_finished_without_a_delivery():
@@ -240,3 +242,20 @@ def test_concurrent_watchers_mark_each_group_once():
     assert sorted(marked) == sorted(f"g{i}" for i in range(60))  # each once, by one watcher
     assert len(group_deliveries()) == 60
     assert not JobGroup.objects.filter(finished_at__isnull=True).exists()
+
+
+def test_groups_of_two_workspaces_finish_in_one_sweep_each_with_its_own_counts():
+    """Workspace A's live group shares its name with B's finished one: B's counts and
+    deliveries are B's alone, and A's endpoint hears only of A's group."""
+    a, b = JobAgentFactory(max_attempts=1), JobAgentFactory(max_attempts=1)
+    hook_a, hook_b = endpoint(a.workspace, [GROUP]), endpoint(b.workspace, [GROUP])
+    finish(create(a, group="done"))
+    create(a, group="shared")  # live: A's "shared" does not finish
+    create(a, group="shared")
+    finish(create(b, group="shared"), states.FAILURE)
+    assert watcher.run_once() == {"finished": 2, "cancelled": 0}
+    sent = {d.endpoint_id: d.payload["group"] for d in group_deliveries()}
+    assert set(sent) == {hook_a.id, hook_b.id}
+    assert sent[hook_a.id]["group"] == "done"
+    assert sent[hook_b.id] == {"group": "shared", "finished": True, "cancelled_at": None,
+                               "counts": {**dict.fromkeys(states.ALL, 0), states.FAILURE: 1}}

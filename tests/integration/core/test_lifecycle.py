@@ -21,7 +21,7 @@ from jobqueue.exceptions import (
     LeaseExpired,
     NotFound,
 )
-from jobqueue.models import Job, JobClaim, JobEvent
+from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, WorkspaceFactory, claimed_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -532,3 +532,16 @@ def test_backend_is_configured_for_several_processes():
         cur.execute("PRAGMA busy_timeout")
         assert cur.fetchone()[0] >= 1000
     assert connection.transaction_mode == "IMMEDIATE"
+
+
+@pytest.mark.parametrize("idempotency_key", [None, "k-1"])
+def test_a_create_for_an_agent_deleted_meanwhile_fails_and_is_no_replay(idempotency_key):
+    """The insert's IntegrityError is not taken for an idempotent replay when there is no
+    key, nor when the key names no job: it propagates, and nothing is left behind."""
+    agent = JobAgentFactory()
+    workspace = agent.workspace
+    JobAgent.objects.filter(id=agent.id).delete()
+    with pytest.raises(IntegrityError):
+        lifecycle.create_job(workspace=workspace, job_agent=agent,
+                             idempotency_key=idempotency_key)
+    assert not Job.objects.filter(workspace=workspace).exists()

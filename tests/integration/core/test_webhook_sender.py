@@ -298,3 +298,15 @@ def test_racing_creates_never_pass_the_cap_on_endpoints(settings):
     assert Counter(run_threads(create, 8)) == {"made": 3, "refused": 5}
     assert WebhookEndpoint.objects.filter(workspace=workspace).count() == 3
     webhooks.create_endpoint(other.id, "http://127.0.0.1:9/other")  # its own cap
+
+
+def test_a_try_without_a_deadline_of_its_own_ends_at_the_clients_timeout(receiver, settings):
+    """deliver() outside the sender (no Try to cut it): httpx's own timeout is a timeout."""
+    conf(settings, WEBHOOK_TIMEOUT_SECONDS=0.3)
+    receiver.script = [("hang", 5)]
+    agent = JobAgentFactory()
+    webhooks.create_endpoint(agent.workspace_id, receiver.url)
+    finished_job(agent)
+    delivery = WebhookDelivery.objects.select_related("endpoint").get()
+    with webhooks.client() as http:
+        assert webhooks.deliver(http, delivery, 1_900_000_000) == (None, "timeout")

@@ -107,3 +107,12 @@ def test_bootstrap_demo_prints_an_operator_login_once_that_logs_into_the_admin(c
     assert again["admin_user"] == "demo-operator" and again["admin_password"] is None
     assert get_user_model().objects.filter(username="demo-operator").count() == 1
     assert client.login(username="demo-operator", password=password)
+
+
+def test_the_text_output_says_when_the_earlier_pair_was_revoked(capsys, kept):
+    first = bootstrap(capsys, kept)
+    call_command("bootstrap_demo", "--credentials-file", str(kept), "--rotate")
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].startswith("Demo credentials (kept for the next run;")
+    assert "  (the demo key and token an earlier run printed are revoked)" in text
+    assert not works(first)

@@ -3,11 +3,13 @@
 import contextlib
 import json
 import socket
+import uuid
 
 import pytest
 from django.db import connection
 
 import jobqueue
+from agents.health import note_agent_seen
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,3 +63,12 @@ def test_metrics_say_database_down_instead_of_failing(client, tmp_path):
 
 def test_healthz_only_answers_get(client):
     assert client.post("/healthz").status_code == 405
+
+
+def test_last_seen_that_cannot_be_written_is_only_logged(tmp_path, caplog):
+    """An agent's request goes on when its last_seen_at cannot be written (the database
+    went away between the request's own queries and this one)."""
+    agent_id = uuid.uuid4()
+    with database_unreachable(tmp_path):
+        assert note_agent_seen(agent_id) is False
+    assert f"could not record last_seen_at for job agent {agent_id}" in caplog.text

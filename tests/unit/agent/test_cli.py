@@ -79,3 +79,13 @@ def test_a_sigterm_while_it_runs_drains_and_exits_0(agent_env, own_signals, capl
     assert "event=claim_retry code=network_error" in caplog.text
     assert "event=signal name=SIGTERM action=drain" in caplog.text
     assert ENV["JOBQUEUE_TOKEN"] not in caplog.text
+
+
+@pytest.mark.parametrize(("text", "error"), [("soon", "not an integer: 'soon'"),
+                                             ("-1", "must not be negative")])
+def test_wait_seconds_must_be_a_non_negative_integer(text, error):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=error):
+        cli._non_negative_int(text)
+    assert cli._non_negative_int("0") == 0

@@ -492,3 +492,6 @@ def test_a_key_no_path_can_carry_is_refused_without_a_request(key):
     assert exc.value.code == "validation_error" and "key" in exc.value.fields
     assert server.seen == []
     assert api.check_effect_key("a..b") == "a..b" and api.check_effect_key(".k") == ".k"
+def test_a_transport_error_before_any_request_has_no_url():
+    err = api.TransportError.of(httpx.ConnectError("no route"))
+    assert err.url is None and "ConnectError: no route" in str(err)

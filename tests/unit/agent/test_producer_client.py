@@ -191,3 +191,73 @@ def test_wait_raises_what_retrying_cannot_fix():
     client, _ = make((404, {"code": "not_found"}))
     with pytest.raises(api.NotFound):
         client.wait("j1", timeout=10)
+
+
+def bad_wait(bound=1):
+    return (400, {"code": "validation_error", "detail": "too long",
+                  "fields": {"wait_seconds": [f"Must be at most {bound}."]}})
+
+
+def test_a_wait_bound_below_one_second_is_raised_not_halved_again():
+    client, server = make(bad_wait(), sends=1)
+    with pytest.raises(api.InvalidRequest):
+        client.wait("j1", poll_seconds=1)
+    assert len(server.seen) == 1
+
+
+def test_wait_pauses_as_long_as_a_throttling_server_asks(monkeypatch):
+    pauses = []
+    monkeypatch.setattr(prod.time, "sleep", pauses.append)
+    client, _ = make((429, {"code": "throttled"}, {"Retry-After": "3"}),
+                     (200, {"id": "j1", "status": "successful"}), sends=1)
+    assert client.wait("j1", poll_seconds=5)["status"] == "successful"
+    assert pauses == [3.0]
+
+
+def test_wait_that_cannot_retry_before_its_deadline_raises_or_times_out(monkeypatch):
+    monkeypatch.setattr(prod.time, "sleep", lambda s: None)
+    # No answer yet: the error itself.
+    client, _ = make((429, {"code": "throttled"}, {"Retry-After": "60"}), sends=1)
+    with pytest.raises(api.Throttled):
+        client.wait("j1", timeout=5)
+    # The job was seen: WaitTimeout carries it.
+    client, _ = make((200, {"id": "j1", "status": "queued"}),
+                     (429, {"code": "throttled"}, {"Retry-After": "60"}), sends=1)
+    with pytest.raises(prod.WaitTimeout) as caught:
+        client.wait("j1", timeout=5, poll_seconds=1)
+    assert caught.value.job == {"id": "j1", "status": "queued"}
+
+
+def test_download_is_sent_again_until_its_body_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(prod.time, "sleep", lambda s: None)
+    data = b"artifact"
+    client, server = make(httpx.ConnectError("lost"), (503, {"code": "server_error"}),
+                          (200, data, {"ETag": f'"{hashlib.sha256(data).hexdigest()}"'}),
+                          sends=3)
+    assert client.download_artifact("j1", "a.bin", tmp_path / "a.bin")["size"] == len(data)
+    assert (tmp_path / "a.bin").read_bytes() == data and len(server.seen) == 3
+    client, _ = make(httpx.ConnectError("lost"), httpx.ConnectError("lost"), sends=2)
+    with pytest.raises(api.TransportError):
+        client.download_artifact("j1", "a.bin", tmp_path / "b.bin")
+
+
+class BrokenBody(httpx.SyncByteStream):
+    def __iter__(self):
+        yield b"first part"
+        raise httpx.ReadError("connection reset")
+
+
+def test_a_body_cut_short_is_a_transport_error_and_leaves_no_file(tmp_path):
+    def answer(status):
+        return lambda request: httpx.Response(status, stream=BrokenBody())
+
+    client = prod.ProducerClient("http://jq.test/", "ws", KEY, sends=1,
+                                 transport=httpx.MockTransport(answer(200)))
+    with pytest.raises(api.TransportError, match="ReadError: connection reset"):
+        client.download_artifact("j1", "a.bin", tmp_path / "a.bin")
+    assert list(tmp_path.iterdir()) == []
+    # An error answer whose body is cut short: the same.
+    client = prod.ProducerClient("http://jq.test/", "ws", KEY, sends=1,
+                                 transport=httpx.MockTransport(answer(404)))
+    with pytest.raises(api.TransportError, match="ReadError"):
+        client.download_artifact("j1", "a.bin", tmp_path / "a.bin")

@@ -506,3 +506,98 @@ def test_logs_json_is_one_document_however_many_reads_the_log_takes(env, capsys)
     assert json.loads(capsys.readouterr().out) == {"job_id": "j1", "attempt": 1, "offset": 0,
                                                    "length": 5, "text": "abcde"}
     assert [dict(r.url.params) for r in server.seen] == [{}, {"attempt": "1", "offset": "3"}]
+
+
+# --- the rarer paths -----------------------------------------------------------------------
+
+
+class Interrupting(Server):
+    """Ctrl-C while a request is on its way (KeyboardInterrupt is no Exception: raised here)."""
+
+    def __call__(self, request):
+        if self.answers and self.answers[0] is KeyboardInterrupt:
+            self.answers.pop(0)
+            raise KeyboardInterrupt
+        return super().__call__(request)
+
+
+def test_ctrl_c_while_following_a_log_says_the_job_goes_on(env, capsys):
+    server = Interrupting((200, job(status="in_progress", attempt=1)), KeyboardInterrupt)
+    code = producer_cli.main(["jobs", "logs", "j1", "--follow"],
+                             transport=httpx.MockTransport(server))
+    assert code == 130
+    assert "stopped following the log; the job goes on" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_any_other_command_is_exit_status_130(env, capsys):
+    server = Interrupting(KeyboardInterrupt)
+    assert producer_cli.main(["jobs", "get", "j1"], transport=httpx.MockTransport(server)) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_download_into_a_directory_that_cannot_be_made_is_a_usage_error(env, capsys, tmp_path):
+    (tmp_path / "file").write_text("x")
+    listed = {"results": [{"name": "a.txt", "size": 1, "sha256": "x", "attempt": 1}]}
+    code, server = run(["jobs", "artifacts", "j1", "--download", tmp_path / "file" / "out"],
+                       (200, listed))
+    assert code == 2 and len(server.seen) == 1
+    assert "--download: cannot make the directory" in capsys.readouterr().err
+
+
+def test_download_of_a_job_without_artifacts_saves_nothing_and_says_so(env, capsys, tmp_path):
+    code, _ = run(["jobs", "artifacts", "j1", "--download", tmp_path / "out"],
+                  (200, {"results": []}))
+    assert code == 0 and list((tmp_path / "out").iterdir()) == []
+    assert "has no published artifacts: nothing saved" in capsys.readouterr().err
+
+
+def test_an_expiry_with_its_own_offset_keeps_it():
+    assert producer_cli._expires_at("2030-01-02T03:04:05+02:00") == "2030-01-02T03:04:05+02:00"
+    assert producer_cli._expires_at("2030-01-02T03:04:05") == "2030-01-02T03:04:05+00:00"
+
+
+def test_help_text_with_line_breaks_keeps_them():
+    formatter = producer_cli._Formatter("jobqueue")
+    assert formatter._fill_text("one\n  two\n", 80, "  ") == "  one\n    two\n"
+    assert formatter._fill_text("one two", 80, "  ") == "  one two"
+
+
+def test_the_version_from_a_source_tree_is_unknown(monkeypatch):
+    def missing(name):
+        raise producer_cli.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(producer_cli.importlib.metadata, "version", missing)
+    assert producer_cli.version() == "unknown"
+
+
+def test_get_of_a_claimed_job_shows_its_lease(env, capsys):
+    claim = {"attempt": 2, "lease_state": "active", "claim_expires_at": "t9",
+             "heartbeat_at": None}
+    assert run(["jobs", "get", "j1"], (200, job(status="in_progress", attempt=2,
+                                                claim=claim)))[0] == 0
+    assert "attempt 2, lease active until t9 (last heartbeat none yet)" in \
+        capsys.readouterr().out
+
+
+def test_logs_follow_of_a_retry_whose_first_attempt_printed_nothing_has_no_separator(
+        env, capsysbinary):
+    code, _ = run(["jobs", "logs", "j1", "--follow", "--interval", "0.01"],
+                  (200, job(status="in_progress", attempt=1)),
+                  log(b"", 1, 0),
+                  (200, job(status="in_progress", attempt=2)),
+                  log(b"", 1, 0),
+                  log(b"two\n", 2, 4),
+                  (200, job(status="successful", attempt=2)),
+                  log(b"", 2, 4))
+    assert code == 0
+    out = capsysbinary.readouterr()
+    assert out.out == b"two\n" and b"--- attempt" not in out.err
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(env, monkeypatch, tmp_path):
+    """`jobqueue jobs list | head`: BrokenPipeError is exit status 0, and what is left to
+    print goes to /dev/null (here: a file standing in for the pipe)."""
+    with open(tmp_path / "stdout", "w") as stdout:
+        monkeypatch.setattr(producer_cli.sys, "stdout", stdout)
+        code, _ = run(["jobs", "get", "j1"], BrokenPipeError(32, "Broken pipe"))
+    assert code == 0

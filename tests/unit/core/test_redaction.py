@@ -46,3 +46,12 @@ def test_a_job_document_loses_them_in_message_external_id_and_result_only():
         "external_id": f"x-{REDACTED}", "result": {"k": REDACTED},
         "job_agent_config": {"k": "hunter2-secret"}}  # the producer's own text
     assert redact_job_document(doc, []) is doc
+
+
+def test_a_job_document_keeps_what_is_not_agent_text():
+    secrets = secret_strings(CONTEXT)
+    doc = {"message": None, "external_id": "ext hunter2-secret", "status": "queued"}
+    assert redact_job_document(doc, secrets) == {"message": None,
+                                                 "external_id": f"ext {REDACTED}",
+                                                 "status": "queued"}
+    assert redact_job_document(doc, []) is doc

@@ -74,3 +74,18 @@ def test_another_server_and_no_input_are_left_alone():
     assert seen == ["413 Too Large"]
     CloseAfterUnreadBody(lambda e, s: s("200 OK", []))({}, lambda *a: seen.append(a[0]))
     assert seen[-1] == "200 OK"
+
+
+def test_the_counted_input_passes_on_what_it_does_not_count():
+    seen = {}
+
+    def app(environ, start_response):
+        stream = environ["wsgi.input"]
+        seen["lines"] = list(stream.readlines())  # not counted: handed to the real stream
+        seen["closed"] = stream.closed
+        start_response("200 OK", [])
+        return [b""]
+
+    server = ServerResponse()
+    CloseAfterUnreadBody(app)(environ(b"a\nb\n", CONTENT_LENGTH="4"), server.start_response)
+    assert seen == {"lines": [b"a\n", b"b\n"], "closed": False}
