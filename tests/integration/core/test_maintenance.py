@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from jobqueue import lifecycle, reaper, states
+from jobqueue import lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.lifecycle import artifacts
 from jobqueue.maintenance import artifact_cleaner, loop, pruner
@@ -276,35 +275,12 @@ def test_the_artifact_cleaner_is_a_service_that_deletes_what_can_never_be_publis
 
 
 def test_an_idle_sweep_makes_a_new_row_when_its_last_one_reaped_or_is_gone():
-    first = reaper.sweep()
-    assert reaper.sweep(idle_run_id=first.run_id).run_id == first.run_id  # extended
+    first = reaper_service.sweep()
+    assert reaper_service.sweep(idle_run_id=first.run_id).run_id == first.run_id  # extended
     ReaperRun.objects.filter(id=first.run_id).update(requeued=1)  # not idle any more
-    second = reaper.sweep(idle_run_id=first.run_id)
+    second = reaper_service.sweep(idle_run_id=first.run_id)
     assert second.run_id not in (None, first.run_id)
     ReaperRun.objects.filter(id=second.run_id).delete()  # pruned meanwhile
-    third = reaper.sweep(idle_run_id=second.run_id)
+    third = reaper_service.sweep(idle_run_id=second.run_id)
     assert third.run_id not in (None, second.run_id)
     assert ReaperRun.objects.get(id=first.run_id).sweeps == 2
-
-
-def test_the_reaper_loop_runs_without_callbacks_and_outlives_a_failing_sweep(caplog):
-    def loop_until(check, **kwargs):
-        stop = threading.Event()
-        thread = threading.Thread(target=reaper.run_forever, kwargs=dict(
-            interval=0.05, max_batches=None, stop=stop, **kwargs))
-        thread.start()
-        try:
-            deadline = time.monotonic() + 30
-            while not check() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            thread.join(10)
-        assert check() and not thread.is_alive()
-
-    ReaperRun.objects.all().delete()
-    loop_until(lambda: ReaperRun.objects.filter(sweeps__gte=2).exists(), batch_size=None)
-    assert ReaperRun.objects.count() == 1  # idle sweeps share their row
-    # A sweep that fails (here: a batch size the query refuses) is logged, and retried.
-    loop_until(lambda: sum("reaper sweep failed" in r.getMessage()
-                           for r in caplog.records) >= 2, batch_size=-1)
