@@ -140,7 +140,7 @@ class Job(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
     idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
-    # The fencing token of the latest claim. Kept on the job so that a retried terminal
+    # The claim id of the latest claim. Kept on the job so that a retried terminal
     # report with the claim that finished it can be recognised; never shown to anyone.
     last_claim_id = models.UUIDField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(db_default=Now(), editable=False)

@@ -4,7 +4,7 @@ write a job event naming the operator and an admin LogEntry.
 
 `dispatch_context` may hold secrets: only its keys are ever rendered, and agent text (message,
 result, external id, attempts, event details, logs) is shown through jobqueue.redaction.
-Claim ids (fencing tokens) are never rendered either, nor filterable from the query string.
+Claim ids are never rendered either, nor filterable from the query string.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
     actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed", "cancel_groups"]
     show_full_result_count = False
     # Never filterable from the query string: a `?dispatch_context__key__startswith=` would
-    # be a character-by-character oracle on a secret (and the same for the fencing token).
+    # be a character-by-character oracle on a secret (and the same for the claim id).
     hidden_lookups = frozenset({"dispatch_context", "last_claim_id", "idempotency_fingerprint"})
 
     def lookup_allowed(self, lookup, value, request=None):

@@ -1,7 +1,8 @@
 """The effect ledger for a job's child process (docs/effects.md, "From the job's command"):
 `jobqueue-effect begin KEY` / `jobqueue-effect commit KEY --result JSON`.
 
-The child is any command and holds neither the agent's token nor the claim_id. The reference
+The child is any command and never holds the agent's token (the claim_id it may read in its
+JOB_FENCING_TOKEN writes nothing without that token). The reference
 agent serves each job's ledger on a Unix socket in the job's private directory (0700: only
 this user reaches it), named by JOB_EFFECT_SOCKET; the agent makes the service call with the
 job's current claim, so a stale attempt is refused by the service, and a refusal that says the
