@@ -186,14 +186,17 @@ def token_for(grant) -> str:
 
 def check_keys(app_configs=None, **kwargs):
     """System check (`manage.py check`, `migrate`: before a deployment serves): configured key
-    files that cannot sign or be published are an error. The claim views also load the
+    files that cannot sign or be published are an error, and so is a generated key that
+    cannot be written (unset, the key is made here rather than at the first claim). The claim views also load the
     signing key before they claim, so that a bad key never leaves a claim unanswered."""
     from django.core import checks
 
-    if not jobqueue_settings().get("FENCING_KEY_FILES"):
-        return []  # generated at first use
     try:
-        keys()
+        keys()  # unset: generated here, so that a var/ it cannot be written in says so now
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="jobqueue.E001")]
+    except OSError as exc:
+        return [checks.Error(
+            f"cannot write the generated fencing key {_key_files()[0]} ({exc}): make that "
+            "directory writable, or set JOBQUEUE_FENCING_KEY_FILES", id="jobqueue.E001")]
     return []

@@ -404,7 +404,14 @@ def test_the_client_module_imports_without_the_extra():
 
 def test_the_system_check_names_a_bad_key_file(tmp_path, settings):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": []}
-    assert fencing.check_keys() == []
+    settings.VAR_DIR = tmp_path / "var"
+    assert fencing.check_keys() == []  # unset: the check makes the key, not the first claim
+    assert (tmp_path / "var" / "fencing_key.pem").stat().st_mode & 0o777 == 0o600
+    (tmp_path / "file").write_text("")
+    settings.VAR_DIR = tmp_path / "file" / "var"  # a var/ that cannot be made
+    [error] = fencing.check_keys()
+    assert error.id == "jobqueue.E001" and "JOBQUEUE_FENCING_KEY_FILES" in error.msg
+    assert str(tmp_path / "file" / "var" / "fencing_key.pem") in error.msg
     settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(tmp_path / "gone")]}
     [error] = fencing.check_keys()
     assert error.id == "jobqueue.E001" and "cannot read" in error.msg
