@@ -186,8 +186,9 @@ def token_for(grant) -> str:
 
 def check_keys(app_configs=None, **kwargs):
     """System check (`manage.py check`, `migrate`: before a deployment serves): configured key
-    files that cannot sign or be published are an error, and so is a generated key that
-    cannot be written (unset, the key is made here rather than at the first claim). The claim views also load the
+    files that cannot sign or be published are an error; a generated key that cannot be written
+    (unset, the key is made here rather than at the first claim) a warning, which stops no
+    command (the maintenance commands need no key). The claim views also load the
     signing key before they claim, so that a bad key never leaves a claim unanswered."""
     from django.core import checks
 
@@ -195,8 +196,9 @@ def check_keys(app_configs=None, **kwargs):
         keys()  # unset: generated here, so that a var/ it cannot be written in says so now
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="jobqueue.E001")]
-    except OSError as exc:
-        return [checks.Error(
-            f"cannot write the generated fencing key {_key_files()[0]} ({exc}): make that "
-            "directory writable, or set JOBQUEUE_FENCING_KEY_FILES", id="jobqueue.E001")]
+    except OSError as exc:  # a warning: the maintenance commands need no key, claims do
+        return [checks.Warning(
+            f"cannot write the generated fencing key {_key_files()[0]} ({exc}): every claim "
+            "will fail until that directory is writable or JOBQUEUE_FENCING_KEY_FILES is set",
+            id="jobqueue.W001")]
     return []

@@ -410,7 +410,7 @@ def test_the_system_check_names_a_bad_key_file(tmp_path, settings):
     (tmp_path / "file").write_text("")
     settings.VAR_DIR = tmp_path / "file" / "var"  # a var/ that cannot be made
     [error] = fencing.check_keys()
-    assert error.id == "jobqueue.E001" and "JOBQUEUE_FENCING_KEY_FILES" in error.msg
+    assert error.id == "jobqueue.W001" and "JOBQUEUE_FENCING_KEY_FILES" in error.msg
     assert str(tmp_path / "file" / "var" / "fencing_key.pem") in error.msg
     settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(tmp_path / "gone")]}
     [error] = fencing.check_keys()
