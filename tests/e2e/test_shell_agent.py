@@ -85,6 +85,7 @@ def test_the_shell_agent_long_polls_instead_of_polling(stack, make_agent, make_j
             wait_for(lambda: Job.objects.get(id=job.id).status == states.SUCCESSFUL, 60,
                      "the held claim to get the job", on_fail=stack.logs)
             assert claim_answers(access_log, "200") == 1
+            assert claim_answers(access_log, "204") == 0, access_log.read_text()
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=60)
         finally:
@@ -94,4 +95,6 @@ def test_the_shell_agent_long_polls_instead_of_polling(stack, make_agent, make_j
     said = log.read_text()
     assert code == 0, said
     assert "stopped" in said and token not in said
-    assert claim_answers(access_log, "204") == 0, access_log.read_text()
+    # The claim held when SIGTERM came was hung up by the agent: the server may answer it 204
+    # (to nobody) once it notices, before or after this line reads the log. No other.
+    assert claim_answers(access_log, "204") <= 1, access_log.read_text()
