@@ -22,14 +22,19 @@ seconds after the transition: the delay is the database's, measured from the NOT
 while anyone waits, re-checks every JOBQUEUE_WAIT_RECHECK_SECONDS with one query for the
 whole process (which waited-for agents have a claimable job, which waited-for jobs ended), so
 a lost notification never strands a waiter; and every waiter re-checks once at its deadline.
+The thread blocks in one poll() of its source and a socket that close() writes to, so a
+notification, a timer that falls due, and a shutdown each take effect at once.
 A woken waiter re-checks with one claim statement. Idle waiters cost the database nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import os
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -128,6 +133,9 @@ class Hub:
         self._timers: list[tuple[float, str]] = []
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        # close() writes to it: a thread blocked reading its source returns at once
+        self._interrupt_r, self._interrupt_w = socket.socketpair()
+        self._interrupt_w.setblocking(False)
         self.closed = False
         self.connected = threading.Event()  # the listener is listening
         self.connects = 0  # how often it (re)connected
@@ -222,6 +230,8 @@ class Hub:
         with self._lock:
             self.closed = True
         self._stopping.set()
+        with contextlib.suppress(OSError):  # full after many close() calls: readable anyway
+            self._interrupt_w.send(b"x")
         self.wake_all()
 
     # the thread
@@ -253,6 +263,16 @@ class Hub:
         finally:
             self.connected.clear()
             connections.close_all()  # the re-check's connection
+
+    def sleep(self, seconds: float, fileno: int | None = None) -> bool:
+        """Block until `fileno` is readable (True), `seconds` have passed or close() is
+        called (False)."""
+        poller = select.poll()  # not select(): a busy server's descriptors pass 1,024
+        poller.register(self._interrupt_r, select.POLLIN)
+        if fileno is not None:
+            poller.register(fileno, select.POLLIN)
+        ready = poller.poll(max(0.0, seconds) * 1000)
+        return any(fd == fileno for fd, _ in ready)
 
     def join(self, timeout: float = 5) -> None:
         if self._thread is not None:
@@ -337,14 +357,18 @@ class PgListener:
                     last_recheck = 0.0
                     while not hub._stopping.is_set():
                         last_recheck, block = hub.tick(last_recheck)
-                        for note in conn.notifies(timeout=block):
-                            hub.deliver(note.payload)
+                        # Our own wait, not notifies(timeout=block): that one returns only
+                        # when the block is over, so a delayed wake-up that arrived in it
+                        # fired up to a second late and close() waited it out.
+                        if hub.sleep(block, conn.fileno()):
+                            for note in conn.notifies(timeout=0):  # what arrived, unblocked
+                                hub.deliver(note.payload)
             except psycopg.Error:
                 log.warning("wake-up listener lost its connection; reconnecting in %.1fs",
                             backoff)
             hub.connected.clear()
             hub.tick(0.0)  # timers and a re-check (which may fail) while away
-            hub._stopping.wait(backoff)
+            hub.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
 
@@ -369,7 +393,7 @@ class FileListener:
         last_recheck = 0.0
         while not hub._stopping.is_set():
             last_recheck, block = hub.tick(last_recheck)
-            hub._stopping.wait(min(block, jobqueue_settings()["WAKE_FILE_POLL_SECONDS"]))
+            hub.sleep(min(block, jobqueue_settings()["WAKE_FILE_POLL_SECONDS"]))
             size = self.size()
             if size < offset:  # rotated: whatever was in between is lost; wake everyone
                 offset = 0
