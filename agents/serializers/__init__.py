@@ -3,9 +3,10 @@ resource as agents/views/ has one viewset per resource:
 
 - `jobs`: a job as its producer sees it, the create body, the claim holder's writes
   (heartbeat, status, release) and its claim's state;
-- `job_agents`: the agent and its health, its poll, its claims (the only shape carrying
-  `dispatch_context`);
-- `groups`, `tokens`, `webhooks`: theirs.
+- `job_agents`: the agent and its health, its poll, its claims (ClaimedJobSerializer is the
+  one shape carrying `dispatch_context`), the batch heartbeat and report;
+- `outputs` (the log's and artifacts' answers), `effects` (the effect ledger), `groups`,
+  `tokens`, `webhooks`: theirs.
 
 Beside them, `fields` holds the building blocks (the strict field types, ApiInput, the
 bodies several resources take, page_of) and `shared_instances` the one bound instance per
@@ -18,6 +19,14 @@ here because it needs every request shape, so every module.
 
 from __future__ import annotations
 
+from .effects import (
+    RESULT_HELP,
+    EffectAnswerSerializer,
+    EffectBeginInput,
+    EffectCommitInput,
+    EffectListSerializer,
+    EffectSerializer,
+)
 from .fields import (
     INT32_MAX,
     MAX_UNKNOWN_NAMED,
@@ -31,11 +40,24 @@ from .fields import (
     StrictUUIDField,
     page_of,
 )
-from .groups import GroupCancelSerializer, GroupSerializer
+from .groups import (
+    GroupCancelSerializer,
+    GroupSerializer,
+)
 from .job_agents import (
     HOLDER_HELP,
     LIST_ITEM_FIELDS,
+    REFUSAL_CODES,
+    REPORT_REFUSAL_CODES,
     BatchClaimResponseSerializer,
+    BatchHeartbeatInput,
+    BatchHeartbeatItem,
+    BatchHeartbeatOutcome,
+    BatchHeartbeatResponse,
+    BatchReportInput,
+    BatchReportItem,
+    BatchReportOutcome,
+    BatchReportResponse,
     ClaimedJobSerializer,
     ClaimInfoSerializer,
     ClaimInput,
@@ -47,6 +69,8 @@ from .job_agents import (
     JobAgentSerializer,
     JobListItemPage,
     JobListItemSerializer,
+    Outcome,
+    batch_of,
 )
 from .jobs import (
     CHECKPOINT_HELP,
@@ -67,8 +91,19 @@ from .jobs import (
     ReleaseInput,
     StatusInput,
 )
-from .shared_instances import represent, validate_input
-from .tokens import TokenCreateInput, TokenSerializer
+from .outputs import (
+    ArtifactListSerializer,
+    ArtifactSerializer,
+    LogAppendSerializer,
+)
+from .shared_instances import (
+    represent,
+    validate_input,
+)
+from .tokens import (
+    TokenCreateInput,
+    TokenSerializer,
+)
 from .webhooks import (
     WebhookCreatedSerializer,
     WebhookCreateInput,
@@ -81,28 +116,32 @@ from .webhooks import (
 
 __all__ = [
     "CHECKPOINT_HELP", "HOLDER_HELP", "INT32_MAX", "JOB_LIST_ONLY", "LIST_ITEM_FIELDS",
-    "MAX_UNKNOWN_NAMED", "ApiInput", "AttemptSerializer", "BatchClaimResponseSerializer",
-    "ClaimCheckSerializer", "ClaimInfoSerializer", "ClaimInput", "ClaimNextInput",
-    "ClaimResponseSerializer", "ClaimStateSerializer", "ClaimedJobSerializer",
-    "DispatchContextField", "EmptyInput", "EventSerializer", "GroupCancelSerializer",
-    "GroupSerializer", "HealthSerializer", "HeartbeatInput", "HeartbeatResponseSerializer",
-    "JobAgentConfigField", "JobAgentCreateInput", "JobAgentPage", "JobAgentSerializer",
-    "JobCreateInput", "JobDetailSerializer", "JobListItemPage", "JobListItemSerializer",
-    "JobPage", "JobSerializer", "JobSummarySerializer", "ReasonInput", "ReleaseInput",
-    "StatusInput", "StrictBooleanField", "StrictCharField", "StrictChoiceField",
-    "StrictIntegerField", "StrictUUIDField", "TokenCreateInput", "TokenSerializer",
-    "WebhookCreateInput", "WebhookCreatedSerializer", "WebhookDeliveryPage",
+    "MAX_UNKNOWN_NAMED", "REFUSAL_CODES", "REPORT_REFUSAL_CODES", "RESULT_HELP", "ApiInput",
+    "ArtifactListSerializer", "ArtifactSerializer", "AttemptSerializer",
+    "BatchClaimResponseSerializer", "BatchHeartbeatInput", "BatchHeartbeatItem",
+    "BatchHeartbeatOutcome", "BatchHeartbeatResponse", "BatchReportInput", "BatchReportItem",
+    "BatchReportOutcome", "BatchReportResponse", "ClaimCheckSerializer", "ClaimInfoSerializer",
+    "ClaimInput", "ClaimNextInput", "ClaimResponseSerializer", "ClaimStateSerializer",
+    "ClaimedJobSerializer", "DispatchContextField", "EffectAnswerSerializer",
+    "EffectBeginInput", "EffectCommitInput", "EffectListSerializer", "EffectSerializer",
+    "EmptyInput", "EventSerializer", "GroupCancelSerializer", "GroupSerializer",
+    "HealthSerializer", "HeartbeatInput", "HeartbeatResponseSerializer", "JobAgentConfigField",
+    "JobAgentCreateInput", "JobAgentPage", "JobAgentSerializer", "JobCreateInput",
+    "JobDetailSerializer", "JobListItemPage", "JobListItemSerializer", "JobPage",
+    "JobSerializer", "JobSummarySerializer", "LogAppendSerializer", "Outcome", "ReasonInput",
+    "ReleaseInput", "StatusInput", "StrictBooleanField", "StrictCharField",
+    "StrictChoiceField", "StrictIntegerField", "StrictUUIDField", "TokenCreateInput",
+    "TokenSerializer", "WebhookCreateInput", "WebhookCreatedSerializer", "WebhookDeliveryPage",
     "WebhookDeliverySerializer", "WebhookPage", "WebhookSerializer", "WebhookUrlField",
-    "page_of", "represent", "validate_input", "vocabulary",
+    "batch_of", "page_of", "represent", "validate_input", "vocabulary",
 ]
 
 
 def vocabulary() -> frozenset[str]:
     """The API's own words in request bodies: every field name of every request shape and
     every value a choice field allows. No secret; an error may say them (agents/exceptions.py
-    does not count them as quoting the body)."""
-    from .. import batch_serializers  # noqa: F401 - its shapes are ApiInput subclasses too
-
+    does not count them as quoting the body). Every module of this package is imported
+    above, so every request shape is an ApiInput subclass by now."""
     words: set[str] = set()
     shapes, seen = [ApiInput], set()
     while shapes:

@@ -10,9 +10,9 @@ from rest_framework.response import Response
 
 from jobqueue.lifecycle import effects
 
-from .. import effect_serializers as es
 from .. import serializers as s
 from ..schema import COMMON, WITH_BODY, errors
+from ..serializers import effects as es
 from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet
 
 KEY_PARAM = OpenApiParameter(

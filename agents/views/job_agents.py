@@ -21,14 +21,14 @@ from jobqueue.models import Job, JobAgent, Workspace
 
 from .. import health
 from .. import serializers as s
-from ..batch_serializers import (
+from ..pagination import ByName, ClaimOrder
+from ..schema import COMMON, WITH_BODY, errors
+from ..serializers.job_agents import (
     BatchHeartbeatInput,
     BatchHeartbeatResponse,
     BatchReportInput,
     BatchReportResponse,
 )
-from ..pagination import ByName, ClaimOrder
-from ..schema import COMMON, WITH_BODY, errors
 from .base import (
     AGENT,
     AGENT_TAGS,

@@ -17,11 +17,11 @@ from rest_framework.response import Response
 
 from jobqueue.lifecycle import artifacts, logs
 
-from .. import output_serializers as os_
 from ..bodies import ClientBody
 from ..exceptions import PayloadTooLarge
 from ..query import DIGITS, query_int
 from ..schema import COMMON, ErrorSerializer, errors
+from ..serializers import outputs as os_
 from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet, parse_uuid
 
 # GitLab's runner sends "0-99"; RFC 9110 writes "bytes 0-99/*" (or a total for the last).
