@@ -40,10 +40,7 @@ from .fields import (
     StrictUUIDField,
     page_of,
 )
-from .groups import (
-    GroupCancelSerializer,
-    GroupSerializer,
-)
+from .groups import GroupCancelSerializer, GroupSerializer
 from .job_agents import (
     HOLDER_HELP,
     LIST_ITEM_FIELDS,
@@ -91,19 +88,9 @@ from .jobs import (
     ReleaseInput,
     StatusInput,
 )
-from .outputs import (
-    ArtifactListSerializer,
-    ArtifactSerializer,
-    LogAppendSerializer,
-)
-from .shared_instances import (
-    represent,
-    validate_input,
-)
-from .tokens import (
-    TokenCreateInput,
-    TokenSerializer,
-)
+from .outputs import ArtifactListSerializer, ArtifactSerializer, LogAppendSerializer
+from .shared_instances import represent, validate_input
+from .tokens import TokenCreateInput, TokenSerializer
 from .webhooks import (
     WebhookCreatedSerializer,
     WebhookCreateInput,
