@@ -71,7 +71,7 @@ def errors(*codes) -> dict:
 def closed_request_bodies(result, generator, request, public):
     """drf-spectacular postprocessing hook: every request body's component (`<Thing>Request`)
     takes its declared properties and no other (`additionalProperties: false`), as the API
-    does (agents.serializers.ApiInput: an unknown field is a 400)."""
+    does (agents.serializers.fields.ApiInput: an unknown field is a 400)."""
     for name, component in result.get("components", {}).get("schemas", {}).items():
         if name.endswith("Request") and component.get("type") == "object":
             component["additionalProperties"] = False

@@ -21,12 +21,13 @@ from jobqueue.conf import jobqueue_settings
 from jobqueue.lifecycle.inputs import parse_uuid
 from jobqueue.models import JobAgent
 
-from .. import serializers as s
 from ..authentication import AgentTokenAuthentication, ApiKeyAuthentication
 from ..parsers import StrictJSONParser
 from ..permissions import InWorkspace, WorkspaceKeyOnly
 from ..query import query_int
 from ..schema import COMMON, WITH_BODY, errors
+from ..serializers.job_agents import ClaimResponseSerializer
+from ..serializers.shared_instances import represent, validate_input
 from ..throttling import CredentialRateThrottle
 
 # Who may call: an agent token (only its own agent and jobs) or the workspace API key; or
@@ -112,7 +113,7 @@ class ApiViewSet(ViewSet):
         return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
     def validated(self, serializer_class, data=None):
-        return s.validate_input(serializer_class, self.request.data if data is None else data)
+        return validate_input(serializer_class, self.request.data if data is None else data)
 
 
 def _has_body(request) -> bool:
@@ -163,4 +164,4 @@ def status_filter(request, default=None):
 
 
 def claim_body(grant) -> dict:
-    return s.represent(s.ClaimResponseSerializer, grant)
+    return represent(ClaimResponseSerializer, grant)

@@ -10,9 +10,15 @@ from rest_framework.response import Response
 
 from jobqueue.lifecycle import effects
 
-from .. import effect_serializers as es
-from .. import serializers as s
 from ..schema import COMMON, WITH_BODY, errors
+from ..serializers.effects import (
+    EffectAnswerSerializer,
+    EffectBeginInput,
+    EffectCommitInput,
+    EffectListSerializer,
+    EffectSerializer,
+)
+from ..serializers.shared_instances import represent
 from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet
 
 KEY_PARAM = OpenApiParameter(
@@ -21,7 +27,7 @@ KEY_PARAM = OpenApiParameter(
     "`email:welcome`): 1 to 200 of A-Z a-z 0-9 . _ : - (else 400).",
 )
 STATE_ANSWER = OpenApiResponse(
-    es.EffectAnswerSerializer,
+    EffectAnswerSerializer,
     description="unknown (an earlier attempt began it and recorded no outcome) or committed "
     "(with its result).")
 
@@ -40,39 +46,39 @@ class JobEffectViewSet(ApiViewSet):
         tags=PRODUCER_TAGS,
         operation_id="list_effects",
         summary="The job's effect ledger: every effect its attempts began, oldest first",
-        responses={200: es.EffectListSerializer, **errors(*COMMON)},
+        responses={200: EffectListSerializer, **errors(*COMMON)},
     )
     @action(detail=False, methods=["get"], url_path="effects", url_name="effects",
             permission_classes=PRODUCER, name="Effects")
     def list_effects(self, request, workspace_id, job_id):
         rows = effects.effects_of(self.path_uuid("job_id"),
                                   workspace_id=self.principal.workspace_id)
-        return Response({"results": es.EffectSerializer(rows, many=True).data})
+        return Response({"results": EffectSerializer(rows, many=True).data})
 
     @_effect_write("begin_effect",
                    "Begin an effect outside the service, or learn that an earlier attempt did",
-                   es.EffectBeginInput,
-                   {201: OpenApiResponse(es.EffectAnswerSerializer,
+                   EffectBeginInput,
+                   {201: OpenApiResponse(EffectAnswerSerializer,
                                          description="started: this attempt began it (again, "
                                          "for a repeat); do it now, then commit its outcome."),
                     200: STATE_ANSWER})
     @action(detail=False, methods=["post"], url_path="effects/<anyid:key>/begin",
             url_name="effect-begin", permission_classes=AGENT, name="Begin effect")
     def begin_effect(self, request, workspace_id, job_id, key):
-        data = self.validated(es.EffectBeginInput)
+        data = self.validated(EffectBeginInput)
         answer = effects.begin_effect(self.path_uuid("job_id"), data["claim_id"], key,
                                       **self.job_scope())
-        return Response(s.represent(es.EffectAnswerSerializer, answer),
+        return Response(represent(EffectAnswerSerializer, answer),
                         status=status.HTTP_201_CREATED if answer.created else status.HTTP_200_OK)
 
     @_effect_write("commit_effect", "Record the outcome of an effect this attempt began (once)",
-                   es.EffectCommitInput,
-                   {200: OpenApiResponse(es.EffectAnswerSerializer,
+                   EffectCommitInput,
+                   {200: OpenApiResponse(EffectAnswerSerializer,
                                          description="committed (or the same result again).")})
     @action(detail=False, methods=["put"], url_path="effects/<anyid:key>",
             url_name="effect", permission_classes=AGENT, name="Effect")
     def commit_effect(self, request, workspace_id, job_id, key):
-        data = self.validated(es.EffectCommitInput)
+        data = self.validated(EffectCommitInput)
         answer = effects.commit_effect(self.path_uuid("job_id"), data["claim_id"], key,
                                        data["result"], **self.job_scope())
-        return Response(s.represent(es.EffectAnswerSerializer, answer))
+        return Response(represent(EffectAnswerSerializer, answer))

@@ -12,8 +12,9 @@ from jobqueue import lifecycle
 from jobqueue.exceptions import InvalidInput
 from jobqueue.lifecycle.inputs import group_name
 
-from .. import serializers as s
 from ..schema import COMMON, WITH_BODY, errors
+from ..serializers.fields import ReasonInput
+from ..serializers.groups import GroupCancelSerializer, GroupSerializer
 from .base import PRODUCER_TAGS, ApiViewSet
 
 # The group is a name, not a UUID (the anyid converter is typed as a UUID everywhere else).
@@ -40,23 +41,23 @@ class GroupViewSet(ApiViewSet):
         operation_id="get_group",
         summary="A group's jobs by status, whether it finished, whether it was cancelled",
         parameters=[GROUP_PARAM],
-        responses={200: s.GroupSerializer, **errors(*COMMON)},
+        responses={200: GroupSerializer, **errors(*COMMON)},
     )
     def retrieve(self, request, workspace_id, group):
         state = lifecycle.group_state(self.principal.workspace_id, self.path_group())
-        return Response(s.GroupSerializer(state).data)
+        return Response(GroupSerializer(state).data)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
         operation_id="cancel_group",
         summary="Cancel every live job of the group and refuse new ones (bounded batches)",
         parameters=[GROUP_PARAM],
-        request=s.ReasonInput,
-        responses={200: s.GroupCancelSerializer, **errors(*WITH_BODY, *COMMON)},
+        request=ReasonInput,
+        responses={200: GroupCancelSerializer, **errors(*WITH_BODY, *COMMON)},
     )
     @action(detail=True, methods=["post"], name="Cancel")
     def cancel(self, request, workspace_id, group):
-        data = self.validated(s.ReasonInput)
+        data = self.validated(ReasonInput)
         n = lifecycle.cancel_group(self.principal.workspace_id, self.path_group(),
                                    actor=self.principal.actor, reason=data.get("reason", ""))
         return Response({"cancelled": n})

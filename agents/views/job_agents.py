@@ -20,15 +20,26 @@ from jobqueue import fencing, lifecycle, states
 from jobqueue.models import Job, JobAgent, Workspace
 
 from .. import health
-from .. import serializers as s
-from ..batch_serializers import (
+from ..pagination import ByName, ClaimOrder
+from ..schema import COMMON, WITH_BODY, errors
+from ..serializers.fields import ReasonInput
+from ..serializers.job_agents import (
+    LIST_ITEM_FIELDS,
+    BatchClaimResponseSerializer,
     BatchHeartbeatInput,
     BatchHeartbeatResponse,
     BatchReportInput,
     BatchReportResponse,
+    ClaimInput,
+    ClaimNextInput,
+    ClaimResponseSerializer,
+    JobAgentCreateInput,
+    JobAgentPage,
+    JobAgentSerializer,
+    JobListItemPage,
+    JobListItemSerializer,
 )
-from ..pagination import ByName, ClaimOrder
-from ..schema import COMMON, WITH_BODY, errors
+from ..serializers.shared_instances import represent
 from .base import (
     AGENT,
     AGENT_TAGS,
@@ -55,23 +66,23 @@ class JobAgentViewSet(ApiViewSet):
         operation_id="list_job_agents",
         summary="List job agents with their health",
         parameters=PAGE_PARAMS,
-        responses={200: s.JobAgentPage, **errors(400, *COMMON)},
+        responses={200: JobAgentPage, **errors(400, *COMMON)},
     )
     def list(self, request, workspace_id):
         agents = health.with_health(
             JobAgent.objects.filter(workspace_id=self.principal.workspace_id)
         )
-        return self.paginated(ByName, agents, s.JobAgentSerializer)
+        return self.paginated(ByName, agents, JobAgentSerializer)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
         operation_id="create_job_agent",
         summary="Create a job agent (issue its tokens with POST .../tokens)",
-        request=s.JobAgentCreateInput,
-        responses={201: s.JobAgentSerializer, **errors(*WITH_BODY, *COMMON)},
+        request=JobAgentCreateInput,
+        responses={201: JobAgentSerializer, **errors(*WITH_BODY, *COMMON)},
     )
     def create(self, request, workspace_id):
-        data = self.validated(s.JobAgentCreateInput)
+        data = self.validated(JobAgentCreateInput)
         agent = lifecycle.create_job_agent(
             workspace=Workspace.objects.get(id=self.principal.workspace_id),
             name=data["name"],
@@ -79,13 +90,13 @@ class JobAgentViewSet(ApiViewSet):
             max_attempts=data.get("max_attempts"),
             max_runtime_seconds=data.get("max_runtime_seconds"),
         )
-        return Response(s.JobAgentSerializer(agent).data, status=status.HTTP_201_CREATED)
+        return Response(JobAgentSerializer(agent).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
         operation_id="get_job_agent",
         summary="A job agent with its health",
-        responses={200: s.JobAgentSerializer, **errors(*COMMON)},
+        responses={200: JobAgentSerializer, **errors(*COMMON)},
     )
     def retrieve(self, request, workspace_id, agent_id):
         agent = (
@@ -95,28 +106,28 @@ class JobAgentViewSet(ApiViewSet):
         )
         if agent is None:
             raise NotFound("No such job agent.")
-        return Response(s.JobAgentSerializer(agent).data)
+        return Response(JobAgentSerializer(agent).data)
 
     @write_schema(PRODUCER_TAGS, "pause_job_agent",
                   "Pause the agent's claims (204 / empty until resumed; jobs in flight go on)",
-                  s.ReasonInput, s.JobAgentSerializer)
+                  ReasonInput, JobAgentSerializer)
     @action(detail=True, methods=["post"], url_path="pause", url_name="pause", name="Pause")
     def pause(self, request, workspace_id, agent_id):
         return self._pause_or_resume(lifecycle.pause_job_agent)
 
     @write_schema(PRODUCER_TAGS, "resume_job_agent", "Resume a paused agent's claims",
-                  s.ReasonInput, s.JobAgentSerializer)
+                  ReasonInput, JobAgentSerializer)
     @action(detail=True, methods=["post"], url_path="resume", url_name="resume", name="Resume")
     def resume(self, request, workspace_id, agent_id):
         return self._pause_or_resume(lifecycle.resume_job_agent)
 
     def _pause_or_resume(self, transition):
         # Idempotent: pausing a paused agent (resuming a running one) answers it unchanged.
-        data = self.validated(s.ReasonInput)
+        data = self.validated(ReasonInput)
         agent = self.agent_in_path()
         transition(agent, self.principal.actor, data.get("reason", ""))
         agent = health.with_health(JobAgent.objects.filter(id=agent.id)).get()
-        return Response(s.JobAgentSerializer(agent).data)
+        return Response(JobAgentSerializer(agent).data)
 
     # --- the agent's own endpoints
 
@@ -127,7 +138,7 @@ class JobAgentViewSet(ApiViewSet):
         description="`status=queued` (the default) lists the jobs claimable now, in claim "
         "order. Side-effect free.",
         parameters=[STATUS_PARAM, *PAGE_PARAMS],
-        responses={200: s.JobListItemPage, **errors(400, *COMMON)},
+        responses={200: JobListItemPage, **errors(400, *COMMON)},
     )
     @action(detail=True, methods=["get"], url_path="jobs", url_name="jobs",
             permission_classes=AGENT, name="Agent Jobs")
@@ -139,16 +150,16 @@ class JobAgentViewSet(ApiViewSet):
             status=status_value
         )
         return self.paginated(
-            ClaimOrder, jobs.only(*s.LIST_ITEM_FIELDS), s.JobListItemSerializer
+            ClaimOrder, jobs.only(*LIST_ITEM_FIELDS), JobListItemSerializer
         )
 
     @extend_schema(
         tags=AGENT_TAGS,
         operation_id="claim_job",
         summary="Claim this job (at most once)",
-        request=s.ClaimInput,
+        request=ClaimInput,
         responses={
-            200: s.ClaimResponseSerializer,
+            200: ClaimResponseSerializer,
             **errors(409, *WITH_BODY, *COMMON),
         },
     )
@@ -156,7 +167,7 @@ class JobAgentViewSet(ApiViewSet):
             url_name="claim", permission_classes=AGENT, name="Claim Job")
     def claim(self, request, workspace_id, agent_id, job_id):
         body = request.data
-        data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimInput)
+        data = {} if isinstance(body, dict) and not body else self.validated(ClaimInput)
         agent = self.agent_in_path()
         fencing.signing_key()  # a key that cannot sign fails here, before anything is claimed
         grant = lifecycle.claim_job(agent, self.path_uuid("job_id"), holder=data.get("holder"),
@@ -174,11 +185,11 @@ class JobAgentViewSet(ApiViewSet):
                 "agent gets the claim(s) the key made back while they are current.",
             )
         ],
-        request=s.ClaimNextInput,
+        request=ClaimNextInput,
         responses={
             200: PolymorphicProxySerializer(
                 component_name="ClaimNextResponse",
-                serializers=[s.ClaimResponseSerializer, s.BatchClaimResponseSerializer],
+                serializers=[ClaimResponseSerializer, BatchClaimResponseSerializer],
                 resource_type_field_name=None,
             ),
             204: OpenApiResponse(description="Nothing is claimable now (single claim only)."),
@@ -190,7 +201,7 @@ class JobAgentViewSet(ApiViewSet):
     def claim_next(self, request, workspace_id, agent_id):
         # The usual request has no body or `{}`: nothing to validate.
         body = request.data
-        data = {} if isinstance(body, dict) and not body else self.validated(s.ClaimNextInput)
+        data = {} if isinstance(body, dict) and not body else self.validated(ClaimNextInput)
         agent = self.agent_in_path()
         fencing.signing_key()  # a key that cannot sign fails here, before anything is claimed
         holder = data.get("holder")
@@ -213,7 +224,7 @@ class JobAgentViewSet(ApiViewSet):
         data = self.validated(BatchHeartbeatInput)
         agent = self.agent_in_path()
         result = lifecycle.heartbeat_many(agent.id, data["claims"])
-        return Response(s.represent(BatchHeartbeatResponse, result))
+        return Response(represent(BatchHeartbeatResponse, result))
 
     @write_schema(AGENT_TAGS, "report_many",
                   "End many jobs of this agent at once; per report: accepted, or why not",
@@ -224,4 +235,4 @@ class JobAgentViewSet(ApiViewSet):
         data = self.validated(BatchReportInput)
         agent = self.agent_in_path()
         result = lifecycle.report_many(agent.id, data["reports"])
-        return Response(s.represent(BatchReportResponse, result))
+        return Response(represent(BatchReportResponse, result))

@@ -15,9 +15,23 @@ from jobqueue import history, lifecycle
 from jobqueue.db import Now
 from jobqueue.models import Job, JobAgent, JobClaim
 
-from .. import serializers as s
 from ..pagination import NewestFirst
 from ..schema import COMMON, WITH_BODY, errors
+from ..serializers.fields import EmptyInput, ReasonInput
+from ..serializers.jobs import (
+    JOB_LIST_ONLY,
+    ClaimCheckSerializer,
+    HeartbeatInput,
+    HeartbeatResponseSerializer,
+    JobCreateInput,
+    JobDetailSerializer,
+    JobPage,
+    JobSerializer,
+    JobSummarySerializer,
+    ReleaseInput,
+    StatusInput,
+)
+from ..serializers.shared_instances import represent
 from .base import (
     AGENT,
     AGENT_TAGS,
@@ -54,7 +68,7 @@ class JobViewSet(ApiViewSet):
                              description="Only the jobs of this group."),
             *PAGE_PARAMS,
         ],
-        responses={200: s.JobPage, **errors(400, *COMMON)},
+        responses={200: JobPage, **errors(400, *COMMON)},
     )
     def list(self, request, workspace_id):
         jobs = Job.objects.filter(workspace_id=self.principal.workspace_id)
@@ -70,7 +84,7 @@ class JobViewSet(ApiViewSet):
         group = request.query_params.get("group")
         if group is not None:
             jobs = jobs.filter(group=group)
-        return self.paginated(NewestFirst, jobs.only(*s.JOB_LIST_ONLY), s.JobSummarySerializer)
+        return self.paginated(NewestFirst, jobs.only(*JOB_LIST_ONLY), JobSummarySerializer)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
@@ -85,15 +99,15 @@ class JobViewSet(ApiViewSet):
                 "an omitted max_attempts differs from an explicit one.",
             )
         ],
-        request=s.JobCreateInput,
+        request=JobCreateInput,
         responses={
-            201: s.JobSerializer,
-            200: OpenApiResponse(s.JobSerializer, description="Idempotent replay."),
+            201: JobSerializer,
+            200: OpenApiResponse(JobSerializer, description="Idempotent replay."),
             **errors(409, 422, *WITH_BODY, *COMMON),
         },
     )
     def create(self, request, workspace_id):
-        data = self.validated(s.JobCreateInput)
+        data = self.validated(JobCreateInput)
         agent = (
             JobAgent.objects.select_related("workspace")
             .filter(id=data["job_agent_id"], workspace_id=self.principal.workspace_id)
@@ -119,7 +133,7 @@ class JobViewSet(ApiViewSet):
             actor=self.principal.actor,
         )
         return Response(
-            s.JobSerializer(job).data,
+            JobSerializer(job).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
@@ -130,7 +144,7 @@ class JobViewSet(ApiViewSet):
         description="With `wait_seconds`, the answer waits for the job's end (at most that "
         "long): a producer's long-poll.",
         parameters=[WAIT_PARAM],
-        responses={200: s.JobDetailSerializer, **errors(400, *COMMON)},
+        responses={200: JobDetailSerializer, **errors(400, *COMMON)},
     )
     def retrieve(self, request, workspace_id, job_id):
         wait = wait_param(request)
@@ -154,48 +168,48 @@ class JobViewSet(ApiViewSet):
             "events": events,
             "attempts": history.attempts(job.id),
         }
-        return Response(s.JobDetailSerializer(job, context=context).data)
+        return Response(JobDetailSerializer(job, context=context).data)
 
     @write_schema(PRODUCER_TAGS, "cancel_job", "Cancel (supersedes a live claim)",
-                  s.ReasonInput, s.JobSerializer, 409)
+                  ReasonInput, JobSerializer, 409)
     @action(detail=True, methods=["post"], name="Cancel")
     def cancel(self, request, workspace_id, job_id):
         return self._operator_transition(lifecycle.cancel_job)
 
     @write_schema(PRODUCER_TAGS, "requeue_job", "Requeue now (supersedes a live claim)",
-                  s.ReasonInput, s.JobSerializer, 409)
+                  ReasonInput, JobSerializer, 409)
     @action(detail=True, methods=["post"], name="Requeue")
     def requeue(self, request, workspace_id, job_id):
         return self._operator_transition(lifecycle.requeue_job)
 
     def _operator_transition(self, transition):
         # transition: a lifecycle function(job_id, *, actor, reason, workspace_id)
-        data = self.validated(s.ReasonInput)
+        data = self.validated(ReasonInput)
         job = transition(
             self.path_uuid("job_id"),
             actor=self.principal.actor,
             reason=data.get("reason", ""),
             workspace_id=self.principal.workspace_id,
         )
-        return Response(s.represent(s.JobSerializer, job))
+        return Response(represent(JobSerializer, job))
 
     @extend_schema(
         tags=PRODUCER_TAGS,
         operation_id="dispatch_job",
         summary="Dispatch a held job (pending -> queued)",
         request=None,
-        responses={200: s.JobSerializer, **errors(409, 411, 413, 415, *COMMON)},
+        responses={200: JobSerializer, **errors(409, 411, 413, 415, *COMMON)},
     )
     @action(detail=True, methods=["post"], url_path="dispatch", url_name="dispatch",
             name="Dispatch")
     def dispatch_job(self, request, workspace_id, job_id):  # not `dispatch`: APIView's own
-        self.validated(s.EmptyInput)  # no body, or {}
+        self.validated(EmptyInput)  # no body, or {}
         job = lifecycle.dispatch_job(
             self.path_uuid("job_id"),
             workspace_id=self.principal.workspace_id,
             actor=self.principal.actor,
         )
-        return Response(s.represent(s.JobSerializer, job))
+        return Response(represent(JobSerializer, job))
 
     # --- the claim holder's reads and writes
 
@@ -204,31 +218,31 @@ class JobViewSet(ApiViewSet):
         operation_id="get_claim_state",
         summary="Is this claim current? Read-only: never extends the lease, writes nothing",
         parameters=[OpenApiParameter("claim_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
-        responses={200: s.ClaimCheckSerializer, **errors(*COMMON)},
+        responses={200: ClaimCheckSerializer, **errors(*COMMON)},
     )
     @action(detail=True, methods=["get"], url_path="claims/<anyid:claim_id>",
             url_name="claim-state", permission_classes=AGENT, name="Claim State")
     def claim_state(self, request, workspace_id, job_id, claim_id):
         check = lifecycle.claim_state(self.path_uuid("job_id"), self.path_uuid("claim_id"),
                                       **self.job_scope())
-        return Response(s.represent(s.ClaimCheckSerializer, check))
+        return Response(represent(ClaimCheckSerializer, check))
 
     @write_schema(AGENT_TAGS, "heartbeat", "Extend the lease (never revives an expired one)",
-                  s.HeartbeatInput, s.HeartbeatResponseSerializer, 409)
+                  HeartbeatInput, HeartbeatResponseSerializer, 409)
     @action(detail=True, methods=["post"], permission_classes=AGENT, name="Heartbeat")
     def heartbeat(self, request, workspace_id, job_id):
-        data = self.validated(s.HeartbeatInput)
+        data = self.validated(HeartbeatInput)
         result = lifecycle.heartbeat(self.path_uuid("job_id"), data["claim_id"],
                                      checkpoint=data.get("checkpoint"), **self.job_scope())
-        return Response(s.represent(s.HeartbeatResponseSerializer, result))
+        return Response(represent(HeartbeatResponseSerializer, result))
 
     @write_schema(AGENT_TAGS, "report_status",
                   "Report progress (in_progress) or a terminal status",
-                  s.StatusInput, s.JobSerializer, 409)
+                  StatusInput, JobSerializer, 409)
     @action(detail=True, methods=["put"], url_path="status", url_name="status",
             permission_classes=AGENT, name="Status")
     def report_status(self, request, workspace_id, job_id):
-        data = self.validated(s.StatusInput)
+        data = self.validated(StatusInput)
         job = lifecycle.report_status(
             self.path_uuid("job_id"),
             data["claim_id"],
@@ -240,13 +254,13 @@ class JobViewSet(ApiViewSet):
             checkpoint=data.get("checkpoint"),
             **self.job_scope(),
         )
-        return Response(s.represent(s.JobSerializer, job))
+        return Response(represent(JobSerializer, job))
 
     @write_schema(AGENT_TAGS, "release_job", "Give the job back to the queue",
-                  s.ReleaseInput, s.JobSerializer, 409)
+                  ReleaseInput, JobSerializer, 409)
     @action(detail=True, methods=["post"], permission_classes=AGENT, name="Release")
     def release(self, request, workspace_id, job_id):
-        data = self.validated(s.ReleaseInput)
+        data = self.validated(ReleaseInput)
         job = lifecycle.release_job(
             self.path_uuid("job_id"),
             data["claim_id"],
@@ -254,4 +268,4 @@ class JobViewSet(ApiViewSet):
             retry_after_seconds=data.get("retry_after_seconds"),
             **self.job_scope(),
         )
-        return Response(s.represent(s.JobSerializer, job))
+        return Response(represent(JobSerializer, job))

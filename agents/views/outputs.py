@@ -17,11 +17,11 @@ from rest_framework.response import Response
 
 from jobqueue.lifecycle import artifacts, logs
 
-from .. import output_serializers as os_
 from ..bodies import ClientBody
 from ..exceptions import PayloadTooLarge
 from ..query import DIGITS, query_int
 from ..schema import COMMON, ErrorSerializer, errors
+from ..serializers.outputs import ArtifactListSerializer, ArtifactSerializer, LogAppendSerializer
 from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet, parse_uuid
 
 # GitLab's runner sends "0-99"; RFC 9110 writes "bytes 0-99/*" (or a total for the last).
@@ -105,7 +105,7 @@ class JobOutputViewSet(ApiViewSet):
         request={"text/plain": OpenApiTypes.BINARY,
                  "application/octet-stream": OpenApiTypes.BINARY},
         responses={
-            202: OpenApiResponse(os_.LogAppendSerializer,
+            202: OpenApiResponse(LogAppendSerializer,
                                  description="Appended (or a repeat, accepted unchanged); "
                                  "the Range header is `0-<length>`."),
             416: OpenApiResponse(ErrorSerializer,
@@ -124,7 +124,7 @@ class JobOutputViewSet(ApiViewSet):
         data = whole_body(request._request)
         state = logs.append_log(job_id, claim_id, data, start=content_range(request, len(data)),
                                 **self.job_scope())
-        return Response(os_.LogAppendSerializer(state).data, status=status.HTTP_202_ACCEPTED,
+        return Response(LogAppendSerializer(state).data, status=status.HTTP_202_ACCEPTED,
                         headers={"Range": f"0-{state.length}"})
 
     def _read_log(self, job_id):
@@ -148,14 +148,14 @@ class JobOutputViewSet(ApiViewSet):
         tags=PRODUCER_TAGS,
         operation_id="list_artifacts",
         summary="The job's published artifact set",
-        responses={200: os_.ArtifactListSerializer, **errors(*COMMON)},
+        responses={200: ArtifactListSerializer, **errors(*COMMON)},
     )
     @action(detail=False, methods=["get"], url_path="artifacts", url_name="artifacts",
             permission_classes=PRODUCER, name="Artifacts")
     def artifacts(self, request, workspace_id, job_id):
         rows = artifacts.published_artifacts(self.path_uuid("job_id"),
                                              workspace_id=self.principal.workspace_id)
-        return Response({"results": os_.ArtifactSerializer(rows, many=True).data})
+        return Response({"results": ArtifactSerializer(rows, many=True).data})
 
     @extend_schema(
         methods=["GET"],
@@ -196,7 +196,7 @@ class JobOutputViewSet(ApiViewSet):
         "report)",
         parameters=[CLAIM_HEADER],
         request={"application/octet-stream": OpenApiTypes.BINARY},
-        responses={201: os_.ArtifactSerializer, 400: RAW_BODY_400,
+        responses={201: ArtifactSerializer, 400: RAW_BODY_400,
                    **errors(409, 411, 413, *COMMON)},
     )
     @action(detail=False, methods=["get", "put"], url_path="artifacts/<anyid:name>",
@@ -210,7 +210,7 @@ class JobOutputViewSet(ApiViewSet):
         info = artifacts.upload_artifact(
             job_id, claim_id, name, stream, content_type=request.content_type,
             declared_size=size, **self.job_scope())
-        return Response(os_.ArtifactSerializer(info).data, status=status.HTTP_201_CREATED)
+        return Response(ArtifactSerializer(info).data, status=status.HTTP_201_CREATED)
 
     def _download(self, job_id, name):
         """RFC 9110's order: If-None-Match (weak comparison; 304), then Range (one range,

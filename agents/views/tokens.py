@@ -8,8 +8,8 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from .. import credentials
-from .. import serializers as s
 from ..schema import COMMON, WITH_BODY, errors
+from ..serializers.tokens import TokenCreateInput, TokenSerializer
 from .base import PRODUCER_TAGS, ApiViewSet
 
 
@@ -23,16 +23,16 @@ class TokenViewSet(ApiViewSet):
         tags=PRODUCER_TAGS,
         operation_id="issue_agent_token",
         summary="Issue an agent token (the secret is returned once)",
-        request=s.TokenCreateInput,
-        responses={201: s.TokenSerializer, **errors(*WITH_BODY, *COMMON)},
+        request=TokenCreateInput,
+        responses={201: TokenSerializer, **errors(*WITH_BODY, *COMMON)},
     )
     def create(self, request, workspace_id, agent_id):
-        data = self.validated(s.TokenCreateInput)
+        data = self.validated(TokenCreateInput)
         agent = self.agent_in_path()
         token, raw = credentials.create_agent_token(agent, name=data["name"])
         token.refresh_from_db(fields=["created_at"])
         body = {"id": token.id, "name": token.name, "token": raw, "created_at": token.created_at}
-        return Response(s.TokenSerializer(body).data, status=status.HTTP_201_CREATED)
+        return Response(TokenSerializer(body).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         tags=PRODUCER_TAGS,

@@ -12,9 +12,16 @@ from rest_framework.response import Response
 from jobqueue.maintenance import webhooks
 from jobqueue.models import WebhookEndpoint
 
-from .. import serializers as s
 from ..pagination import NewestFirst
 from ..schema import COMMON, WITH_BODY, errors
+from ..serializers.webhooks import (
+    WebhookCreatedSerializer,
+    WebhookCreateInput,
+    WebhookDeliveryPage,
+    WebhookDeliverySerializer,
+    WebhookPage,
+    WebhookSerializer,
+)
 from .base import PAGE_PARAMS, PRODUCER_TAGS, ApiViewSet
 
 
@@ -35,27 +42,27 @@ class WebhookViewSet(ApiViewSet):
         operation_id="list_webhooks",
         summary="List webhook endpoints, newest first (never their secrets)",
         parameters=PAGE_PARAMS,
-        responses={200: s.WebhookPage, **errors(400, *COMMON)},
+        responses={200: WebhookPage, **errors(400, *COMMON)},
     )
     def list(self, request, workspace_id):
         endpoints = WebhookEndpoint.objects.filter(workspace_id=self.principal.workspace_id)
-        return self.paginated(NewestFirst, endpoints.defer("secret"), s.WebhookSerializer)
+        return self.paginated(NewestFirst, endpoints.defer("secret"), WebhookSerializer)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
         operation_id="create_webhook",
         summary="Create a webhook endpoint (the signing secret is returned once); 409 "
                 "webhook_limit_reached past JOBQUEUE_MAX_WEBHOOKS_PER_WORKSPACE",
-        request=s.WebhookCreateInput,
-        responses={201: s.WebhookCreatedSerializer, **errors(*WITH_BODY, 409, *COMMON)},
+        request=WebhookCreateInput,
+        responses={201: WebhookCreatedSerializer, **errors(*WITH_BODY, 409, *COMMON)},
     )
     def create(self, request, workspace_id):
-        data = self.validated(s.WebhookCreateInput)
+        data = self.validated(WebhookCreateInput)
         endpoint, secret = webhooks.create_endpoint(self.principal.workspace_id, data["url"],
                                                     data.get("events"))
         body = {"id": endpoint.id, "url": endpoint.url, "events": endpoint.events,
                 "created_at": endpoint.created_at, "secret": secret}
-        return Response(s.WebhookCreatedSerializer(body).data, status=status.HTTP_201_CREATED)
+        return Response(WebhookCreatedSerializer(body).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
@@ -72,10 +79,10 @@ class WebhookViewSet(ApiViewSet):
         operation_id="list_webhook_deliveries",
         summary="An endpoint's deliveries, newest first",
         parameters=PAGE_PARAMS,
-        responses={200: s.WebhookDeliveryPage, **errors(400, *COMMON)},
+        responses={200: WebhookDeliveryPage, **errors(400, *COMMON)},
     )
     @action(detail=True, methods=["get"], url_path="deliveries", name="Webhook Deliveries")
     def deliveries(self, request, workspace_id, webhook_id):
         endpoint = self.endpoint_in_path()
         deliveries = endpoint.deliveries.defer("payload").select_related("group")
-        return self.paginated(NewestFirst, deliveries, s.WebhookDeliverySerializer)
+        return self.paginated(NewestFirst, deliveries, WebhookDeliverySerializer)

@@ -278,7 +278,7 @@ def test_batch_report_scope_and_auth(world):
 def test_the_edge_hands_the_lifecycle_typed_values(world):
     """The batch bodies are parsed once, by their serializers, into the lifecycle's typed
     values (UUIDs, ClaimRef, ReportItem), which the lifecycle takes as they are."""
-    from agents.batch_serializers import BatchHeartbeatInput, BatchReportInput
+    from agents.serializers.job_agents import BatchHeartbeatInput, BatchReportInput
 
     JobFactory.create_batch(2, job_agent=world.agent)
     first, second = lifecycle.claim_next_jobs(world.agent, 2)

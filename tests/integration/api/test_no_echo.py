@@ -14,7 +14,7 @@ from rest_framework import serializers
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
-from agents.serializers import StrictChoiceField
+from agents.serializers.fields import StrictChoiceField
 
 pytestmark = pytest.mark.django_db
 

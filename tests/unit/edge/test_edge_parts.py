@@ -11,9 +11,10 @@ import pytest
 from rest_framework import serializers
 
 from agents.authentication import KIND_AGENT_TOKEN, KIND_API_KEY, ApiKeyAuthentication, Principal
-from agents.batch_serializers import Outcome
 from agents.permissions import InWorkspace, WorkspaceKeyOnly
-from agents.serializers import ApiInput, StrictIntegerField, vocabulary
+from agents.serializers import vocabulary
+from agents.serializers.fields import ApiInput, StrictIntegerField
+from agents.serializers.job_agents import Outcome
 from agents.throttling import CredentialRateThrottle
 from agents.urls import AnyId
 from agents.views.base import _has_body

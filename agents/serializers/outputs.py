@@ -1,4 +1,6 @@
-"""Response shapes of the job outputs endpoints (logs; docs/api.md, "Job outputs")."""
+"""Response shapes of the job outputs endpoints (agents/views/outputs.py: the log and the
+artifacts of a job; docs/api.md, "Job outputs"). Their request bodies are raw bytes, never
+parsed as JSON, so there is no ApiInput here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Request and response shapes of the effect ledger (docs/effects.md)."""
+"""Request and response shapes of the effect ledger endpoints (agents/views/effects.py;
+docs/effects.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from rest_framework import serializers
 
 from jobqueue.lifecycle.effects import COMMITTED, STARTED, UNKNOWN
 
-from .serializers import ApiInput, StrictUUIDField
+from .fields import ApiInput, StrictUUIDField
 
 RESULT_HELP = ("Any JSON, at most JOBQUEUE_MAX_RESULT_BYTES (default 1 MiB) as compact JSON; "
                "beyond is a 400 validation_error that records nothing.")
