@@ -10,7 +10,8 @@ import time
 
 from .agentlog import log_event
 from .backoff import Backoff
-from .client import AgentClient, ApiError, LeaseLost
+from .client import AgentClient
+from .errors import ApiError, LeaseLost
 from .lease import Lease
 from .workdir import ChildFileError, JobDir
 

@@ -17,7 +17,8 @@ from typing import Any
 from .agentlog import log, log_event
 from .backoff import Backoff
 from .child import CHECKPOINT_MAX_BYTES, CHECKPOINT_OUT_FILE
-from .client import AgentClient, ApiError, Claim, InvalidRequest, LeaseLost, NotFound, Unsupported
+from .client import AgentClient, Claim
+from .errors import ApiError, InvalidRequest, LeaseLost, NotFound, Unsupported
 from .workdir import ChildFileError, JobDir
 
 # The server's default bound on one batch heartbeat (JOBQUEUE_MAX_HEARTBEAT_BATCH).

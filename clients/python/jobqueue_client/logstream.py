@@ -10,7 +10,8 @@ import time
 
 from .agentlog import log, log_event
 from .backoff import Backoff
-from .client import AgentClient, ApiError, AuthError, InvalidRequest, LeaseLost, LogGap, NotFound
+from .client import AgentClient
+from .errors import ApiError, AuthError, InvalidRequest, LeaseLost, LogGap, NotFound
 
 # The job's log (PATCH jobs/{id}/log): what the child writes is sent this often and at its
 # end, at most LOG_CHUNK_BYTES a request (under the server's 1 MiB body cap); while the server

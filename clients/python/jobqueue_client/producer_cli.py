@@ -48,7 +48,7 @@ from .cli_output import (
     jobs_header,
     log_document,
 )
-from .client import ApiError
+from .errors import ApiError
 from .producer import TERMINAL_STATUSES, LogChunk, ProducerClient, WaitTimeout
 
 STATUSES = ["pending", "queued", "in_progress", "successful", "failure", "cancelled", "expired"]

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agentlog import log, log_event
-from .client import AgentClient, ApiError, InvalidRequest, Unsupported
+from .client import AgentClient
+from .errors import ApiError, InvalidRequest, Unsupported
 
 # The server's default bound on one batch report (JOBQUEUE_MAX_REPORT_BATCH).
 MAX_REPORT_BATCH = 500

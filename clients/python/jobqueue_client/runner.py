@@ -44,11 +44,11 @@ from .agentlog import log, log_event
 from .artifacts import ARTIFACT_MAX_BYTES, ARTIFACT_MAX_FILES, upload_artifacts
 from .backoff import Backoff
 from .child import fit_message, run_child
-from .client import (
-    AgentClient,
+from .client import AgentClient, Claim
+from .effects import EffectServer
+from .errors import (
     ApiError,
     AuthError,
-    Claim,
     InvalidRequest,
     LeaseLost,
     NotFound,
@@ -56,7 +56,6 @@ from .client import (
     TransportError,
     Unsupported,
 )
-from .effects import EffectServer
 from .jobspec import ConfigError, parse_config
 from .lease import Heartbeater, Lease
 from .logstream import LOG_INTERVAL_SECONDS, LogStream
