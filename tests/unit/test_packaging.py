@@ -118,8 +118,14 @@ def test_the_agent_installs_alone_with_httpx_and_no_django(agent_venv):
 
     imports = run_in(agent_venv, "python", "-c",
                      "import sys, jobqueue_client.cli, jobqueue_client.client, "
+                     "jobqueue_client.errors, jobqueue_client.transport, "
                      "jobqueue_client.producer, jobqueue_client.runner, "
-                     "jobqueue_client.producer_cli, jobqueue_client.cli_output; "
+                     "jobqueue_client.child, jobqueue_client.jobspec, "
+                     "jobqueue_client.logstream, jobqueue_client.lease, "
+                     "jobqueue_client.reports, jobqueue_client.artifacts, "
+                     "jobqueue_client.agentlog, jobqueue_client.backoff, "
+                     "jobqueue_client.producer_cli, jobqueue_client.producer_commands, "
+                     "jobqueue_client.cli_output; "
                      "print(sorted({m.split('.')[0] for m in sys.modules} & "
                      "{'django', 'jobqueue', 'agents', 'rest_framework', 'config'}))")
     assert imports.returncode == 0, imports.stderr

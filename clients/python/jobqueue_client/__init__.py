@@ -9,17 +9,16 @@
   fenced store (fenced_store.py), the worked example of a resource that refuses stale
   attempts; both need the `fencing` extra (pip install 'jobqueue-client[fencing]').
 
-Every error the server answers is an `ApiError` subclass carrying its stable `code`.
+Every error the server answers is an `ApiError` subclass carrying its stable `code` (errors.py).
 Nothing in this package imports Django or `jobqueue`: it runs on providers' machines and talks
 to the service only over the HTTP API.
 """
 
-from .client import (
-    AgentClient,
+from .client import AgentClient, Effect
+from .errors import (
     ApiError,
     AuthError,
     Conflict,
-    Effect,
     EffectAlreadyCommitted,
     EffectNotBegun,
     InvalidRequest,

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from .client import (
+from .errors import (
     ApiError,
     AuthError,
     Conflict,

@@ -1,8 +1,11 @@
-"""A small synchronous HTTP client for the agent side of the v1 API (httpx).
+"""A small synchronous HTTP client for the agent side of the v1 API (httpx): `AgentClient`,
+and what it answers (`Claim`, `Renewal`, `Effect`).
 
 Importable without Django: it imports nothing from `django` or `jobqueue`. Every error the
 server answers becomes an `ApiError` subclass carrying the response's stable `code`, so callers
-branch on types (or `code`), never on text. Network failures become `TransportError`.
+branch on types (or `code`), never on text. Network failures become `TransportError`. The
+errors live in errors.py and the transport both clients share (`ApiClient`) in transport.py;
+both are re-exported here, where callers have always imported them from.
 
 One client may be shared by several threads (httpx.Client pools its connections).
 """
@@ -15,7 +18,6 @@ import json
 import os
 import re
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -23,177 +25,37 @@ from typing import Any
 
 import httpx
 
-from . import version
+from .errors import (
+    LEASE_LOST_CODES,
+    ApiError,
+    AuthError,
+    Conflict,
+    DeadlineExceeded,
+    EffectAlreadyCommitted,
+    EffectNotBegun,
+    InvalidRequest,
+    LeaseLost,
+    LogGap,
+    NotClaimable,
+    NotFound,
+    ServerError,
+    Throttled,
+    TransportError,
+    Unsupported,
+    error_class,
+    error_from_response,
+)
+from .transport import ApiClient
 
-# Codes that mean "this claim is no longer yours": stop the job, publish nothing.
-LEASE_LOST_CODES = frozenset({"claim_superseded", "lease_expired", "job_cancelled", "job_finished",
-                              "deadline_exceeded"})
-
-
-# --- errors ------------------------------------------------------------------------------
-
-
-class ApiError(Exception):
-    """An error answer from the server (or, for TransportError, no answer at all)."""
-
-    #: True when the same request may succeed later (network, 5xx, 429).
-    transient = False
-    #: The address tried when no answer came (TransportError), for the logs.
-    url: str | None = None
-
-    def __init__(self, status: int, code: str, detail: str = "", *, fields=None,
-                 retry_after: float | None = None, length: int | None = None):
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.fields = fields or {}
-        self.retry_after = retry_after
-        self.length = length  # a log's length (the Range header of a log append's refusal)
-        super().__init__(f"{status} {code}: {detail}" if status else f"{code}: {detail}")
-
-
-class TransportError(ApiError):
-    """No response: connection refused or reset, timeout, DNS, protocol error. `url` is the
-    address that was tried (no credential is ever part of it), for the logs."""
-
-    transient = True
-
-    def __init__(self, detail: str, url: str | None = None):
-        super().__init__(0, "network_error", detail)
-        self.url = url
-
-    @classmethod
-    def of(cls, exc: httpx.TransportError) -> TransportError:
-        try:
-            url = str(exc.request.url)
-        except RuntimeError:  # httpx: an error raised before a request was attached
-            url = None
-        return cls(f"{type(exc).__name__}: {exc}", url)
-
-
-class ServerError(ApiError):
-    """5xx: the server failed; the request may be retried."""
-
-    transient = True
-
-
-class Throttled(ApiError):
-    """429: slow down; `retry_after` holds the server's hint in seconds."""
-
-    transient = True
-
-
-class AuthError(ApiError):
-    """401/403: the token is wrong, revoked, or not allowed here. Not retried."""
-
-
-class NotFound(ApiError):
-    """404: no such job or agent, or not yours."""
-
-
-class Unsupported(ApiError):
-    """404/405 from an optional endpoint (batch claim, batch heartbeat) the server lacks."""
-
-
-class LeaseLost(ApiError):
-    """409 claim_superseded / lease_expired / job_cancelled / job_finished /
-    deadline_exceeded: the claim is no longer this agent's to act on."""
-
-
-class DeadlineExceeded(LeaseLost):
-    """409 deadline_exceeded: a clock (the job's max_runtime_seconds or expires_at) ended
-    the attempt. A LeaseLost: stop the work and publish nothing."""
-
-
-class NotClaimable(ApiError):
-    """409 job_not_claimable, or agent_paused (an operator paused the agent's claims)."""
-
-
-class Conflict(ApiError):
-    """Any other 409 (e.g. invalid_transition)."""
-
-
-class EffectAlreadyCommitted(Conflict):
-    """409 effect_already_committed: the effect's outcome is recorded, with another result
-    (nothing changed). Begin it again to read the recorded one."""
-
-
-class EffectNotBegun(Conflict):
-    """409 effect_not_begun: a commit for a key this attempt has not begun (begin it first,
-    and handle `unknown`)."""
-
-
-class InvalidRequest(ApiError):
-    """400, 413, 415, 416, 422: the request itself is wrong; retrying it cannot help."""
-
-
-class LogGap(InvalidRequest):
-    """416 log_range_gap: the chunk started past the log's end; `length` is the log's."""
-
-
-def error_from_response(response: httpx.Response) -> ApiError:
-    status = response.status_code
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        body = {}
-    code = str(body.get("code") or _default_code(status))
-    detail = str(body.get("detail") or response.reason_phrase or "")
-    fields = body.get("fields") if isinstance(body.get("fields"), dict) else None
-    retry_after = _retry_after(response.headers.get("Retry-After"))
-    length = _range_length(response.headers.get("Range"))
-    cls = error_class(status, code)
-    return cls(status, code, detail, fields=fields, retry_after=retry_after, length=length)
-
-
-_CONFLICTS = {"deadline_exceeded": DeadlineExceeded, "job_not_claimable": NotClaimable,
-              "agent_paused": NotClaimable, "effect_already_committed": EffectAlreadyCommitted,
-              "effect_not_begun": EffectNotBegun}
-
-
-def error_class(status: int, code: str) -> type[ApiError]:
-    """The ApiError subclass for an error answer's status and code."""
-    if status >= 500:
-        cls = ServerError
-    elif status == 429:
-        cls = Throttled
-    elif status in (401, 403):
-        cls = AuthError
-    elif status == 404:
-        cls = NotFound
-    elif status == 409:
-        cls = _CONFLICTS.get(code) or (LeaseLost if code in LEASE_LOST_CODES else Conflict)
-    elif status == 408:
-        cls = ServerError
-    else:
-        cls = InvalidRequest
-    return cls
-
-
-def _range_length(value: str | None) -> int | None:
-    """`0-<length>` (a log's length, on 416 and 413 answers to a log append)."""
-    if not value or not value.startswith("0-") or not value[2:].isdigit():
-        return None
-    return int(value[2:])
-
-
-def _default_code(status: int) -> str:
-    return {
-        400: "validation_error", 401: "not_authenticated", 403: "permission_denied",
-        404: "not_found", 405: "method_not_allowed", 409: "conflict",
-        413: "payload_too_large", 415: "unsupported_media_type", 429: "throttled",
-    }.get(status, "server_error" if status >= 500 else f"http_{status}")
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
+# The errors and the transport, for `from jobqueue_client.client import ...` (effects.py,
+# producer code and users import them from here).
+__all__ = [
+    "LEASE_LOST_CODES", "AgentClient", "ApiClient", "ApiError", "AuthError", "Claim",
+    "Conflict", "DeadlineExceeded", "Effect", "EffectAlreadyCommitted", "EffectNotBegun",
+    "InvalidRequest", "LeaseLost", "LogGap", "NotClaimable", "NotFound", "Renewal",
+    "ServerError", "Throttled", "TransportError", "Unsupported", "check_effect_key",
+    "default_holder", "error_class", "error_from_response", "parse_time",
+]
 
 
 # --- results -----------------------------------------------------------------------------
@@ -344,114 +206,6 @@ def default_holder() -> str:
     """This process, as claims name it for operators: host and pid."""
     host = "".join(ch for ch in socket.gethostname() if ch.isprintable())[:180]
     return f"{host}:{os.getpid()}"
-
-
-class ApiClient:
-    """What both clients share (AgentClient here, ProducerClient in producer.py): one
-    httpx.Client under /v1/workspaces/{workspace_id}/ sending the credential's headers, a
-    connection of its own for held requests (long-poll) that abort_wait() closes from another
-    thread, and every error answer turned into an ApiError by `error_from_response`."""
-
-    #: Turns an error answer (status >= 400) into the exception to raise.
-    error_from_response = staticmethod(error_from_response)
-
-    def __init__(self, server: str, workspace_id: str, credential_headers: dict[str, str], *,
-                 timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
-                 user_agent: str | None = None):
-        self.server = server.rstrip("/")
-        self.workspace_id = str(workspace_id)
-        self.timeout = timeout
-        self._http = httpx.Client(
-            base_url=f"{self.server}/v1/workspaces/{self.workspace_id}/",
-            headers={**credential_headers, "Accept": "application/json",
-                     "User-Agent": version.user_agent(user_agent)},
-            timeout=timeout,
-            transport=transport,
-        )
-        # Held requests (wait_seconds) go on a connection of their own, which abort_wait()
-        # closes from another thread: a stopping process does not sit out a 50 s wait.
-        self._client_args = {"base_url": self._http.base_url, "headers": self._http.headers,
-                             "transport": transport}
-        self._wait_http: httpx.Client | None = None
-        self._wait_lock = threading.Lock()
-        self._aborted = False
-
-    def close(self) -> None:
-        self.abort_wait()
-        self._http.close()
-
-    def abort_wait(self) -> None:
-        """End a held request now (from any thread): it raises TransportError, and no
-        request waits again on this client."""
-        with self._wait_lock:
-            self._aborted = True
-            held, self._wait_http = self._wait_http, None
-        if held is not None:
-            held.close()
-
-    def _waiting_client(self) -> httpx.Client:
-        with self._wait_lock:
-            if self._aborted:
-                raise TransportError("The wait was aborted.")
-            if self._wait_http is None:
-                self._wait_http = httpx.Client(timeout=self.timeout, **self._client_args)
-            return self._wait_http
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    # -- plumbing --
-
-    def _request(self, method: str, path: str, *, json: Any = None, params=None,
-                 timeout: float | None = None, content=None, headers=None,
-                 wait: float = 0, stream: bool = False) -> httpx.Response:
-        """Send one request; an error answer raises (the class's error_from_response), a
-        lost one raises TransportError. With `stream`, the body of a successful answer is
-        left unread: the caller iterates it and closes the response."""
-        kwargs: dict[str, Any] = {"params": params}
-        if headers:
-            kwargs["headers"] = headers
-        if json is not None:
-            kwargs["json"] = json
-        if content is not None:
-            kwargs["content"] = content
-        if timeout is not None:
-            kwargs["timeout"] = timeout
-        http = self._http
-        if wait:
-            http = self._waiting_client()
-            kwargs["timeout"] = self.timeout + wait
-        try:
-            response = http.send(http.build_request(method, path, **kwargs), stream=stream)
-        except RuntimeError as exc:
-            if not wait:
-                raise
-            # httpx: the client was closed under the request (abort_wait)
-            raise TransportError(  # pragma: no cover -- abort_wait() just before send(): a race
-                f"The wait was aborted: {exc}") from None
-        except httpx.TransportError as exc:
-            raise TransportError.of(exc) from None
-        if response.status_code >= 400:
-            if stream:
-                try:
-                    response.read()
-                except httpx.TransportError as exc:
-                    raise TransportError.of(exc) from None
-                finally:
-                    response.close()
-            raise self.error_from_response(response)
-        return response
-
-    @staticmethod
-    def _json(response: httpx.Response) -> Any:
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise ServerError(response.status_code, "invalid_response",
-                              "The server answered with something that is not JSON.") from exc
 
 
 class AgentClient(ApiClient):

@@ -1,12 +1,13 @@
 """A small synchronous HTTP client for the producer side of the v1 API (httpx).
 
-The agent client's sibling (client.py): the same transport (`ApiClient`), the same typed
-errors (`ApiError` and its subclasses, each carrying the server's stable `code`), the same
-retry rule: a request is sent again after a lost answer (a transport error or a 5xx) only
-where the server answers a repeat as it answered the first: reads (GET), a `create_job` that
-carries an `Idempotency-Key` (a replay answers the first job) and a cancel (a cancelled job's
-cancel answers it unchanged). Requeues, dispatches and group cancels are sent once: a repeat
-of one that landed would requeue again, answer 409 `invalid_transition`, or count 0.
+The agent client's sibling (client.py): the same transport (`ApiClient`, transport.py), the
+same typed errors (`ApiError` and its subclasses, each carrying the server's stable `code`:
+errors.py), the same retry rule: a request is sent again after a lost answer (a transport
+error or a 5xx) only where the server answers a repeat as it answered the first: reads (GET),
+a `create_job` that carries an `Idempotency-Key` (a replay answers the first job) and a cancel
+(a cancelled job's cancel answers it unchanged). Requeues, dispatches and group cancels are
+sent once: a repeat of one that landed would requeue again, answer 409 `invalid_transition`,
+or count 0.
 
 It authenticates with a workspace API key (`X-API-Key`), which acts for the whole workspace.
 Importable without Django, like the rest of the package. One client may be shared by several
@@ -29,8 +30,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .client import (
-    ApiClient,
+from .errors import (
     ApiError,
     Conflict,
     InvalidRequest,
@@ -39,6 +39,7 @@ from .client import (
     TransportError,
     error_from_response,
 )
+from .transport import ApiClient
 
 TERMINAL_STATUSES = frozenset({"successful", "failure", "cancelled", "expired"})
 

@@ -13,6 +13,10 @@ The connection comes from JOBQUEUE_URL (else JOBQUEUE_SERVER, the agent's name f
 JOBQUEUE_WORKSPACE and JOBQUEUE_API_KEY, or from --url, --workspace and --api-key (which may
 be given before or after the command). `--json` prints one JSON document on stdout. The exit
 statuses are in cli_output.py and docs/cli.md.
+
+Here: the arguments (`build_parser`), the settings and `main`, which turns every error into its
+message and exit status. What each command does is in producer_commands.py; what it prints, in
+cli_output.py.
 """
 
 from __future__ import annotations
@@ -20,40 +24,39 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib.metadata
-import json
 import os
 import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from .cli import _non_negative_float, _non_negative_int, _positive_float, _positive_int
 from .cli_output import (
     EXIT_INTERRUPTED,
-    EXIT_NOT_FOUND,
-    EXIT_NOT_SUCCESSFUL,
     EXIT_OK,
-    EXIT_TIMEOUT,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CommandFailed,
     Output,
     UsageError,
-    artifacts_table,
     exit_code_of,
     explain,
-    group_text,
-    job_row,
-    job_text,
-    jobs_header,
-    log_document,
 )
-from .client import ApiError
-from .producer import TERMINAL_STATUSES, LogChunk, ProducerClient, WaitTimeout
+from .errors import ApiError
+from .producer import ProducerClient
+from .producer_commands import (
+    cmd_artifacts,
+    cmd_cancel,
+    cmd_create,
+    cmd_dispatch,
+    cmd_get,
+    cmd_group_cancel,
+    cmd_group_get,
+    cmd_list,
+    cmd_logs,
+    cmd_requeue,
+    cmd_wait,
+)
 
 STATUSES = ["pending", "queued", "in_progress", "successful", "failure", "cancelled", "expired"]
 DEFAULT_LIST_LIMIT = 100
-MAX_PAGE_SIZE = 500  # the API's largest page_size
 
 EXIT_STATUS_HELP = """\
 exit status:
@@ -320,253 +323,6 @@ def settings_from(args: argparse.Namespace, env=os.environ) -> Settings:
                          f"{url!r}")
     return Settings(url, args.workspace or env["JOBQUEUE_WORKSPACE"],
                     args.api_key or env["JOBQUEUE_API_KEY"])
-
-
-def read_object(value: str, option: str, *, inline: bool = False) -> dict:
-    """A JSON object from a file, `-` (stdin) or, with `inline`, the text itself (`{…}`).
-    Errors name the option and never quote the content (a context may hold secrets)."""
-    if inline and value.lstrip().startswith("{"):
-        text, where = value, "the value"
-    elif value == "-":
-        text, where = sys.stdin.read(), "stdin"
-    else:
-        try:
-            text = Path(value).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{option}: cannot read {value!r}: "
-                             f"{getattr(exc, 'strerror', None) or exc}") from None
-        where = repr(value)
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{option}: {where} is not JSON (line {exc.lineno}, column "
-                         f"{exc.colno}: {exc.msg})") from None
-    if not isinstance(obj, dict):
-        raise UsageError(f"{option}: {where} holds a JSON {type(obj).__name__}; it must be an "
-                         "object ({…})")
-    return obj
-
-
-# --- commands ------------------------------------------------------------------------------
-
-
-def cmd_create(client: ProducerClient, args, out: Output) -> int:
-    if not args.agent:
-        raise UsageError("jobs create: set --agent ID (or JOBQUEUE_AGENT): the job agent "
-                         "that runs the job")
-    if args.timeout is not None and not args.wait:
-        raise UsageError("jobs create: --timeout applies only with --wait")
-    if args.config == "-" and args.context == "-":
-        raise UsageError("jobs create: only one of --config and --context can read stdin (-)")
-    config = read_object(args.config, "--config", inline=True) if args.config else None
-    context = read_object(args.context, "--context") if args.context else None
-    if args.command:
-        if config is not None and "command" in config:
-            raise UsageError("jobs create: give the command either in --config or after --, "
-                             "not both")
-        config = {**(config or {}), "command": args.command}
-    job = client.create_job(
-        args.agent, job_agent_config=config, dispatch_context=context,
-        priority=args.priority, max_attempts=args.max_attempts,
-        delay_seconds=args.delay_seconds, retry_backoff_seconds=args.retry_backoff_seconds,
-        max_runtime_seconds=args.max_runtime_seconds, expires_at=args.expires_at,
-        external_id=args.external_id, group=args.group, hold=args.hold,
-        idempotency_key=args.idempotency_key)
-    if args.wait:
-        out.note(f"created job {job['id']} ({job['status']}); waiting for it to end")
-        return wait_for_end(client, job["id"], args, out)
-    show_job(job, args, out)
-    return EXIT_OK
-
-
-def show_job(job: dict, args, out: Output) -> None:
-    if out.machine:
-        out.document(job)
-    elif getattr(args, "quiet", False):
-        out.text(job["id"])
-    else:
-        out.text(job_text(job, events=getattr(args, "events", False)))
-
-
-def outcome(job: dict) -> int:
-    return EXIT_OK if job["status"] == "successful" else EXIT_NOT_SUCCESSFUL
-
-
-def wait_for_end(client: ProducerClient, job_id: str, args, out: Output) -> int:
-    """Wait for the job's end, show it, and exit by its status (0 successful, 1 not)."""
-    try:
-        job = client.wait(job_id, timeout=args.timeout)
-    except WaitTimeout as exc:
-        show_job(exc.job, args, out)
-        raise CommandFailed(
-            f"job {job_id} is still {exc.job.get('status')} after {args.timeout:g} s (it goes "
-            f"on): wait again with `jobqueue jobs wait {job_id}`", EXIT_TIMEOUT,
-            "timeout") from None
-    except KeyboardInterrupt:
-        raise CommandFailed(
-            f"stopped waiting; job {job_id} goes on (`jobqueue jobs wait {job_id}`, or "
-            f"`jobqueue jobs cancel {job_id}`)", EXIT_INTERRUPTED, "interrupted") from None
-    show_job(job, args, out)
-    if job["status"] != "successful":
-        out.note(f"job {job_id} ended {job['status']}")
-    return outcome(job)
-
-
-def cmd_get(client, args, out) -> int:
-    show_job(client.get(args.id), args, out)
-    return EXIT_OK
-
-
-def cmd_wait(client, args, out) -> int:
-    job = client.get(args.id)  # at once: a wrong id, key or URL fails here, not after retries
-    if job["status"] in TERMINAL_STATUSES:
-        show_job(job, args, out)
-        return outcome(job)
-    return wait_for_end(client, args.id, args, out)
-
-
-def cmd_list(client, args, out) -> int:
-    """Printed as the pages come (a JSON array too): `--all` holds no list in memory."""
-    limit = None if args.all else args.limit
-    # One more than shown, to tell whether there were more.
-    page_size = MAX_PAGE_SIZE if limit is None else min(MAX_PAGE_SIZE, limit + 1)
-    jobs = client.list(status=args.status, group=args.group, job_agent_id=args.agent,
-                       page_size=page_size, limit=None if limit is None else limit + 1)
-    shown = 0
-    for job in jobs:
-        if shown == limit:
-            out.note(f"(the newest {limit}; --limit N or --all for more)")
-            break
-        if out.machine:
-            out.write(("[\n  " if shown == 0 else ",\n  ") + json.dumps(job, ensure_ascii=False))
-        else:
-            out.text((jobs_header() + "\n" if shown == 0 else "") + job_row(job))
-        shown += 1
-    if out.machine:
-        out.write("\n]\n" if shown else "[]\n")
-    elif not shown:
-        out.note("no jobs match")
-    return EXIT_OK
-
-
-def cmd_cancel(client, args, out) -> int:
-    show_job(client.cancel(args.id, args.reason), args, out)
-    return EXIT_OK
-
-
-def cmd_requeue(client, args, out) -> int:
-    show_job(client.requeue(args.id, args.reason), args, out)
-    return EXIT_OK
-
-
-def cmd_dispatch(client, args, out) -> int:
-    show_job(client.dispatch(args.id), args, out)
-    return EXIT_OK
-
-
-def cmd_logs(client, args, out) -> int:
-    """Print the log from byte 0; with --follow, read again until the job has ended (the
-    long-poll GET jobs/{id}?wait_seconds paces the reads and answers at once at the end),
-    going on to each later attempt's log unless --attempt names one."""
-    attempt, offset, printed = args.attempt, 0, False
-    job = client.get(args.id) if args.follow else None
-    whole = bytearray()  # --json without --follow: one document, however many reads
-    try:
-        while True:
-            chunk = client.read_log(args.id, attempt=attempt, offset=offset)
-            attempt = chunk.attempt if attempt is None else attempt
-            if chunk.data:
-                printed = True
-                if not out.machine:
-                    out.raw(chunk.data)
-                elif args.follow:
-                    out.line(log_document(args.id, chunk))
-                else:
-                    whole += chunk.data
-            offset = chunk.next_offset
-            if offset < chunk.length:
-                continue  # more is there already (a read answers at most 16 MiB)
-            if not args.follow:
-                if out.machine:
-                    out.document(log_document(args.id, LogChunk(bytes(whole), chunk.attempt,
-                                                                0, chunk.length)))
-                return EXIT_OK
-            if job["status"] in TERMINAL_STATUSES or (args.attempt and job["attempt"] > attempt):
-                return outcome(job) if job["status"] in TERMINAL_STATUSES else EXIT_OK
-            if args.attempt is None and job["attempt"] > attempt:
-                attempt, offset = job["attempt"], 0
-                if printed:
-                    out.note(f"--- attempt {attempt} ---")
-                continue
-            started = time.monotonic()
-            job = client.get(args.id, wait_seconds=min(client.max_wait_seconds,
-                                                       max(1, round(args.interval))))
-            if job["status"] not in TERMINAL_STATUSES:  # a server at its cap answers early
-                time.sleep(max(0.0, args.interval - (time.monotonic() - started)))
-    except KeyboardInterrupt:
-        raise CommandFailed("stopped following the log; the job goes on", EXIT_INTERRUPTED,
-                            "interrupted") from None
-
-
-def cmd_artifacts(client, args, out) -> int:
-    if args.name and not args.download:
-        raise UsageError("jobs artifacts: --name applies only with --download DIR")
-    artifacts = client.list_artifacts(args.id)
-    if not args.download:
-        if out.machine:
-            out.document(artifacts)
-        elif artifacts:
-            out.text(artifacts_table(artifacts))
-        else:
-            out.note(f"job {args.id} has no published artifacts (a job publishes its "
-                     "artifacts when it ends successful)")
-        return EXIT_OK
-    names = [a["name"] for a in artifacts]
-    wanted = args.name or names
-    unknown = [n for n in wanted if n not in names]
-    if unknown:
-        raise CommandFailed(
-            f"job {args.id} published no artifact named {', '.join(unknown)} (it published: "
-            f"{', '.join(names) or 'none'}): check --name", EXIT_NOT_FOUND, "not_found")
-    target = Path(args.download)
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--download: cannot make the directory {args.download!r}: "
-                         f"{exc.strerror or exc}") from None
-    saved = []
-    for name in wanted:
-        if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
-            raise CommandFailed(f"the server named an artifact {name!r}, which is not a file "
-                                "name: not saved", EXIT_UNAVAILABLE, "invalid_response")
-        path = target / name
-        info = client.download_artifact(args.id, name, path)
-        saved.append({**info, "path": str(path)})
-        out.note(f"saved {path} ({info['size']} bytes, sha256 {info['sha256']})")
-    if out.machine:
-        out.document(saved)
-    elif not saved:
-        out.note(f"job {args.id} has no published artifacts: nothing saved")
-    return EXIT_OK
-
-
-def cmd_group_get(client, args, out) -> int:
-    group = client.group(args.name)
-    if out.machine:
-        out.document(group)
-    else:
-        out.text(group_text(group))
-    return EXIT_OK
-
-
-def cmd_group_cancel(client, args, out) -> int:
-    cancelled = client.cancel_group(args.name, args.reason)
-    if out.machine:
-        out.document({"group": args.name, "cancelled": cancelled})
-    else:
-        out.text(f"group {args.name}: cancelled {cancelled} job{'s' * (cancelled != 1)}; it "
-                 "takes no new jobs")
-    return EXIT_OK
 
 
 def _subject(args) -> str:

@@ -12,8 +12,9 @@ import time
 
 import httpx
 import pytest
+from jobqueue_client import child, logstream, reports, runner
 from jobqueue_client import client as api
-from jobqueue_client import runner
+from jobqueue_client.lease import Lease
 from jobqueue_client.runner import Agent, AgentOptions
 
 from tests.e2e.harness import wait_for
@@ -330,7 +331,7 @@ def test_a_bug_in_the_batch_report_does_not_take_the_agent_down(start, caplog, t
 
 def test_a_large_result_skips_the_batch(start, caplog, tmp_path):
     """While the reporter is busy, a report too big for a batch goes out alone at once."""
-    big = "x" * (runner.BATCH_REPORT_ITEM_BYTES + 1)
+    big = "x" * (reports.BATCH_REPORT_ITEM_BYTES + 1)
     go = tmp_path / "go"
     server = Api(["true"], after(go, f'printf \'{{"blob": "{big}"}}\' > "$JOB_RESULT_FILE"'))
     gate = hold_first_report(server, go)
@@ -558,19 +559,19 @@ def test_what_the_child_leaves_as_a_checkpoint_is_read_safely(tmp_path):
     from jobqueue_client.workdir import JobDir
 
     claim = Claim.from_payload(Api()._grant({"id": "j", "command": ["true"]}))
-    lease = runner.Lease(claim, time.monotonic())
+    lease = Lease(claim, time.monotonic())
     assert lease.new_checkpoint() is None  # no child running
     jobdir = JobDir(base=str(tmp_path))
     try:
         lease.watch(jobdir)
         assert lease.new_checkpoint() is None  # nothing written yet
-        out = jobdir.file(runner.CHECKPOINT_OUT_FILE)
+        out = jobdir.file(child.CHECKPOINT_OUT_FILE)
         for bad in (b"{half", b"null"):
             with open(out, "wb") as fh:
                 fh.write(bad)
             assert lease.new_checkpoint() is None
         with open(out, "wb") as fh:
-            fh.write(b"x" * (runner.CHECKPOINT_MAX_BYTES + 1))
+            fh.write(b"x" * (child.CHECKPOINT_MAX_BYTES + 1))
         assert lease.new_checkpoint() is None  # oversized
         with open(out, "wb") as fh:
             fh.write(b'{"k": 1}')
@@ -741,8 +742,8 @@ def test_output_beyond_the_log_buffer_is_dropped_with_a_marker(monkeypatch, tmp_
             sent.append((start, data))
             return start + len(data)
 
-    monkeypatch.setattr(runner, "LOG_BUFFER_BYTES", 10)
-    stream = runner.LogStream(Client(), "j", "c", 1, interval=60)
+    monkeypatch.setattr(logstream, "LOG_BUFFER_BYTES", 10)
+    stream = logstream.LogStream(Client(), "j", "c", 1, interval=60)
     stream.feed(b"0123456789abcdef")
     stream.close(timeout=5)
     assert sent == [(0, b"\n[jobqueue-agent: 6 bytes of output dropped]\n6789abcdef")]
@@ -762,7 +763,7 @@ def test_a_gap_without_a_length_and_an_agent_bug_stop_the_log(caplog):
     caplog.set_level(logging.DEBUG, logger="jobqueue.agent")
     for error, code in [(api.LogGap(416, "log_range_gap"), "log_range_gap"),
                         (RuntimeError("bug"), "agent_error")]:
-        stream = runner.LogStream(Client(error), "j", "c", 1, interval=60)
+        stream = logstream.LogStream(Client(error), "j", "c", 1, interval=60)
         stream.feed(b"x")
         stream.close(timeout=5)
         assert stream.stopped == code
@@ -776,7 +777,7 @@ def test_a_log_that_cannot_be_sent_in_time_is_given_up(caplog):
             raise api.ServerError(503, "server_error", "down")
 
     caplog.set_level(logging.DEBUG, logger="jobqueue.agent")
-    stream = runner.LogStream(Client(), "j", "c", 1, interval=60)
+    stream = logstream.LogStream(Client(), "j", "c", 1, interval=60)
     stream.feed(b"x")
     stream.close(timeout=0.3)
     assert "event=log_unsent job=j attempt=1 length=0" in caplog.text

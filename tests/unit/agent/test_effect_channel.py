@@ -15,7 +15,8 @@ import time
 import pytest
 from jobqueue_client import client as api
 from jobqueue_client import effects
-from jobqueue_client.runner import JobSpec, run_child
+from jobqueue_client.child import run_child
+from jobqueue_client.jobspec import JobSpec
 from jobqueue_client.workdir import JobDir
 
 

@@ -11,14 +11,9 @@ from pathlib import Path
 
 import pytest
 from jobqueue_client import cli
-from jobqueue_client.runner import (
-    OUTPUT_TAIL_CHARS,
-    Backoff,
-    ConfigError,
-    JobSpec,
-    parse_config,
-    run_child,
-)
+from jobqueue_client.backoff import Backoff
+from jobqueue_client.child import OUTPUT_TAIL_CHARS, run_child
+from jobqueue_client.jobspec import ConfigError, JobSpec, parse_config
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -243,7 +238,7 @@ def test_lease_deadline_uses_the_servers_clock_difference_not_ours():
     import datetime as dt
 
     from jobqueue_client.client import Claim
-    from jobqueue_client.runner import Lease
+    from jobqueue_client.lease import Lease
 
     server_now = dt.datetime(2001, 1, 1, tzinfo=dt.UTC)  # far from this machine's clock
     claim = Claim(job={"id": "j"}, claim_id="c", attempt=1, lease_seconds=30,
@@ -267,9 +262,9 @@ def test_output_beyond_the_buffer_keeps_only_its_tail():
 
 
 def test_a_result_file_over_the_cap_makes_the_job_fail(monkeypatch):
-    from jobqueue_client import runner
+    from jobqueue_client import child
 
-    monkeypatch.setattr(runner, "RESULT_FILE_MAX_BYTES", 10)
+    monkeypatch.setattr(child, "RESULT_FILE_MAX_BYTES", 10)
     outcome = run(sh('echo \'{"much": "more than ten bytes"}\' > "$JOB_RESULT_FILE"'))
     assert not outcome.succeeded and outcome.result is None
     assert outcome.message() == "JOB_RESULT_FILE is larger than 10 bytes"
@@ -282,7 +277,7 @@ def test_a_result_file_that_is_a_directory_makes_the_job_fail():
 
 
 def test_on_start_sees_the_child_and_a_finished_child_needs_no_signal():
-    from jobqueue_client.runner import stop_process_group
+    from jobqueue_client.child import stop_process_group
 
     seen = []
     outcome = run(sh("exit 0"), on_start=seen.append)
@@ -296,7 +291,7 @@ def test_on_start_sees_the_child_and_a_finished_child_needs_no_signal():
 
 
 def test_a_message_that_fits_is_sent_unchanged():
-    from jobqueue_client.runner import MESSAGE_MAX_BYTES, fit_message
+    from jobqueue_client.child import MESSAGE_MAX_BYTES, fit_message
 
     assert MESSAGE_MAX_BYTES == 64 * 1024
     text = "é" * (MESSAGE_MAX_BYTES // 2)  # exactly the cap in UTF-8
@@ -304,7 +299,7 @@ def test_a_message_that_fits_is_sent_unchanged():
 
 
 def test_a_long_message_keeps_its_start_and_its_end_within_the_cap():
-    from jobqueue_client.runner import MESSAGE_MAX_BYTES, TRUNCATION_MARK, fit_message
+    from jobqueue_client.child import MESSAGE_MAX_BYTES, TRUNCATION_MARK, fit_message
 
     text = "exit status 1\n" + "".join(f"line-{i} é€😀\n" for i in range(20_000))
     cut = fit_message(text)
@@ -316,7 +311,7 @@ def test_a_long_message_keeps_its_start_and_its_end_within_the_cap():
 
 
 def test_a_tiny_cap_still_holds():
-    from jobqueue_client.runner import fit_message
+    from jobqueue_client.child import fit_message
 
     assert fit_message("€" * 100, limit=10) == "€" * 3
     cut = fit_message("x" * 100, limit=40)

@@ -13,7 +13,8 @@ import threading
 import time
 
 import pytest
-from jobqueue_client.runner import RESULT_FILE_MAX_BYTES, JobSpec, run_child
+from jobqueue_client.child import RESULT_FILE_MAX_BYTES, run_child
+from jobqueue_client.jobspec import JobSpec
 from jobqueue_client.workdir import ChildFileError, JobDir, read_child_file, remove_stale_dirs
 
 CAP = 1000
