@@ -305,14 +305,9 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         if not tails:
             return "No log."
         secrets = self.secrets(obj)
-        items = []
-        for tail in tails:
-            text = redact_text(tail.data.decode("utf-8", errors="replace"), secrets,
-                               cut=bool(tail.offset))
-            cut = "…" if tail.offset else ""
-            items.append((tail.attempt, tail.length, cut + text))
         return format_html_join(
-            "", '<p>attempt {} ({} bytes)</p><pre class="jq-log">{}</pre>', items)
+            "", '<p>attempt {} ({} bytes)</p><pre class="jq-log">{}</pre>',
+            ((tail.attempt, tail.length, tail.redacted_text(secrets)) for tail in tails))
 
     @admin.display(description="artifacts")
     def artifacts_display(self, obj):
