@@ -18,6 +18,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.db.models import F, Q
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Now
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -368,7 +369,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         page = list(page.order_by("-id")[: TIMELINE_PAGE_SIZE + 1])
         has_older = len(page) > TIMELINE_PAGE_SIZE
         page = page[:TIMELINE_PAGE_SIZE][::-1]
-        rows = (
+        rows = [
             (
                 f"{e.created_at:%Y-%m-%d %H:%M:%S.%f}"[:-3],
                 e.get_kind_display(),
@@ -379,31 +380,19 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
                 _format_count(e),
             )
             for e in page
-        )
+        ]
         links = []
         if before:
             newer = events.filter(id__gte=before).order_by("id").values_list("id", flat=True)
             after = list(newer[TIMELINE_PAGE_SIZE: TIMELINE_PAGE_SIZE + 1])
-            links.append(format_html('<a href="{}">newest</a>', "?"))
+            links.append({"href": "?", "label": "newest"})
             if after:
-                links.append(format_html('<a href="?{}={}">newer</a>', TIMELINE_PARAM, after[0]))
+                links.append({"href": f"?{TIMELINE_PARAM}={after[0]}", "label": "newer"})
         if has_older:
-            links.append(format_html('<a href="?{}={}">older</a>', TIMELINE_PARAM, page[0].id))
-        return format_html(
-            '<p class="jq-timeline-page">{} of {} events{}</p>'
-            '<table class="jq-timeline"><thead><tr><th>time (UTC)</th><th>event</th>'
-            "<th>attempt</th><th>actor</th><th>holder</th><th>detail</th><th>times</th></tr>"
-            "</thead><tbody>{}</tbody></table>",
-            len(page),
-            total,
-            format_html(" · {}", format_html_join(" · ", "{}", ((link,) for link in links)))
-            if links else "",
-            format_html_join(
-                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                "<td>{}</td></tr>",
-                rows,
-            ),
-        )
+            links.append({"href": f"?{TIMELINE_PARAM}={page[0].id}", "label": "older"})
+        return render_to_string(TIMELINE_TEMPLATE, {
+            "shown": len(page), "total": total, "links": links, "rows": rows,
+        })
 
     def changelist_view(self, request, extra_context=None):
         extra_context = {
@@ -478,6 +467,7 @@ LOG_TAIL_BYTES = 4096
 
 TIMELINE_PAGE_SIZE = 100
 TIMELINE_PARAM = "timeline_before"
+TIMELINE_TEMPLATE = "admin/jobqueue/job/timeline.html"
 
 
 def _positive_int(value) -> int | None:
