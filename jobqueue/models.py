@@ -1,8 +1,24 @@
-"""The job queue's tables.
+"""The job queue's tables: the whole data model of the `jobqueue` app.
 
 `job` is the queue and the state machine; `job_claim` holds the lease of each in-progress job
 (heartbeats write only there); `job_event` is the append-only timeline; `reaper_run` records
 each sweep. Table names follow the RFC so that the SQL in docs and tests reads as it does there.
+
+In this order: who owns jobs (`workspace`, `job_agent`); the job and what hangs off it while
+it runs (`job_group`, `job_claim`, `job_checkpoint`, `job_effect`, `job_event`); the
+maintenance records (`reaper_run`, `maintenance_run`); webhooks (`webhook_endpoint`,
+`webhook_delivery`, `webhook_attempt`); the job's outputs (`job_log`, `job_log_chunk`,
+`job_artifact`).
+
+Why one module and not a `models/` package, at some 700 lines: it is one concept, read as
+one. Almost every table is a foreign key to `job`, and the invariants cross tables (invariant
+2, docs/architecture.md: `in_progress` iff one `job_claim` row; a webhook delivery is for a job
+or a group), so whoever checks one wants its neighbours in view.
+It is Django's convention, where a reader looks first for an app's schema. And it is what
+the migrations are made from: `makemigrations --check` compares jobqueue/migrations/ with these
+classes, so a schema change is one diff here beside its migration. A file per class would
+scatter the relations without making any table shorter: split it when it holds a second
+concept, not because it grows.
 """
 
 import uuid

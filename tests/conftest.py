@@ -34,6 +34,17 @@ def _static_files_without_collectstatic(tmp_path_factory):
 
 
 @pytest.fixture
+def own_artifact_storage(settings, tmp_path):
+    """This test's job artifacts in a directory of its own (returned), not the session's."""
+    location = tmp_path / "artifacts"
+    location.mkdir()
+    settings.STORAGES = {**settings.STORAGES, "artifacts": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(location)}}}
+    return location
+
+
+@pytest.fixture
 def wakeups_stopped_after(request, django_db_setup):
     """For modules whose tests wait: the process's wake-up thread (and its LISTEN connection)
     ends with each test, before pytest-django empties the test database (a transactional

@@ -63,15 +63,20 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, from_server in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pipe, args=(a, b, from_server),
+                                 daemon=True).start()
 
-    @staticmethod
-    def _pipe(src, dst):
+    def forwards(self, from_server: bool) -> bool:
+        """Whether the chunk just read goes on; False drops it and cuts the connection (a
+        subclass loses answers so: tests/integration/api/test_lost_answers.py)."""
+        return True
+
+    def _pipe(self, src, dst, from_server):
         try:
             while True:
                 data = src.recv(65536)
-                if not data:
+                if not data or not self.forwards(from_server):
                     break
                 dst.sendall(data)
         except OSError:

@@ -111,20 +111,24 @@ def final_state_is_consistent():
 # --- waiting on the event a test means (issue #27) -------------------------------------------
 
 
-def wait_for(predicate, timeout: float = 30, what: str = "a condition", interval: float = 0.01):
+def wait_for(predicate, timeout: float = 30, what: str = "a condition", interval: float = 0.01,
+             on_fail=None):
     """Poll `predicate()` until it answers something truthy, and return that answer; fail
-    the test (AssertionError naming `what`) if it has not within `timeout` seconds.
+    the test (AssertionError naming `what`, then what `on_fail()` returns, e.g. a process's
+    logs) if it has not within `timeout` seconds.
 
     For a test that waits on the event it means (a database row, a log line, a registered
     waiter) instead of sleeping: the timeout is a bound on a hang, not a timing claim, so
-    make it generous; the wait ends as soon as the event has happened."""
+    make it generous; the wait ends as soon as the event has happened. The acceptance suite
+    polls its processes less often (tests/e2e/harness.py, interval 0.1 s)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"gave up waiting {timeout} s for {what}")
+            extra = f"\n{on_fail()}" if on_fail else ""
+            raise AssertionError(f"gave up waiting {timeout} s for {what}{extra}")
         time.sleep(interval)
 
 

@@ -5,7 +5,9 @@ reaper (jobqueue.maintenance.reaper), never `queryset.update`; each writes a job
 the operator (`operator:<username>`) and an admin LogEntry, and needs the change permission.
 Jobs, claims and events are read-only here: a job changes status only through those functions.
 
-One module per page family: `jobs` (the job list and page, the repair actions), `recovery`
+One module per page family: `jobs` (the job list and page, the repair actions; its timeline
+is templates/admin/jobqueue/job/timeline.html), `groups` (the job list's group filter and the
+cancel-groups confirmation), `recovery`
 (the Recovery page and reap-now), `runs` (the maintenance record), `webhooks` (endpoints, the
 delivery log, redeliver), `workspaces`; `common` holds what they share (the database's clock,
 how a span of time reads). Job agents and their credentials are administered by the edge

@@ -5,20 +5,23 @@ write a job event naming the operator and an admin LogEntry.
 `dispatch_context` may hold secrets: only its keys are ever rendered, and agent text (message,
 result, external id, attempts, event details, logs) is shown through jobqueue.redaction.
 Claim ids are never rendered either, nor filterable from the query string.
+
+Beside it: the group filter and the cancel-groups action's flow (groups.py), the live page's
+endpoint (live.py), the Recovery page (recovery.py), the timeline's markup
+(templates/admin/jobqueue/job/timeline.html) and a log tail's redaction
+(jobqueue.lifecycle.logs, LogSlice.redacted_text).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import F, Q
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Now
-from django.template.response import TemplateResponse
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
@@ -26,15 +29,13 @@ from jobqueue import history, lifecycle, states
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
 from jobqueue.lifecycle import logs
-from jobqueue.models import Job, JobArtifact, JobEffect, JobEvent, JobGroup
+from jobqueue.models import Job, JobArtifact, JobEffect, JobEvent
 from jobqueue.redaction import redact_text, redact_value, secret_strings
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
+from .groups import GroupFilter, confirm_cancel_groups
 from .live import LIVE_POLL_MS, LiveJobViews
 from .recovery import RecoveryViews
-
-log = logging.getLogger("jobqueue.admin")
-RECENT_GROUPS = 20
 
 
 def expiring_soon_cutoff():
@@ -69,22 +70,6 @@ class LeaseStateFilter(admin.SimpleListFilter):
         if value == "none":
             return queryset.filter(claim__isnull=True)
         return queryset
-
-
-class GroupFilter(admin.SimpleListFilter):
-    """By group: the most recent groups are offered; any group works as `?group=<name>`."""
-
-    title = "group"
-    parameter_name = "group"
-
-    def lookups(self, request, model_admin):
-        names = JobGroup.objects.order_by("-created_at").values_list("name", flat=True)
-        recent = list(dict.fromkeys(names[: RECENT_GROUPS * 2]))[:RECENT_GROUPS]
-        return [(name, name) for name in recent]
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        return queryset.filter(group=value) if value else queryset
 
 
 # The job list shows none of the columns a job may hold in bulk (result and message up to
@@ -305,14 +290,9 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         if not tails:
             return "No log."
         secrets = self.secrets(obj)
-        items = []
-        for tail in tails:
-            text = redact_text(tail.data.decode("utf-8", errors="replace"), secrets,
-                               cut=bool(tail.offset))
-            cut = "…" if tail.offset else ""
-            items.append((tail.attempt, tail.length, cut + text))
         return format_html_join(
-            "", '<p>attempt {} ({} bytes)</p><pre class="jq-log">{}</pre>', items)
+            "", '<p>attempt {} ({} bytes)</p><pre class="jq-log">{}</pre>',
+            ((tail.attempt, tail.length, tail.redacted_text(secrets)) for tail in tails))
 
     @admin.display(description="artifacts")
     def artifacts_display(self, obj):
@@ -373,7 +353,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         page = list(page.order_by("-id")[: TIMELINE_PAGE_SIZE + 1])
         has_older = len(page) > TIMELINE_PAGE_SIZE
         page = page[:TIMELINE_PAGE_SIZE][::-1]
-        rows = (
+        rows = [
             (
                 f"{e.created_at:%Y-%m-%d %H:%M:%S.%f}"[:-3],
                 e.get_kind_display(),
@@ -384,31 +364,19 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
                 _format_count(e),
             )
             for e in page
-        )
+        ]
         links = []
         if before:
             newer = events.filter(id__gte=before).order_by("id").values_list("id", flat=True)
             after = list(newer[TIMELINE_PAGE_SIZE: TIMELINE_PAGE_SIZE + 1])
-            links.append(format_html('<a href="{}">newest</a>', "?"))
+            links.append({"href": "?", "label": "newest"})
             if after:
-                links.append(format_html('<a href="?{}={}">newer</a>', TIMELINE_PARAM, after[0]))
+                links.append({"href": f"?{TIMELINE_PARAM}={after[0]}", "label": "newer"})
         if has_older:
-            links.append(format_html('<a href="?{}={}">older</a>', TIMELINE_PARAM, page[0].id))
-        return format_html(
-            '<p class="jq-timeline-page">{} of {} events{}</p>'
-            '<table class="jq-timeline"><thead><tr><th>time (UTC)</th><th>event</th>'
-            "<th>attempt</th><th>actor</th><th>holder</th><th>detail</th><th>times</th></tr>"
-            "</thead><tbody>{}</tbody></table>",
-            len(page),
-            total,
-            format_html(" · {}", format_html_join(" · ", "{}", ((link,) for link in links)))
-            if links else "",
-            format_html_join(
-                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                "<td>{}</td></tr>",
-                rows,
-            ),
-        )
+            links.append({"href": f"?{TIMELINE_PARAM}={page[0].id}", "label": "older"})
+        return render_to_string(TIMELINE_TEMPLATE, {
+            "shown": len(page), "total": total, "links": links, "rows": rows,
+        })
 
     def changelist_view(self, request, extra_context=None):
         extra_context = {
@@ -483,6 +451,7 @@ LOG_TAIL_BYTES = 4096
 
 TIMELINE_PAGE_SIZE = 100
 TIMELINE_PARAM = "timeline_before"
+TIMELINE_TEMPLATE = "admin/jobqueue/job/timeline.html"
 
 
 def _positive_int(value) -> int | None:
@@ -506,52 +475,3 @@ def _format_detail(detail, secrets: list[str]) -> str:
     if isinstance(detail.get("message"), str):
         detail["message"] = redact_text(detail["message"], secrets)
     return ", ".join(f"{k}={v}" for k, v in sorted(detail.items()))
-
-
-
-def _cancel_groups_confirmed(model_admin, request, groups):
-    actor = operator_actor(request)
-    total = 0
-    for group in groups:
-        n = lifecycle.cancel_group(group.workspace_id, group.name, actor=actor,
-                                   reason="Cancelled from the admin.")
-        total += n
-        model_admin.log_change(request, group,
-                               f"Group {group.name} cancelled by {actor}: {n} job(s) cancelled.")
-        log.info("group cancelled from the admin: workspace=%s group=%s actor=%s jobs=%d",
-                 group.workspace_id, group.name, actor, n)
-    model_admin.message_user(
-        request, f"Cancelled {len(groups)} group(s): {total} job(s) cancelled.", messages.SUCCESS
-    )
-
-
-def confirm_cancel_groups(model_admin, request, queryset):
-    """A confirmation page listing the groups and their live jobs, then each group's cancel
-    through the lifecycle (logged: an admin LogEntry per group, and the jobqueue.admin log)."""
-    keys = set(queryset.exclude(group=None).values_list("workspace_id", "group"))
-    if not keys:
-        model_admin.message_user(request, "None of the selected jobs belongs to a group.",
-                                 messages.WARNING)
-        return None
-    q = Q()
-    for workspace_id, name in keys:
-        q |= Q(workspace_id=workspace_id, name=name)
-    groups = list(JobGroup.objects.filter(q).select_related("workspace").order_by("name"))
-    if request.POST.get("confirm") == "yes":
-        _cancel_groups_confirmed(model_admin, request, groups)
-        return None
-    for group in groups:
-        group.live_jobs = Job.objects.filter(
-            workspace_id=group.workspace_id, group=group.name, status__in=states.ACTIVE
-        ).count()
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "title": "Cancel these groups?",
-        "opts": model_admin.opts,
-        "groups": groups,
-        "queryset": queryset,
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-        "changelist_url": reverse("admin:jobqueue_job_changelist"),
-    }
-    return TemplateResponse(request, "admin/jobqueue/cancel_groups_confirm.html", context)
-

@@ -16,7 +16,8 @@ One function per transition, each in the module that names it:
                  mark_finished_groups (the group watcher: group.finished)
     reap.py      reap_expired_claims_once, expire_overdue_jobs_once, count_expired_claims
                  (jobqueue.maintenance.reaper sweeps them)
-    logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md)
+    logs.py      append_log, read_log, log_tails: each attempt's log (docs/outputs.md), and
+                 LogSlice.redacted_text: a tail as the admin shows it (jobqueue.redaction)
     effects.py   begin_effect, commit_effect, effects_of: the job's effect ledger (what its
                  attempts did outside the service, at most once; docs/effects.md)
     artifacts.py upload_artifact, publish (the ORM report's), published_artifacts,

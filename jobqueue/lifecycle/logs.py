@@ -24,6 +24,7 @@ from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import LogRangeGap, NotFound, OutputTooLarge
 from jobqueue.models import JobClaim, JobEvent, JobLog, JobLogChunk
+from jobqueue.redaction import redact_text
 
 from .records import fetch_job
 from .refusals import refuse_one
@@ -46,6 +47,14 @@ class LogSlice:
     length: int  # the whole log's, now
     offset: int
     data: bytes
+
+    def redacted_text(self, secrets: list[str]) -> str:
+        """The slice as an operator sees it (the admin's log tails): decoded, without the
+        dispatch_context's secrets (jobqueue.redaction). A slice that starts inside the log
+        may start inside a secret (`cut`) and begins with "…"."""
+        text = redact_text(self.data.decode("utf-8", errors="replace"), secrets,
+                           cut=bool(self.offset))
+        return ("…" if self.offset else "") + text
 
 
 def _scoped(qs, prefix, workspace_id, job_agent_id):
@@ -135,6 +144,7 @@ def read_log(job_id: uuid.UUID, *, attempt: int | None = None, offset: int = 0,
 
 
 def log_tails(job_id: uuid.UUID, tail_bytes: int) -> list[LogSlice]:
-    """The last `tail_bytes` of each attempt's log, latest attempt first (the admin)."""
+    """The last `tail_bytes` of each attempt's log, latest attempt first (the admin shows
+    each one's `redacted_text`)."""
     return [read_log(job_id, attempt=log.attempt, offset=max(0, log.length - tail_bytes))
             for log in JobLog.objects.filter(job_id=job_id).order_by("-attempt")]

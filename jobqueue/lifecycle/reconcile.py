@@ -18,7 +18,7 @@ from jobqueue import states
 from jobqueue.exceptions import NotFound
 
 from .records import scoped_jobs
-from .refusals import STATUS, JobFacts, _with_deadlines, explain_refusal
+from .refusals import FACT_FIELDS, STATUS, JobFacts, _with_deadlines, explain_refusal
 from .results import ClaimCheck
 
 
@@ -28,19 +28,13 @@ def claim_state(job_id: uuid.UUID, claim_id: uuid.UUID, *, job_agent_id=None,
         scoped_jobs(workspace_id, job_agent_id)
         .filter(id=job_id)
         .annotate(db_now=Now())
-        .values("status", "attempt", "last_claim_id", "completed_at", "claim__claim_id",
-                "claim__claim_expires_at", "claim__attempt", "claim__deadline_at", "db_now")
+        .values(*FACT_FIELDS, "claim__attempt")
         .first()
     )
     if row is None:
         raise NotFound("No such job.")
-    now = row["db_now"]
-    expires, deadline = row["claim__claim_expires_at"], row["claim__deadline_at"]
-    facts = JobFacts(status=row["status"], attempt=row["attempt"],
-                     last_claim_id=row["last_claim_id"], claim_id=row["claim__claim_id"],
-                     lease_expired=expires is not None and expires <= now,
-                     completed_at=row["completed_at"],
-                     live_deadline_passed=deadline is not None and deadline <= now)
+    now, expires = row["db_now"], row["claim__claim_expires_at"]
+    facts = JobFacts.from_row(row)
     # Whether a clock ended this claim's attempt (read-only: the live deadline, or the
     # reaper's timed_out event for a claim that is gone).
     facts = _with_deadlines({job_id: facts}, [(job_id, claim_id)]).get(job_id, facts)

@@ -60,6 +60,31 @@ class JobFacts:
     # only, for a claim that is no longer live).
     deadline_passed: bool = False
 
+    @classmethod
+    def from_row(cls, row: dict) -> JobFacts:
+        """The facts in a job's `values(*FACT_FIELDS)` row (annotated with the database's
+        `db_now`), and its content where the row has CONTENT_FIELDS too."""
+        now = row["db_now"]
+        expires, deadline = row["claim__claim_expires_at"], row["claim__deadline_at"]
+        return cls(
+            status=row["status"],
+            attempt=row["attempt"],
+            last_claim_id=row["last_claim_id"],
+            claim_id=row["claim__claim_id"],
+            lease_expired=expires is not None and expires <= now,
+            completed_at=row["completed_at"],
+            message=row.get("message"),
+            result=row.get("result"),
+            external_id=row.get("external_id"),
+            live_deadline_passed=deadline is not None and deadline <= now,
+        )
+
+
+# What JobFacts.from_row reads of a job (and its claim); the content, for a report's retry.
+FACT_FIELDS = ("status", "attempt", "last_claim_id", "completed_at", "claim__claim_id",
+               "claim__claim_expires_at", "claim__deadline_at", "db_now")
+CONTENT_FIELDS = ("message", "result", "external_id")
+
 
 @dataclass(frozen=True)
 class Content:
@@ -110,26 +135,8 @@ def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
     """The facts of the jobs the caller can see, in one query."""
     rows = scoped_jobs(workspace_id, job_agent_id).filter(id__in=list(job_ids)).annotate(
         db_now=Now()
-    ).values("id", "status", "attempt", "last_claim_id", "completed_at", "claim__claim_id",
-             "claim__claim_expires_at", "claim__deadline_at", "db_now", "message", "result",
-             "external_id")
-    return {
-        row["id"]: JobFacts(
-            status=row["status"],
-            attempt=row["attempt"],
-            last_claim_id=row["last_claim_id"],
-            claim_id=row["claim__claim_id"],
-            lease_expired=row["claim__claim_expires_at"] is not None
-            and row["claim__claim_expires_at"] <= row["db_now"],
-            completed_at=row["completed_at"],
-            message=row["message"],
-            result=row["result"],
-            external_id=row["external_id"],
-            live_deadline_passed=row["claim__deadline_at"] is not None
-            and row["claim__deadline_at"] <= row["db_now"],
-        )
-        for row in rows
-    }
+    ).values("id", *FACT_FIELDS, *CONTENT_FIELDS)
+    return {row["id"]: JobFacts.from_row(row) for row in rows}
 
 
 def _with_reports(facts, writes) -> dict:

@@ -8,6 +8,7 @@ so that tests can count executions and find (and end) children orphaned by a kil
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -24,6 +25,8 @@ from pathlib import Path
 
 import httpx
 from django.db import connection
+
+from tests import utils
 
 ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
@@ -51,17 +54,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1, on_fail=None):
-    """Poll until predicate() is truthy (returned); a bounded wait, not a timing claim."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = on_fail() if on_fail else ""
-            raise AssertionError(f"gave up waiting ({timeout}s) for: {what}\n{extra}")
-        time.sleep(interval)
+# tests/utils.py's bounded wait, polling real processes every 0.1 s unless told otherwise.
+wait_for = functools.partial(utils.wait_for, interval=0.1)
 
 
 def peak_rss_bytes(pid: int) -> int:

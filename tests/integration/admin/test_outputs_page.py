@@ -52,16 +52,13 @@ def test_a_job_without_a_log_says_so(op_client, agent):
     assert "No log." in page and "No artifacts." in page
 
 
-def test_the_job_page_lists_its_artifacts_by_attempt_and_state(op_client, agent, settings,
-                                                               tmp_path):
+def test_the_job_page_lists_its_artifacts_by_attempt_and_state(op_client, agent,
+                                                               own_artifact_storage):
     import io
 
     from jobqueue import states
     from jobqueue.lifecycle import artifacts
 
-    settings.STORAGES = {**settings.STORAGES, "artifacts": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(tmp_path)}}}
     job = JobFactory(job_agent=agent)
     grant = lifecycle.claim_job(agent, job.id)
     artifacts.upload_artifact(job.id, grant.claim_id, "stale.txt", io.BytesIO(b"1"))

@@ -270,21 +270,26 @@ def test_credentials_of_the_wrong_kind_are_refused(world):
     assert r.status_code == 401 and r.json()["code"] == "authentication_failed"
 
 
+def _public_answers(world, path):
+    """GET `path` as every kind of caller (anonymous, producer, agent, a malformed API key or
+    token): each is a 200 without WWW-Authenticate, all alike. The responses."""
+    callers = [world.anonymous(), world.producer(), world.agent_caller(),
+               world.anonymous().with_headers({"X-API-Key": "nonsense"}),
+               world.anonymous().with_headers({"Authorization": "Bearer jqa_short_x"})]
+    responses = [caller.get(path) for caller in callers]
+    for r in responses:
+        assert r.status_code == 200, r.content
+        assert "WWW-Authenticate" not in r.headers
+        assert r.json() == responses[0].json()
+    return responses
+
+
 def test_the_version_is_public_to_every_caller(world):
     """GET /v1/version (outside any workspace) answers everyone alike, with or without a
     credential, a valid, revoked or malformed one; it changes nothing."""
     before = _snapshot()
-    callers = [world.anonymous(), world.producer(), world.agent_caller(),
-               world.anonymous().with_headers({"X-API-Key": "nonsense"}),
-               world.anonymous().with_headers({"Authorization": "Bearer jqa_short_x"})]
-    answers = []
-    for caller in callers:
-        r = caller.get("/v1/version")
-        assert r.status_code == 200, r.content
-        assert "WWW-Authenticate" not in r.headers
-        answers.append(r.json())
-    assert all(a == answers[0] for a in answers)
-    assert set(answers[0]) == {"server", "version", "api", "min_client_version"}
+    [answer, *_] = _public_answers(world, "/v1/version")
+    assert set(answer.json()) == {"server", "version", "api", "min_client_version"}
     assert _snapshot() == before
 
 
@@ -293,18 +298,10 @@ def test_the_jwks_is_public_to_every_caller(world):
     alike, with or without a credential, a valid or a malformed one, cacheable; it changes
     nothing and publishes no private part."""
     before = _snapshot()
-    callers = [world.anonymous(), world.producer(), world.agent_caller(),
-               world.anonymous().with_headers({"X-API-Key": "nonsense"}),
-               world.anonymous().with_headers({"Authorization": "Bearer jqa_short_x"})]
-    answers = []
-    for caller in callers:
-        r = caller.get("/v1/.well-known/jwks.json")
-        assert r.status_code == 200, r.content
-        assert "WWW-Authenticate" not in r.headers
+    answers = _public_answers(world, "/v1/.well-known/jwks.json")
+    for r in answers:
         assert r.headers["Cache-Control"].startswith("public, max-age=")
-        answers.append(r.json())
-    assert all(a == answers[0] for a in answers)
-    [key] = answers[0]["keys"]
+    [key] = answers[0].json()["keys"]
     assert set(key) == {"kty", "crv", "x", "kid", "alg", "use"}  # no "d"
     assert _snapshot() == before
 

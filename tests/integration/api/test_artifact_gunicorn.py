@@ -108,7 +108,7 @@ def test_a_server_killed_mid_upload_publishes_nothing_and_clean_up_removes_it(se
 
     from jobqueue.db import NowPlusSeconds
     from jobqueue.models import JobClaim
-    from tests.e2e.harness import wait_for
+    from tests.utils import wait_for
 
     world = make_world()
     job = JobFactory(job_agent=world.agent)

@@ -13,16 +13,7 @@ from jobqueue.lifecycle import artifacts
 from jobqueue.models import JobArtifact, JobClaim
 from tests.factories import JobFactory
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _own_storage(settings, tmp_path):
-    """Each test's artifacts in a directory of its own."""
-    (tmp_path / "artifacts").mkdir()
-    settings.STORAGES = {**settings.STORAGES, "artifacts": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(tmp_path / "artifacts")}}}
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("own_artifact_storage")]
 
 
 @pytest.fixture

@@ -12,11 +12,9 @@ from jobqueue.db import NowPlusSeconds
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobFactory
 
+from .answers import parse_ts
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _ts(value: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def batch_claim(caller, world, limit):
@@ -42,9 +40,10 @@ def test_batch_claim_then_batch_heartbeat_over_http(live_world):
     assert [x["job_id"] for x in out["results"]] == [c["job"]["id"] for c in claims]
     for x, c in zip(out["results"], claims, strict=True):
         assert set(x) == {"job_id", "renewed", "claim_expires_at"} and x["renewed"] is True
-        assert _ts(x["claim_expires_at"]) == _ts(out["server_time"]) + dt.timedelta(seconds=30)
-        assert _ts(x["claim_expires_at"]) >= _ts(c["claim"]["claim_expires_at"])
-        assert JobClaim.objects.get(job_id=x["job_id"]).claim_expires_at == _ts(
+        assert parse_ts(x["claim_expires_at"]) == \
+            parse_ts(out["server_time"]) + dt.timedelta(seconds=30)
+        assert parse_ts(x["claim_expires_at"]) >= parse_ts(c["claim"]["claim_expires_at"])
+        assert JobClaim.objects.get(job_id=x["job_id"]).claim_expires_at == parse_ts(
             x["claim_expires_at"]
         )
     # The rest, then an empty batch (never 204 for the batch form).
@@ -168,7 +167,7 @@ def test_batch_claim_then_batch_report_over_http(live_world):
         assert set(x) == {"job_id", "accepted", "status", "completed_at"}
         assert x["accepted"] is True and x["status"] == sent["status"]
         job = Job.objects.get(id=x["job_id"])
-        assert job.status == sent["status"] and job.completed_at == _ts(x["completed_at"])
+        assert job.status == sent["status"] and job.completed_at == parse_ts(x["completed_at"])
     failed = Job.objects.get(id=reports[1]["job_id"])
     assert (failed.message, failed.result, failed.external_id) == ("exit 3", {"code": 3},
                                                                    "run-7")

@@ -11,19 +11,9 @@ from jobqueue.db import db_now
 from jobqueue.models import Job, JobClaim
 from tests.factories import JobFactory
 
+from .answers import api_error, parse_ts
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _ts(value: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def _error(r, status, code, field=None):
-    assert r.status_code == status, (r.status_code, r.content)
-    body = r.json()
-    assert body["code"] == code and body["detail"] and set(body) <= {"code", "detail", "fields"}
-    if field:
-        assert field in body["fields"]
 
 
 def test_create_with_clocks_and_claim_caps_the_lease(world):
@@ -33,9 +23,9 @@ def test_create_with_clocks_and_claim_caps_the_lease(world):
                                     "max_runtime_seconds": 7, "expires_at": expires})
     assert r.status_code == 201, r.text
     job = r.json()
-    assert job["max_runtime_seconds"] == 7 and _ts(job["expires_at"]) == _ts(expires)
+    assert job["max_runtime_seconds"] == 7 and parse_ts(job["expires_at"]) == parse_ts(expires)
     claim = agent.post(f"job-agents/{world.agent.id}/jobs/claim").json()["claim"]
-    remaining = _ts(claim["claim_expires_at"]) - _ts(claim["server_time"])
+    remaining = parse_ts(claim["claim_expires_at"]) - parse_ts(claim["server_time"])
     assert remaining == dt.timedelta(seconds=7)  # the lease (30 s) capped at the runtime
     assert producer.get(f"jobs/{job['id']}").json()["max_runtime_seconds"] == 7
     plain = producer.post("jobs", json={"job_agent_id": str(world.agent.id)}).json()
@@ -50,7 +40,7 @@ def test_create_with_clocks_and_claim_caps_the_lease(world):
 def test_clock_fields_bad_input_is_400_without_echo(world, field, value):
     r = world.producer().post("jobs", json={"job_agent_id": str(world.agent.id),
                                             field: value})
-    _error(r, 400, "validation_error", field)
+    api_error(r, 400, "validation_error", field)
     assert "soon" not in r.text and "tomorrow" not in r.text
     assert not Job.objects.exists()
 
@@ -61,7 +51,7 @@ def test_job_agent_default_runtime(world):
     job = world.producer().post("jobs", json={"job_agent_id": r.json()["id"]}).json()
     assert job["max_runtime_seconds"] == 60
     bad = world.producer().post("job-agents", json={"name": "x", "max_runtime_seconds": 0})
-    _error(bad, 400, "validation_error", "max_runtime_seconds")
+    api_error(bad, 400, "validation_error", "max_runtime_seconds")
 
 
 def test_the_holder_gets_deadline_exceeded(world):
@@ -75,10 +65,10 @@ def test_the_holder_gets_deadline_exceeded(world):
         JobClaim.objects.filter(job_id=g.job.id).update(
             deadline_at=F("deadline_at") - past, claim_expires_at=F("claim_expires_at") - past)
     r = agent.post(f"jobs/{a.job.id}/heartbeat", json={"claim_id": str(a.claim_id)})
-    _error(r, 409, "deadline_exceeded")
+    api_error(r, 409, "deadline_exceeded")
     r = agent.put(f"jobs/{a.job.id}/status",
                   json={"claim_id": str(a.claim_id), "status": "successful"})
-    _error(r, 409, "deadline_exceeded")
+    api_error(r, 409, "deadline_exceeded")
     r = agent.post(f"job-agents/{world.agent.id}/heartbeat",
                    json={"claims": [{"job_id": str(b.job.id), "claim_id": str(b.claim_id)}]})
     assert r.json()["results"][0]["code"] == "deadline_exceeded"

@@ -6,11 +6,9 @@ import pytest
 
 from jobqueue.models import Job, JobClaim, JobEvent
 
+from .answers import parse_ts
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _ts(value: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def create_job(producer, world, **body):
@@ -42,7 +40,8 @@ def test_create_poll_claim_heartbeat_report(live_world):
     info = body["claim"]
     assert info["attempt"] == 1 and info["lease_seconds"] == 30
     assert info["heartbeat_interval_seconds"] == 10
-    assert _ts(info["claim_expires_at"]) == _ts(info["server_time"]) + dt.timedelta(seconds=30)
+    assert parse_ts(info["claim_expires_at"]) == \
+        parse_ts(info["server_time"]) + dt.timedelta(seconds=30)
 
     # Claimed: no longer in the queued poll, and a second claim is refused.
     assert agent.get(f"job-agents/{live_world.agent.id}/jobs").json()["results"] == []
@@ -52,7 +51,7 @@ def test_create_poll_claim_heartbeat_report(live_world):
     hb = agent.post(f"jobs/{job['id']}/heartbeat", json={"claim_id": info["claim_id"]})
     assert hb.status_code == 200, hb.text
     assert hb.json()["job_id"] == job["id"]
-    assert _ts(hb.json()["claim_expires_at"]) >= _ts(info["claim_expires_at"])
+    assert parse_ts(hb.json()["claim_expires_at"]) >= parse_ts(info["claim_expires_at"])
 
     progress = agent.put(f"jobs/{job['id']}/status",
                          json={"claim_id": info["claim_id"], "status": "in_progress",

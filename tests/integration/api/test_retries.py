@@ -1,28 +1,15 @@
 """Retryable failures over HTTP: PUT jobs/{id}/status and POST job-agents/{id}/reports with
 "retry": true, and a job's retry_backoff_seconds on create."""
 
-import datetime as dt
-
 import pytest
 
 from jobqueue import lifecycle
 from jobqueue.models import Job, JobEvent
 from tests.factories import JobFactory
 
+from .answers import api_error, parse_ts
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _ts(value: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def _error(r, status, code, field=None):
-    assert r.status_code == status, (r.status_code, r.content)
-    body = r.json()
-    assert body["code"] == code and body["detail"] and set(body) <= {"code", "detail", "fields"}
-    if field:
-        assert field in body["fields"]
-    return body
 
 
 def claim(caller, world):
@@ -44,11 +31,11 @@ def test_retryable_failure_queues_with_backoff_then_fails_on_the_last_attempt(li
     assert out.status_code == 200, out.text
     job = out.json()
     assert job["status"] == "queued" and job["completed_at"] is None and job["attempt"] == 1
-    assert (_ts(job["available_at"]) - _ts(job["updated_at"])).total_seconds() == 5
+    assert (parse_ts(job["available_at"]) - parse_ts(job["updated_at"])).total_seconds() == 5
     again = agent.put(f"jobs/{job_id}/status", json=body)
     assert again.status_code == 200 and again.json() == job
     other = agent.put(f"jobs/{job_id}/status", json={**body, "message": "other"})
-    _error(other, 409, "job_finished")
+    api_error(other, 409, "job_finished")
     # The last attempt: failure.
     Job.objects.filter(id=job_id).update(available_at=Job.objects.get(id=job_id).updated_at)
     c2 = claim(agent, live_world)
@@ -66,7 +53,7 @@ def test_retry_must_be_a_boolean(world, value):
     c = claim(agent, world)
     r = agent.put(f"jobs/{c['job']['id']}/status",
                   json={"claim_id": c["claim"]["claim_id"], "status": "failure", "retry": value})
-    body = _error(r, 400, "validation_error", "retry")
+    body = api_error(r, 400, "validation_error", "retry")
     assert "yes" not in r.text
     assert body and Job.objects.get(id=c["job"]["id"]).status == "in_progress"
 
@@ -78,7 +65,7 @@ def test_retry_with_another_status_is_400(world, status):
     c = claim(agent, world)
     r = agent.put(f"jobs/{c['job']['id']}/status",
                   json={"claim_id": c["claim"]["claim_id"], "status": status, "retry": True})
-    _error(r, 400, "validation_error", "retry")
+    api_error(r, 400, "validation_error", "retry")
     assert Job.objects.get(id=c["job"]["id"]).status == "in_progress"
 
 
@@ -86,7 +73,7 @@ def test_retry_with_another_status_is_400(world, status):
 def test_retry_backoff_seconds_is_bounded_on_create(world, value):
     r = world.producer().post("jobs", json={"job_agent_id": str(world.agent.id),
                                             "retry_backoff_seconds": value})
-    _error(r, 400, "validation_error", "retry_backoff_seconds")
+    api_error(r, 400, "validation_error", "retry_backoff_seconds")
     assert not Job.objects.exists()
 
 
@@ -113,7 +100,7 @@ def test_batch_report_takes_retry(world):
     assert again.json()["results"] == [first, second]
     bad = agent.post(f"job-agents/{world.agent.id}/reports", json={"reports": [
         {**body["reports"][1], "retry": True}]})
-    _error(bad, 400, "validation_error")
+    api_error(bad, 400, "validation_error")
     assert JobEvent.objects.filter(kind=JobEvent.STATUS_REPORTED).count() == 2
 
 

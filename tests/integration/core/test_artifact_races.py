@@ -15,16 +15,9 @@ from jobqueue.models import Job, JobArtifact, JobClaim
 from tests.factories import claimed_job
 from tests.utils import run_threads
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("own_artifact_storage")]
 ROUNDS = 8
-
-
-@pytest.fixture(autouse=True)
-def _own_storage(settings, tmp_path):
-    (tmp_path / "artifacts").mkdir()
-    settings.STORAGES = {**settings.STORAGES, "artifacts": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(tmp_path / "artifacts")}}}
 
 
 def staged_job():

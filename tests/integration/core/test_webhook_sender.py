@@ -17,9 +17,8 @@ from jobqueue.exceptions import WebhookLimitReached
 from jobqueue.maintenance import loop, webhooks
 from jobqueue.maintenance import reaper as reaper_service
 from jobqueue.models import Job, JobClaim, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from tests.e2e.harness import wait_for
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
-from tests.utils import run_threads
+from tests.utils import run_threads, wait_for
 from tests.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from jobqueue_client import client as api
 
-from tests.e2e.harness import wait_for
+from tests.utils import wait_for
 
 from . import test_agent_paths as paths
 from .test_agent_paths import CLAIM_NEXT, Api, logged

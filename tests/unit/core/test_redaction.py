@@ -55,3 +55,13 @@ def test_a_job_document_keeps_what_is_not_agent_text():
                                                  "external_id": f"ext {REDACTED}",
                                                  "status": "queued"}
     assert redact_job_document(doc, []) is doc
+
+
+def test_a_log_slice_reads_redacted_and_a_tail_says_it_is_cut():
+    from jobqueue.lifecycle.logs import LogSlice
+
+    whole = LogSlice(attempt=1, length=20, offset=0, data=b"2-secret \xff hunter2-secret")
+    assert whole.redacted_text(["hunter2-secret"]) == f"2-secret \ufffd {REDACTED}"
+    tail = LogSlice(attempt=1, length=40, offset=26, data=b"2-secret ok hunte")
+    assert tail.redacted_text(["hunter2-secret"]) == f"…{REDACTED} ok {REDACTED}"
+    assert tail.redacted_text([]) == "…2-secret ok hunte"
