@@ -37,7 +37,7 @@ Every drain (core, peers) is timed on the database's clock from all workers read
 last completion recorded (benchmarks.common.run_drain), verified, and followed by a pgbench
 run. Writes benchmarks/results/latest.json and latest.md, and the tables in
 docs/performance.md (between the bench markers). Sizes: environment variables BENCH_* (see
-DEFAULTS below); databases: named after BENCH_DATABASE_URL (benchmarks.common).
+benchmarks/sizes.py); databases: named after BENCH_DATABASE_URL (benchmarks.common).
 Compare ratios within a run.
 """
 
@@ -49,15 +49,12 @@ import json
 import math
 import os
 import platform
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from benchmarks import peers as peer_configs
@@ -74,194 +71,29 @@ from benchmarks.common import (
     run_workers,
     throughput,
 )
+from benchmarks.project import (
+    APP_PY,
+    BENCH_PY,
+    DB,
+    count_by_status,
+    insert_jobs,
+    make_agent,
+    migrate,
+    reset_tables,
+    retry,
+    setup_django,
+    sql,
+    verify_drained,
+)
+from benchmarks.servers import pgbench_tps, setup_pgbench, start_gunicorn
+from benchmarks.sizes import DEFAULTS, conf
 
-DEFAULTS = {
-    "BENCH_REPS": 3,
-    # procrastinate and django-tasks-db drain 3-10x slower than the rest: fewer runs of
-    # them keep a full-size run short (0 = as many as BENCH_REPS).
-    "BENCH_SLOW_PEER_REPS": 0,
-    "BENCH_CORE_JOBS": 2000,
-    "BENCH_CORE_CONCURRENCY": "1,4,16",
-    "BENCH_PGBENCH_SECONDS": 5,
-    # The `peers` scenario (each peer's configurations): levels and runs.
-    "BENCH_PEERS_CONCURRENCY": "1,4",
-    "BENCH_PEERS_REPS": 1,
-    "BENCH_HTTP_JOBS": 600,
-    "BENCH_HTTP_AGENTS": "1,8,32",
-    "BENCH_HTTP_WORKERS": 4,
-    "BENCH_HEARTBEAT_CLAIMS": 3000,
-    "BENCH_HEARTBEAT_ROUNDS": 2,
-    "BENCH_GROWTH_SMALL": 10_000,
-    "BENCH_GROWTH_LARGE": 1_000_000,
-    "BENCH_GROWTH_SAMPLES": 300,
-    "BENCH_POLL_QUEUED": 10_000,
-    "BENCH_REAPER_CLAIMS": 100_000,
-    "BENCH_REAPER_BATCHES": "100,500,2000",
-    # completion (benchmarks/completion.py): the outbox's cost, the sender, the pruner.
-    "BENCH_OUTBOX_JOBS": 1000,
-    "BENCH_OUTBOX_REPS": 3,
-    "BENCH_PRUNE_JOBS": 1_000_000,
-    "BENCH_PICKUP_AGENTS": "1,100,1000",
-    "BENCH_PICKUP_JOBS": 100,
-    "BENCH_PICKUP_POLL_JOBS": 8,
-    "BENCH_PICKUP_WORKERS": 5,
-    "BENCH_PICKUP_HEARTBEATS": 300,
-    "BENCH_WAL_JOBS": 2000,
-    "BENCH_READERS_JOBS": 1_000_000,
-    "BENCH_READERS_SAMPLES": 200,
-    "BENCH_PGBOUNCER_JOBS": 500,
-    "BENCH_PGBOUNCER_ROUNDS": 7,
-}
-DB = db_name("core")
-APP_PY = str(ROOT / ".venv" / "bin" / "python")
-BENCH_PY = str(ROOT / ".venv-bench" / "bin" / "python")
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
-def retry(fn, what, attempts=3):
-    """Run one measurement again (from scratch) when the database went away under it: the
-    PostgreSQL of a shared machine may be restarted by someone else's test."""
-    from django.db import connections
-
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - logged, retried, re-raised at the end
-            if attempt == attempts:
-                raise
-            log(f"{what}: {type(exc).__name__}: {str(exc)[:200]}; retrying")
-            connections.close_all()
-            time.sleep(10)
-
-
-def conf(name):
-    value = os.environ.get(name, DEFAULTS[name])
-    if isinstance(DEFAULTS[name], int):
-        return int(value)
-    return [int(x) for x in str(value).split(",") if x]
-
-
-# --- the project's database ---------------------------------------------------------------
-
-
-def setup_django():
-    os.environ["DATABASE_URL"] = db_url(DB)
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.bench_settings"
-    import django
-
-    django.setup()
-
-
-def migrate():
-    recreate_database(DB)
-    subprocess.run([APP_PY, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True,
-                   env={**os.environ, "DATABASE_URL": db_url(DB)})
-
-
-def sql(statement, params=None, fetch=False):
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(statement, params or [])
-        return cur.fetchall() if fetch else None
-
-
-def reset_tables():
-    from django.db import connections
-
-    # CASCADE: every table that hangs off a job (outbox, logs, artifacts, checkpoints) too.
-    sql("TRUNCATE job_event, job_claim, job, reaper_run CASCADE")
-    sql("VACUUM ANALYZE job")
-    connections.close_all()
-
-
-def make_agent(lease_seconds=60, max_attempts=3, name=None):
-    from jobqueue.models import JobAgent, Workspace
-
-    ws = Workspace.objects.create(name=f"bench-{uuid.uuid4().hex[:6]}")
-    return JobAgent.objects.create(workspace=ws, name=name or "bench-agent",
-                                   lease_seconds=lease_seconds, max_attempts=max_attempts)
-
-
-def insert_jobs(agent, n, status="queued"):
-    """n jobs straight in SQL (setup only; no lifecycle events), in chunks."""
-    done = "now()" if status in ("successful", "failure", "cancelled", "expired") else "NULL"
-    step = 200_000
-    for start in range(0, n, step):
-        k = min(n, start + step) - start
-        sql(
-            "INSERT INTO job (id, workspace_id, job_agent_id, status, job_agent_config, "
-            "dispatch_context, message, external_id, attempt, max_attempts, "
-            "initial_max_attempts, priority, available_at, idempotency_fingerprint, created_at, "
-            f"updated_at, completed_at) SELECT gen_random_uuid(), %s, %s, %s, '{{}}', '{{}}', '', "
-            "'', 0, 3, 3, 0, now() - interval '1 second', '', now() - interval '1 second', "
-            f"now(), {done} FROM generate_series(1, %s)",
-            [agent.workspace_id, agent.id, status, k],
-        )
-
-
-def count_by_status(agent):
-    from jobqueue.models import Job
-
-    rows = Job.objects.filter(job_agent=agent).values_list("status").order_by()
-    out: dict = {}
-    for (s,) in rows.iterator():
-        out[s] = out.get(s, 0) + 1
-    return out
-
-
-def verify_drained(agent, n):
-    """Every job terminal exactly once: n successful, no claim left, one report event each."""
-    from django.db.models import Count
-
-    from jobqueue.models import Job, JobClaim, JobEvent
-
-    statuses = dict(
-        Job.objects.filter(job_agent=agent).values_list("status").order_by("status")
-        .annotate(n=Count("id"))
-    )
-    reported = JobEvent.objects.filter(job__job_agent=agent, kind="status_reported")
-    problems = []
-    if statuses != {"successful": n}:
-        problems.append(f"statuses {statuses}, expected {{'successful': {n}}}")
-    if JobClaim.objects.filter(job_agent=agent).exists():
-        problems.append("claims left")
-    if reported.count() != n or reported.values("job_id").distinct().count() != n:
-        problems.append(f"{reported.count()} status events for {n} jobs")
-    claimed = JobEvent.objects.filter(job__job_agent=agent, kind="claimed").count()
-    if claimed != n:
-        problems.append(f"{claimed} claims for {n} jobs (each should be claimed once)")
-    if problems:
-        raise SystemExit("verification failed: " + "; ".join(problems))
-
-
 # --- scenario 1: core cycle ---------------------------------------------------------------
-
-
-def pgbench_tps(clients, seconds):
-    script = tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False)
-    script.write("\\set aid random(1, 100000)\n"
-                 "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n")
-    script.close()
-    out = subprocess.run(
-        ["pgbench", "-n", *pg_cli_args(), "-c", str(clients), "-j", str(min(clients, 2)),
-         "-T", str(seconds), "-f", script.name, db_name("pgbench")],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    os.unlink(script.name)
-    m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
-    return float(m.group(1))
-
-
-def pg_cli_args():
-    """-h/-p/-U for PostgreSQL's command-line tools, from BENCH_DATABASE_URL."""
-    from urllib.parse import urlparse
-
-    url = urlparse(db_url("postgres"))
-    return ["-h", url.hostname or "127.0.0.1", "-p", str(url.port or 5432),
-            "-U", url.username or "postgres"]
 
 
 def lifecycle_sql_file() -> str:
@@ -373,12 +205,6 @@ CORE_SYSTEMS = [
     *PEER_LABELS.items(),
 ]
 SLOW_PEERS = ("procrastinate", "djtasks")
-
-
-def setup_pgbench():
-    recreate_database(db_name("pgbench"))
-    subprocess.run(["pgbench", "-i", "-q", "-s", "1", *pg_cli_args(), db_name("pgbench")],
-                   check=True, capture_output=True)
 
 
 class Bracketed:
@@ -613,44 +439,6 @@ def peers_table(res):
 
 
 # --- scenario 2: HTTP cycle ---------------------------------------------------------------
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_gunicorn(workers, threads=None, env_extra=None):
-    port = free_port()
-    env = {**os.environ, **(env_extra or {}), "DATABASE_URL": db_url(DB),
-           "DJANGO_SETTINGS_MODULE": "benchmarks.bench_settings", "PYTHONPATH": str(ROOT),
-           "LOG_LEVEL": "WARNING"}
-    (ROOT / "var").mkdir(exist_ok=True)
-    errlog = open(ROOT / "var" / "bench-gunicorn.log", "w")  # noqa: SIM115 - lives with proc
-    proc = subprocess.Popen(
-        [str(ROOT / ".venv" / "bin" / "gunicorn"), "-c",
-         str(ROOT / "config" / "gunicorn.conf.py"), "--bind", f"127.0.0.1:{port}",
-         "--workers", str(workers), "--log-level", "warning",
-         *(["--threads", str(threads)] if threads else []),
-         *os.environ.get("BENCH_GUNICORN_ARGS", "").split()],  # e.g. "--worker-class sync"
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errlog, text=True,
-    )
-    import logging
-
-    import httpx
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    for _ in range(200):
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/v1/schema/", timeout=2)
-            return proc, port
-        except httpx.HTTPError:
-            if proc.poll() is not None:
-                raise RuntimeError("gunicorn exited: see var/bench-gunicorn.log") from None
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("gunicorn did not start")
 
 
 def scenario_http():
