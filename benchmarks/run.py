@@ -64,12 +64,12 @@ from benchmarks.report import git_commit, keep_previous, markdown, write_outputs
 from benchmarks.scenarios import SCENARIOS, core
 from benchmarks.sizes import DEFAULTS
 
+# What `make bench` runs without BENCH_ARGS.
+DEFAULT_SCENARIOS = ["core", "http", "heartbeat", "growth", "reaper", "pickup", "completion"]
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("scenarios", nargs="*",
-                        default=["core", "http", "heartbeat", "growth", "reaper", "pickup",
-                                 "completion"])
+    parser.add_argument("scenarios", nargs="*", default=DEFAULT_SCENARIOS)
     parser.add_argument("--no-peers", action="store_true", help="core: skip the peers")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
