@@ -125,7 +125,7 @@ endif
 
 # Benchmarks, not part of `make test` (docs/performance.md): the peers go into their own
 # virtualenv (.venv-bench, requirements-bench.txt), never into the app's. Takes ~30-40 min on
-# 2 cores; sizes and scenarios: BENCH_ARGS="core http" and BENCH_* variables (benchmarks/run.py).
+# 2 cores; sizes and scenarios: BENCH_ARGS="core http" and BENCH_* variables (benchmarks/sizes.py).
 # Its databases are named after TEST_DATABASE_URL's (jq_bench -> jq_bench_core, jq_bench_pgbench...).
 .venv-bench/.installed: requirements-bench.txt
 	$(PYTHON) -m venv .venv-bench

@@ -19,7 +19,8 @@ import threading
 import time
 import urllib.request
 
-from benchmarks import run as R
+from benchmarks import project
+from benchmarks.servers import start_gunicorn
 
 THREADS = 8
 
@@ -27,15 +28,15 @@ THREADS = 8
 def main() -> None:
     rounds = int(os.environ.get("HTTP_OUTSIDE_ROUNDS", 5))
     cycles = int(os.environ.get("HTTP_OUTSIDE_CYCLES", 100))
-    R.migrate()
-    R.setup_django()
+    project.migrate()
+    project.setup_django()
     from agents import credentials
 
-    agent = R.make_agent()
+    agent = project.make_agent()
     token = credentials.issue_agent_token(agent)
-    R.insert_jobs(agent, THREADS * cycles * rounds)
-    R.sql("ANALYZE job")
-    proc, port = R.start_gunicorn(int(os.environ.get("HTTP_OUTSIDE_WORKERS", 2)))
+    project.insert_jobs(agent, THREADS * cycles * rounds)
+    project.sql("ANALYZE job")
+    proc, port = start_gunicorn(int(os.environ.get("HTTP_OUTSIDE_WORKERS", 2)))
     root = f"http://127.0.0.1:{port}"
     base = f"{root}/v1/workspaces/{agent.workspace_id}/"
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -87,7 +88,7 @@ def main() -> None:
                   flush=True)
         print("median ratio: " + ", ".join(f"{k} {statistics.median(v):.2f}x"
                                            for k, v in ratios.items()))
-        R.verify_drained(agent, THREADS * cycles * rounds)
+        project.verify_drained(agent, THREADS * cycles * rounds)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -128,7 +128,7 @@ def measure(rounds: int, n: int) -> dict:
     from django.conf import settings
     from django.db import connection
 
-    from benchmarks.run import insert_jobs, make_agent, reset_tables, sql
+    from benchmarks.project import insert_jobs, make_agent, reset_tables, sql
     from jobqueue.lifecycle.pg import cursor
     from jobqueue.models import Job
     from tests.e2e.pgbouncer import PrivateBouncer

@@ -176,7 +176,7 @@ def plan_indexes(qs) -> set[str]:
 
 def fill(n: int) -> Context:
     """The table the readers run against (see the module's docstring)."""
-    from benchmarks.run import make_agent, sql
+    from benchmarks.project import make_agent, sql
     from jobqueue.models import JobAgent, JobGroup
 
     big = make_agent(name="readers-big")
@@ -257,7 +257,7 @@ def _without(r: Reader, ctx: Context, runs: int) -> tuple[set, float]:
 
 
 def measure(n: int, samples: int) -> dict:
-    from benchmarks.run import reset_tables
+    from benchmarks.project import reset_tables
 
     reset_tables()
     ctx = fill(n)

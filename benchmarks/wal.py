@@ -60,7 +60,8 @@ def measure(run, n: int) -> dict:
     """One path: warm-up drain, then n jobs, CHECKPOINT'ed before (no full-page images of
     pages written before the drain are counted twice), measured."""
     from agents import credentials
-    from benchmarks.run import APP_PY, insert_jobs, make_agent, reset_tables, sql, start_gunicorn
+    from benchmarks.project import APP_PY, insert_jobs, make_agent, reset_tables, sql
+    from benchmarks.servers import start_gunicorn
 
     results = {}
     proc, port = start_gunicorn(1, threads=8)

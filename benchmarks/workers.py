@@ -194,8 +194,8 @@ def raw_shape(agent_id: str) -> None:
 
 def raw_cte(agent_id: str, sql_file: str) -> None:
     """The lifecycle's own PostgreSQL statements (claim-next, terminal report scoped to the
-    agent), written to `sql_file` by benchmarks.run from jobqueue.lifecycle, run by a plain
-    psycopg loop without Django: the same SQL shape, one statement per phase."""
+    agent), written to `sql_file` by benchmarks.scenarios.drains from jobqueue.lifecycle, run
+    by a plain psycopg loop without Django: the same SQL shape, one statement per phase."""
     import json
 
     import psycopg
