@@ -78,6 +78,7 @@ ACCEPT_TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, 
                                      errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 ACCEPT_BACKOFF_SECONDS = 0.05
 HANDLER_GRACE_SECONDS = 1.0  # close() waits this long for requests being answered
+SERVE_JOIN_SECONDS = 5.0  # and this long for the serving thread (else it releases the socket)
 # sun_path holds 108 bytes on Linux, 104 on the BSDs and macOS.
 SUN_PATH_MAX = 100
 
@@ -185,16 +186,16 @@ class EffectServer:
         gives up its retries, and its answer no longer touches the lease (the job has
         ended); it is waited for at most HANDLER_GRACE_SECONDS."""
         self._stop.set()
+        # Without a thread there is nothing to release: open() failed (and released what it
+        # made) or was never called; or this is a second close().
         if self._thread is not None:
             os.write(self._wake[1], b"x")  # open until the thread is done (_release)
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=SERVE_JOIN_SECONDS)
             with self._lock:
                 done, self._orphaned = self._served, not self._served
             if done:
                 self._release()
             self._thread = None
-        elif self._sock is not None:
-            self._release()
         until = time.monotonic() + HANDLER_GRACE_SECONDS
         with self._lock:
             handlers = list(self._handlers)
@@ -202,15 +203,15 @@ class EffectServer:
             handler.join(timeout=max(0.0, until - time.monotonic()))
 
     def _release(self) -> None:
-        """Close the socket and the wake-up pipe: by close() once the serving thread is done,
-        else by the thread itself when it ends (never under its feet)."""
+        """Close the socket and the wake-up pipe (once: by open() when it fails, by close()
+        once the serving thread is done, else by the thread itself when it ends, never under
+        its feet). The pipe is not made yet when os.pipe() is what failed."""
         for fd in self._wake:
             if fd >= 0:
                 os.close(fd)
         self._wake = (-1, -1)
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        sock, self._sock = self._sock, None
+        sock.close()
 
     def _serve(self) -> None:
         try:

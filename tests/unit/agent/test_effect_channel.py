@@ -5,8 +5,10 @@ the child's side (ask / begin / run, `jobqueue-effect`) turns the answers into E
 errors and exit statuses. Against a real server and agent: tests/e2e/test_agent_effects.py."""
 
 import errno
+import io
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -445,3 +447,297 @@ def test_closing_does_not_wait_for_a_timer(tmp_path):
             took = time.perf_counter() - started
             assert not serving.is_alive() and took < 2, took
             assert server._sock is None and server._thread is None
+
+
+# --- the error paths of the agent's side -------------------------------------------------------
+
+
+def raw_ask(path, data: bytes, *, shut=True, timeout=30):
+    """Send `data` as a child would (shutting its side when `shut`); the agent's answer."""
+    with effects.socket.socket(effects.socket.AF_UNIX, effects.socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(data)
+        if shut:
+            sock.shutdown(effects.socket.SHUT_WR)
+        return json.loads(effects._read_line(sock, 1 << 20))
+
+
+def wait_for(predicate, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.01)
+
+
+def test_a_socket_that_cannot_be_made_leaves_no_ledger(tmp_path, monkeypatch, caplog):
+    """The socket's name taken (bind: EADDRINUSE), or no pipe for the thread's wake-up
+    (EMFILE): the job runs without JOB_EFFECT_SOCKET, logged, nothing left open."""
+    server = effects.EffectServer(FakeClient(), FakeLease())
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.WARNING, "jobqueue.agent"):
+        with open(jobdir.file(effects.SOCKET_NAME), "w"):
+            pass
+        assert server.open(jobdir) == {} and server._sock is None
+        os.remove(jobdir.file(effects.SOCKET_NAME))
+
+        def no_pipe():
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(effects.os, "pipe", no_pipe)
+        assert server.open(jobdir) == {}
+        monkeypatch.undo()
+        assert server._sock is None and server._thread is None and server._wake == (-1, -1)
+        server.close()
+    logged = [r.getMessage() for r in caplog.records]
+    assert [m.split(" error=")[1] for m in logged if "effect_socket_failed" in m] == [
+        "OSError", "OSError"]
+
+
+def test_with_check_peer_a_caller_before_the_child_started_is_refused(tmp_path, monkeypatch):
+    """No admit() within READ_TIMEOUT_SECONDS (the child never started): refused, 403."""
+    monkeypatch.setattr(effects, "READ_TIMEOUT_SECONDS", 0.2)
+    client = FakeClient()
+    server = effects.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir:
+        path = server.open(jobdir, check_peer=True)[effects.ENV]
+        try:
+            with pytest.raises(api.AuthError) as refused:
+                effects.begin("k", path=path, timeout=10)
+        finally:
+            server.close()
+    assert refused.value.status == 403 and "not known" in refused.value.detail
+    assert client.calls == []
+
+
+class Exited:
+    """Stands for the child's Popen in admit(): only its pid is read."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+
+def test_with_check_peer_a_caller_gone_before_it_is_checked_is_refused(tmp_path, caplog):
+    """The caller exited (and was reaped) before its session could be read: not answered,
+    nor a crash of the handler (its answer meets a closed connection)."""
+    client = FakeClient()
+    server = effects.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.WARNING, "jobqueue.agent"):
+        path = server.open(jobdir, check_peer=True)[effects.ENV]
+        try:
+            gone = subprocess.run(
+                [sys.executable, "-c", "import socket, sys\n"
+                 "s = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+                 "s.sendall(b'{\"op\": \"begin\", \"key\": \"k\"}\\n')", path],
+                capture_output=True, text=True, timeout=60)
+            assert gone.returncode == 0, gone.stderr
+            server.admit(Exited(os.getpid()))  # any session: the caller is gone
+            wait_for(lambda: any("effect_peer_refused" in r.getMessage()
+                                 for r in caplog.records))
+        finally:
+            server.close()
+    refused = [r.getMessage() for r in caplog.records if "effect_peer_refused" in r.getMessage()]
+    assert refused[0].endswith("reason=the_caller_cannot_be_identified")
+    assert client.calls == [] and not any("effect_error" in r.getMessage()
+                                          for r in caplog.records)
+
+
+def test_a_serving_thread_that_outlives_close_releases_the_socket_itself(tmp_path,
+                                                                         monkeypatch):
+    """close() waits SERVE_JOIN_SECONDS for the serving thread; one still running then
+    keeps the socket and pipe (closing them under its feet could hand their descriptors to
+    another file it then reads) and releases them when it ends. A second close() changes
+    nothing."""
+    monkeypatch.setattr(effects, "SERVE_JOIN_SECONDS", 0.1)
+    server = effects.EffectServer(FakeClient(), FakeLease())
+    go_on = threading.Event()
+    server._accept_loop = lambda: go_on.wait(30)  # stands for a loop held up in a handler
+    with JobDir(str(tmp_path)) as jobdir:
+        server.open(jobdir)
+        serving, sock = server._thread, server._sock
+        server.close()
+        assert serving.is_alive() and server._sock is sock and sock.fileno() >= 0
+        server.close()
+        assert server._sock is sock and sock.fileno() >= 0
+        go_on.set()
+        serving.join(timeout=10)
+        assert not serving.is_alive()
+        assert server._sock is None and sock.fileno() == -1 and server._wake == (-1, -1)
+
+
+def pending_connection(path):
+    """A connection waiting in the socket's backlog (nothing sent)."""
+    sock = effects.socket.socket(effects.socket.AF_UNIX, effects.socket.SOCK_STREAM)
+    sock.connect(path)
+    return sock
+
+
+def test_accept_errors_spurious_fatal_and_transient(tmp_path, monkeypatch, caplog):
+    """accept() after a wake-up with nothing to accept (EAGAIN) is tried again, silently;
+    an error that waiting cannot mend (EBADF) ends serving (logged retry=no; the job runs
+    on without the ledger); close() during a transient error's back-off ends it too."""
+    client = FakeClient()
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.WARNING, "jobqueue.agent"):
+        server = effects.EffectServer(client, FakeLease())
+        path = server.open(jobdir)[effects.ENV]
+        server._sock = FlakyAccept(server._sock, [BlockingIOError()])
+        try:
+            assert effects.begin("k", path=path, timeout=30).state == "started"
+        finally:
+            server.close()
+        assert not any("effect_accept_error" in r.getMessage() for r in caplog.records)
+        os.remove(path)
+
+        server = effects.EffectServer(client, FakeLease())
+        path = server.open(jobdir)[effects.ENV]
+        server._sock = FlakyAccept(server._sock, [OSError(errno.EBADF, "Bad file")])
+        serving = server._thread
+        with pending_connection(path):
+            serving.join(timeout=10)
+            assert not serving.is_alive()
+        server.close()
+        assert server._sock is None
+        os.remove(path)
+
+        monkeypatch.setattr(effects, "ACCEPT_BACKOFF_SECONDS", 30.0)
+        server = effects.EffectServer(client, FakeLease())
+        path = server.open(jobdir)[effects.ENV]
+        flaky = FlakyAccept(server._sock, [OSError(errno.EMFILE, "Too many")] * 5)
+        server._sock = flaky
+        serving = server._thread
+        with pending_connection(path):
+            wait_for(lambda: len(flaky.errors) == 4)  # in its 30 s back-off
+            started = time.monotonic()
+            server.close()
+            assert not serving.is_alive() and time.monotonic() - started < 4
+    logged = [r.getMessage() for r in caplog.records if "effect_accept_error" in r.getMessage()]
+    assert "error=EBADF" in logged[0] and logged[0].endswith("retry=no")
+    assert "error=EMFILE" in logged[1] and logged[1].endswith("retry=yes") and len(logged) == 2
+
+
+def test_a_child_that_sends_nothing_or_too_much_and_waits_is_answered(served, monkeypatch):
+    """A child that connects and sends no line within READ_TIMEOUT_SECONDS is answered 400;
+    one that sends too much and holds its side open is read until the timeout, then
+    answered 413 (not left waiting, nor reset)."""
+    client, _lease, path = served
+    monkeypatch.setattr(effects, "READ_TIMEOUT_SECONDS", 0.2)
+    answer = raw_ask(path, b"", shut=False)
+    assert answer["error"]["status"] == 400 and answer["error"]["code"] == "invalid_request"
+    monkeypatch.setattr(effects, "REQUEST_MAX_BYTES", 1000)
+    answer = raw_ask(path, b"x" * 2000, shut=False)
+    assert answer["error"]["status"] == 413 and answer["error"]["code"] == "payload_too_large"
+    # An empty request (connected, shut at once): one JSON object is expected.
+    assert raw_ask(path, b"")["error"]["code"] == "invalid_request"
+    assert client.calls == []
+
+
+def test_a_child_gone_before_its_answer_is_no_error(tmp_path, caplog):
+    """The child closes while the service is asked: its answer goes nowhere, quietly, and
+    the ledger goes on serving."""
+    client = BlockingClient()
+    server = effects.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.INFO, "jobqueue.agent"):
+        path = server.open(jobdir)[effects.ENV]
+        try:
+            with pending_connection(path) as sock:
+                sock.sendall(b'{"op": "begin", "key": "k"}\n')
+                wait_for(lambda: client.calls)
+            client.go.set()
+            wait_for(lambda: not server._handlers)
+            assert effects.begin("k", path=path, timeout=30).state == "started"
+        finally:
+            server.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("event=effect_begin" in m for m in messages) == 2
+    assert not any("effect_error" in m for m in messages)
+
+
+class UnencodableClient(FakeClient):
+    def begin_effect(self, job_id, claim_id, key):
+        self.calls.append(("begin", job_id, claim_id, key))
+        return api.Effect(key, {"state": "committed", "effect_id": "e", "attempt": 1,
+                                "result": {1, 2}})
+
+
+def test_a_failure_past_the_answer_is_logged_and_the_agent_serves_on(tmp_path, caplog):
+    """A bug after the answer was made (here an answer json cannot write) is logged; the
+    child hears nothing (TransportError: asking again is safe); the slot is given back."""
+    client = UnencodableClient()
+    server = effects.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.ERROR, "jobqueue.agent"):
+        path = server.open(jobdir)[effects.ENV]
+        try:
+            for _ in range(effects.MAX_CONNECTIONS + 1):  # a lost slot would hang the last
+                with pytest.raises(api.TransportError, match="not JSON"):
+                    effects.begin("k", path=path, timeout=10)
+        finally:
+            server.close()
+    assert sum("event=effect_error" in r.getMessage() for r in caplog.records) == (
+        effects.MAX_CONNECTIONS + 1)
+
+
+@pytest.fixture
+def agent_answering(tmp_path):
+    """A stand-in agent on a Unix socket answering each connection with `answers[0]`."""
+    path = str(tmp_path / "fake.sock")
+    answers = []
+    listener = effects.socket.socket(effects.socket.AF_UNIX, effects.socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                effects._read_line(conn, 1 << 20)
+                conn.sendall(answers[0])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path, answers
+    listener.shutdown(effects.socket.SHUT_RDWR)
+    listener.close()
+    thread.join(timeout=5)
+
+
+def test_an_agent_answer_that_is_not_an_object_is_a_transport_error(agent_answering):
+    path, answers = agent_answering
+    answers.append(b"[1]\n")
+    with pytest.raises(api.TransportError, match="not a JSON object"):
+        effects.begin("k", path=path, timeout=10)
+    answers[0] = b'{"state": "started", "effect_id": "e"}\n'  # no attempt: not an Effect
+    with pytest.raises(api.ServerError) as malformed:
+        effects.begin("k", path=path, timeout=10)
+    assert malformed.value.code == "invalid_response"
+
+
+def test_the_command_in_process(served, monkeypatch, capsys, tmp_path):
+    """jobqueue-effect's paths without a subprocess (the subprocess tests above replace the
+    environment, so their coverage is not measured): --result-file (a file, a missing one,
+    invalid JSON), a bad key, a refusal's exit status and message."""
+    client, _lease, path = served
+    monkeypatch.setenv(effects.ENV, path)
+    assert effects.main(["begin", "k", "--print", "effect_id"]) == 0
+    assert capsys.readouterr().out == "id-k\n"
+    result = tmp_path / "result.json"
+    result.write_text('{"n": 1}')
+    assert effects.main(["commit", "k", "--result-file", str(result), "--print", "result"]) == 0
+    assert capsys.readouterr().out == '{"n":1}\n'
+    assert client.entries["k"]["result"] == {"n": 1}
+    monkeypatch.setattr(effects.sys, "stdin", io.StringIO('{"n": 1}'))
+    assert effects.main(["commit", "k", "--result-file", "-", "--print", "state"]) == 0
+    assert capsys.readouterr().out == "committed\n"
+    for argv, said in ((["commit", "k", "--result-file", str(tmp_path / "none")],
+                        "--result-file: No such file or directory"),
+                       (["commit", "k", "--result", "{"], "not valid JSON"),
+                       (["begin", "a b"], "key must be")):
+        with pytest.raises(SystemExit) as usage:
+            effects.main(argv)
+        assert usage.value.code == 2 and said in capsys.readouterr().err
+    client.fail = [api.EffectAlreadyCommitted(409, "effect_already_committed", "another")]
+    assert effects.main(["commit", "k", "--result", "2"]) == 6
+    assert capsys.readouterr().err == "jobqueue-effect: 409 effect_already_committed: another\n"
+    client.fail = [api.NotFound(404, "not_found", "Not found.")]
+    assert effects.main(["begin", "k"]) == 3
