@@ -157,6 +157,48 @@ def test_a_public_key_cannot_sign_and_junk_is_refused_at_configuration(tmp_path,
         fencing.keys()
 
 
+def test_a_published_key_file_that_holds_no_key_is_refused(tmp_path, settings):
+    """Only published (not first): a public key will do, junk will not."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("-----BEGIN PUBLIC KEY-----\nnot a key\n-----END PUBLIC KEY-----\n")
+    signing = str(pem_file(tmp_path / "k.pem"))
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [signing, str(junk)]}
+    with pytest.raises(ImproperlyConfigured, match=f"{junk} is not an Ed25519 key in PEM"):
+        fencing.keys()
+
+
+class Gate:
+    """Stands for fencing._lock: says when a thread is about to wait for it."""
+
+    def __init__(self):
+        self.lock, self.waiting = threading.Lock(), threading.Event()
+
+    def __enter__(self):
+        self.waiting.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+def test_a_thread_that_waited_while_another_loaded_the_keys_takes_those(keyfiles, monkeypatch):
+    """Two threads' first tokens at once: the one that waited for the lock reads what the
+    other loaded (the same key objects), it does not load the files again."""
+    gate = Gate()
+    monkeypatch.setattr(fencing, "_lock", gate)
+    loaded = []
+    with gate.lock:
+        waiter = threading.Thread(target=lambda: loaded.append(fencing.keys()))
+        waiter.start()
+        assert gate.waiting.wait(10)
+        for path in keyfiles:  # whatever it reads from here on is not a key
+            path.write_text("")
+        fencing._cache[fencing._key_files()] = first = (
+            fencing._load(pem_file(keyfiles[0].with_name("x.pem")), must_sign=True),)
+    waiter.join(timeout=10)
+    assert loaded == [first] and loaded[0][0] is first[0]
+
+
 def test_unset_a_key_is_generated_under_var_once_mode_0600(tmp_path, settings):
     settings.VAR_DIR = tmp_path / "var"
     settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": []}
@@ -289,6 +331,36 @@ def test_a_signed_token_missing_members_or_with_a_bad_attempt_is_malformed(keyfi
         with pytest.raises(FencingTokenError, match="attempt an integer"):
             verify_fencing_token(signed({**full, "attempt": attempt}), fencing.jwks(),
                                  check_expiry=False)
+
+
+def signed_raw(payload: bytes) -> str:
+    """A token of the service's signing key over `payload` as it is (any bytes, not only
+    what json.dumps writes: 1e999, NaN, a list)."""
+    key = fencing.signing_key()
+    return jwt.api_jws.PyJWS().encode(payload, key.private_key, algorithm="EdDSA",
+                                      headers={"kid": key.kid})
+
+
+@pytest.mark.parametrize("member, value", [
+    ("exp", "1e999"), ("exp", "-1e999"), ("exp", "NaN"), ("exp", "1e300"), ("exp", "1" * 400),
+    ("iat", "1e300"), ("iat", "Infinity"), ("attempt", "1e999"),
+])
+def test_a_signed_token_with_a_time_no_datetime_holds_is_malformed(keyfiles, member, value):
+    """exp / iat out of any datetime's range (huge, infinite, NaN) or an infinite attempt:
+    refused as malformed, with or without the expiry check, never an OverflowError or a bare
+    ValueError from the conversion."""
+    full = jwt.decode(fencing.token_for(grant()), options={"verify_signature": False})
+    raw = json.dumps({**full, member: "@"}).replace('"@"', value).encode()
+    for check_expiry in (True, False):
+        with pytest.raises(FencingTokenError, match="datetime can hold") as exc:
+            verify_fencing_token(signed_raw(raw), fencing.jwks(), check_expiry=check_expiry)
+        assert exc.value.reason == "malformed"
+
+
+def test_a_signed_payload_that_is_not_an_object_is_malformed(keyfiles):
+    with pytest.raises(FencingTokenError, match="malformed fencing token") as exc:
+        verify_fencing_token(signed_raw(b"[1]"), fencing.jwks())
+    assert exc.value.reason == "malformed"
 
 
 def test_the_key_set_must_be_a_jwk_set(keyfiles):
