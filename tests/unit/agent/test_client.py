@@ -518,3 +518,11 @@ def test_a_key_no_path_can_carry_is_refused_without_a_request(key):
 def test_a_transport_error_before_any_request_has_no_url():
     err = api.TransportError.of(httpx.ConnectError("no route"))
     assert err.url is None and "ConnectError: no route" in str(err)
+
+
+def test_an_effect_not_bound_to_a_claim_cannot_commit():
+    """commit_effect's answer (and effects.commit's) is the outcome: nothing left to commit."""
+    fx = api.Effect("k", {"state": "committed", "effect_id": "e1", "attempt": 1, "result": 2})
+    with pytest.raises(RuntimeError, match="not bound"):
+        fx.commit(3)
+    assert fx.result == 2
