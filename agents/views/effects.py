@@ -24,7 +24,7 @@ from .base import AGENT, AGENT_TAGS, PRODUCER, PRODUCER_TAGS, ApiViewSet
 KEY_PARAM = OpenApiParameter(
     "key", str, OpenApiParameter.PATH, required=True, pattern=r"^[A-Za-z0-9._:-]{1,200}$",
     description="The effect's name within the job, chosen by the agent (`charge-card`, "
-    "`email:welcome`): 1 to 200 of A-Z a-z 0-9 . _ : - (else 400).",
+    "`email:welcome`): 1 to 200 of A-Z a-z 0-9 . _ : -, not `.` or `..` (else 400).",
 )
 STATE_ANSWER = OpenApiResponse(
     EffectAnswerSerializer,

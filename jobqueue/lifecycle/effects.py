@@ -64,11 +64,29 @@ class EffectAnswer:
 
 
 def effect_key(key: str) -> str:
-    """1 to 200 of [A-Za-z0-9._:-]."""
-    if not isinstance(key, str) or KEY.fullmatch(key) is None:
-        raise InvalidInput("key must be 1 to 200 characters of A-Z a-z 0-9 . _ : -",
-                           field="key")
+    """1 to 200 of [A-Za-z0-9._:-], and not "." or "..": the key is a path segment, and URL
+    clients remove dot segments (the reference client refuses keys of dots only)."""
+    if not isinstance(key, str) or KEY.fullmatch(key) is None or key in (".", ".."):
+        raise InvalidInput('key must be 1 to 200 characters of A-Z a-z 0-9 . _ : -, and not '
+                           '"." or ".."', field="key")
     return key
+
+
+def same_result(recorded, given) -> bool:
+    """Is `given` the result already recorded, as JSON values? Python's == is not: it takes
+    `true` for `1` (and `false` for `0`, `0.0`), so another result would be accepted as the
+    same one. Numbers still compare by value (`1` is `1.0`), as PostgreSQL's jsonb does, and
+    must: jsonb gives back a float `1e20` as the integer 100000000000000000000, so comparing
+    canonical texts would refuse an honest repeat."""
+    if isinstance(recorded, bool) or isinstance(given, bool):
+        return type(recorded) is type(given) and recorded == given
+    if isinstance(recorded, dict):
+        return (isinstance(given, dict) and recorded.keys() == given.keys()
+                and all(same_result(value, given[name]) for name, value in recorded.items()))
+    if isinstance(recorded, list):
+        return (isinstance(given, list) and len(recorded) == len(given)
+                and all(map(same_result, recorded, given)))
+    return recorded == given
 
 
 def _held_attempt(job_id, claim_id, workspace_id, job_agent_id) -> int | None:
@@ -132,7 +150,7 @@ def commit_effect(job_id: uuid.UUID, claim_id: uuid.UUID, key: str, result, *,
         if attempt is not None:
             row = _locked(job_id, key)
             if row is not None and row.committed:
-                if row.result != result:
+                if not same_result(row.result, result):
                     raise EffectAlreadyCommitted()
                 return _committed(row)
             if row is None or row.claim_id != claim_id:
@@ -147,7 +165,7 @@ def commit_effect(job_id: uuid.UUID, claim_id: uuid.UUID, key: str, result, *,
                                      committed_at__isnull=False,
                                      job__in=scoped_jobs(workspace_id, job_agent_id))
             .first())
-    if mine is not None and mine.result == result:
+    if mine is not None and same_result(mine.result, result):
         return _committed(mine)
     _refuse(job_id, claim_id, workspace_id, job_agent_id)
 

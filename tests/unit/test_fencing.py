@@ -157,6 +157,48 @@ def test_a_public_key_cannot_sign_and_junk_is_refused_at_configuration(tmp_path,
         fencing.keys()
 
 
+def test_a_published_key_file_that_holds_no_key_is_refused(tmp_path, settings):
+    """Only published (not first): a public key will do, junk will not."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("-----BEGIN PUBLIC KEY-----\nnot a key\n-----END PUBLIC KEY-----\n")
+    signing = str(pem_file(tmp_path / "k.pem"))
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [signing, str(junk)]}
+    with pytest.raises(ImproperlyConfigured, match=f"{junk} is not an Ed25519 key in PEM"):
+        fencing.keys()
+
+
+class Gate:
+    """Stands for fencing._lock: says when a thread is about to wait for it."""
+
+    def __init__(self):
+        self.lock, self.waiting = threading.Lock(), threading.Event()
+
+    def __enter__(self):
+        self.waiting.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+def test_a_thread_that_waited_while_another_loaded_the_keys_takes_those(keyfiles, monkeypatch):
+    """Two threads' first tokens at once: the one that waited for the lock reads what the
+    other loaded (the same key objects), it does not load the files again."""
+    gate = Gate()
+    monkeypatch.setattr(fencing, "_lock", gate)
+    loaded = []
+    with gate.lock:
+        waiter = threading.Thread(target=lambda: loaded.append(fencing.keys()))
+        waiter.start()
+        assert gate.waiting.wait(10)
+        for path in keyfiles:  # whatever it reads from here on is not a key
+            path.write_text("")
+        fencing._cache[fencing._key_files()] = first = (
+            fencing._load(pem_file(keyfiles[0].with_name("x.pem")), must_sign=True),)
+    waiter.join(timeout=10)
+    assert loaded == [first] and loaded[0][0] is first[0]
+
+
 def test_unset_a_key_is_generated_under_var_once_mode_0600(tmp_path, settings):
     settings.VAR_DIR = tmp_path / "var"
     settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": []}
@@ -168,6 +210,23 @@ def test_unset_a_key_is_generated_under_var_once_mode_0600(tmp_path, settings):
     fencing._cache.clear()
     assert fencing.keys()[0].kid == key.kid and path.read_bytes() == before
     assert [p.name for p in path.parent.iterdir()] == ["fencing_key.pem"]  # no leftovers
+
+
+def test_a_key_written_by_another_process_after_the_check_is_the_one_kept(tmp_path):
+    """The file appears between generate_key_file's exists() and its link (another process
+    was first): that key stays, this one's temporary file is gone. (The processes below race
+    for real, but need not meet in that window.)"""
+    path = tmp_path / "fencing_key.pem"
+    pem_file(path)
+    before = path.read_bytes()
+
+    class SeenLate(type(path)):
+        def exists(self, **kwargs):
+            return False  # as it was when this process looked
+
+    fencing.generate_key_file(SeenLate(path))
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["fencing_key.pem"]
 
 
 def test_processes_starting_at_once_agree_on_one_generated_key(tmp_path):
@@ -291,6 +350,36 @@ def test_a_signed_token_missing_members_or_with_a_bad_attempt_is_malformed(keyfi
                                  check_expiry=False)
 
 
+def signed_raw(payload: bytes) -> str:
+    """A token of the service's signing key over `payload` as it is (any bytes, not only
+    what json.dumps writes: 1e999, NaN, a list)."""
+    key = fencing.signing_key()
+    return jwt.api_jws.PyJWS().encode(payload, key.private_key, algorithm="EdDSA",
+                                      headers={"kid": key.kid})
+
+
+@pytest.mark.parametrize("member, value", [
+    ("exp", "1e999"), ("exp", "-1e999"), ("exp", "NaN"), ("exp", "1e300"), ("exp", "1" * 400),
+    ("iat", "1e300"), ("iat", "Infinity"), ("attempt", "1e999"),
+])
+def test_a_signed_token_with_a_time_no_datetime_holds_is_malformed(keyfiles, member, value):
+    """exp / iat out of any datetime's range (huge, infinite, NaN) or an infinite attempt:
+    refused as malformed, with or without the expiry check, never an OverflowError or a bare
+    ValueError from the conversion."""
+    full = jwt.decode(fencing.token_for(grant()), options={"verify_signature": False})
+    raw = json.dumps({**full, member: "@"}).replace('"@"', value).encode()
+    for check_expiry in (True, False):
+        with pytest.raises(FencingTokenError, match="datetime can hold") as exc:
+            verify_fencing_token(signed_raw(raw), fencing.jwks(), check_expiry=check_expiry)
+        assert exc.value.reason == "malformed"
+
+
+def test_a_signed_payload_that_is_not_an_object_is_malformed(keyfiles):
+    with pytest.raises(FencingTokenError, match="malformed fencing token") as exc:
+        verify_fencing_token(signed_raw(b"[1]"), fencing.jwks())
+    assert exc.value.reason == "malformed"
+
+
 def test_the_key_set_must_be_a_jwk_set(keyfiles):
     token = fencing.token_for(grant())
     with pytest.raises(TypeError, match="JWK set"):
@@ -389,6 +478,92 @@ def test_the_fenced_store_over_http(keyfiles):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def raw_post(port: int, headers: str) -> tuple[int, dict]:
+    """POST /write with these headers and no body, as raw HTTP: (status, JSON body)."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"POST /write HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_the_fenced_store_refuses_a_body_too_large_or_of_no_length_unread(keyfiles):
+    """Its body is read whole, so a Content-Length over MAX_BODY_BYTES is refused (413)
+    before any of it is read, and one that is no byte count (negative: read to EOF) is a 400;
+    the connection is closed (the unread body is no next request). At the limit: read."""
+    from jobqueue_client import fenced_store
+    httpd = serve(FencedStore(fencing.jwks(), workspace_id=WS))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    try:
+        status, body = raw_post(port, f"Content-Length: {fenced_store.MAX_BODY_BYTES + 1}\r\n")
+        assert status == 413 and body["code"] == "payload_too_large"
+        for length in ("-1", "many"):
+            status, body = raw_post(port, f"Content-Length: {length}\r\n")
+            assert status == 400 and body["code"] == "bad_request"
+        value = "x" * (fenced_store.MAX_BODY_BYTES - 2000)
+        ok = httpx.post(f"http://127.0.0.1:{port}/write", json={
+            "token": fencing.token_for(grant(1)), "key": "k", "value": value})
+        assert ok.status_code == 200
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_fenced_store_command_fetches_the_key_set_once_and_stops_on_ctrl_c(keyfiles):
+    """`python -m jobqueue_client.fenced_store`: the key set from --server at start, writes
+    verified against it, --workspace enforced; SIGINT ends it cleanly (status 0)."""
+    import signal
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    fetched = []
+    published = json.dumps(fencing.jwks()).encode()
+
+    class Service(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            fetched.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(published)))
+            self.end_headers()
+            self.wfile.write(published)
+
+        def log_message(self, *args):
+            pass
+
+    service = ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    threading.Thread(target=service.serve_forever, daemon=True).start()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobqueue_client.fenced_store", "--server",
+         f"http://127.0.0.1:{service.server_address[1]}", "--workspace", WS, "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("fenced store listening on http://127.0.0.1:"), proc.stderr.read()
+        url = line.split()[-1]
+        job = uuid.uuid4()
+        assert httpx.post(f"{url}/write", json={"token": fencing.token_for(grant(2, job)),
+                                                "key": "k", "value": 1}).status_code == 200
+        other = fencing.token_for(grant(3, job, workspace_id=str(uuid.uuid4())))
+        refused = httpx.post(f"{url}/write", json={"token": other, "key": "k", "value": 2})
+        assert refused.status_code == 401 and refused.json()["reason"] == "wrong_workspace"
+        assert httpx.get(f"{url}/read", params={"key": "k"}).json()["value"] == 1
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        assert fetched == ["/v1/.well-known/jwks.json"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        service.shutdown()
+        service.server_close()
 
 
 def test_the_client_module_imports_without_the_extra():

@@ -164,12 +164,16 @@ class Effect:
         self._update(answer)
 
     def _update(self, answer: dict) -> None:
-        try:
-            self.state = str(answer["state"])
-            self.effect_id = str(answer["effect_id"])
-            self.attempt = int(answer["attempt"])
+        try:  # the documented shape, or the client's protocol error (as claim bodies are)
+            state, effect_id, attempt = answer["state"], answer["effect_id"], answer["attempt"]
+            if (state not in (self.STARTED, self.UNKNOWN, self.COMMITTED)
+                    or not isinstance(effect_id, str) or not effect_id
+                    or type(attempt) is not int or attempt < 1
+                    or (state == self.COMMITTED and "result" not in answer)):
+                raise ValueError(answer)
         except (KeyError, TypeError, ValueError):
             raise ServerError(200, "invalid_response", "Unexpected effect answer.") from None
+        self.state, self.effect_id, self.attempt = state, effect_id, attempt
         self.result = answer.get("result")
 
     @property

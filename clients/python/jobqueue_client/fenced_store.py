@@ -14,8 +14,9 @@ that the store never contacts the service.
     store.write(claim.fencing_token, "report.csv", data)   # or raises StaleAttempt
 
 `python -m jobqueue_client.fenced_store --server URL --port 8765` serves one over HTTP
-(POST /write {"token", "key", "value"}; GET /read?key=...), for trying it out and for the
-acceptance test. Needs the `fencing` extra: pip install 'jobqueue-client[fencing]'.
+(POST /write {"token", "key", "value"}, at most MAX_BODY_BYTES; GET /read?key=...), for
+trying it out and for the acceptance test. Needs the `fencing` extra:
+pip install 'jobqueue-client[fencing]'.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .fencing import FencingClaims, FencingTokenError, fetch_jwks, verify_fencing_token
+
+# A write's body is read whole: more than this is refused (413) without reading it.
+MAX_BODY_BYTES = 1024 * 1024
 
 
 class StaleAttempt(Exception):
@@ -113,7 +117,18 @@ def _handler(store: FencedStore):
             if urlsplit(self.path).path != "/write":
                 return self._answer(404, {"code": "not_found"})
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                length = int(self.headers.get("Content-Length", 0))
+            except ValueError:
+                length = -1
+            if length < 0 or length > MAX_BODY_BYTES:
+                self.close_connection = True  # the body is left unread
+                if length < 0:
+                    return self._answer(400, {"code": "bad_request",
+                                              "detail": "Content-Length: a byte count"})
+                return self._answer(413, {"code": "payload_too_large",
+                                          "detail": f"at most {MAX_BODY_BYTES} bytes"})
+            try:
+                body = json.loads(self.rfile.read(length))
                 token, key, value = body["token"], str(body["key"]), body.get("value")
             except (ValueError, KeyError, TypeError):
                 return self._answer(400, {"code": "bad_request",

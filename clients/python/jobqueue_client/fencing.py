@@ -151,7 +151,8 @@ def verify_fencing_token(token: str, jwks: dict | list, *, workspace_id: str | N
 
 
 def _check(payload: Any, *, workspace_id, issuer, check_expiry, leeway, now) -> FencingClaims:
-    if not isinstance(payload, dict):
+    # PyJWT decodes only an object (else its DecodeError: malformed, above).
+    if not isinstance(payload, dict):  # pragma: no cover -- a guard (above)
         raise FencingTokenError("malformed", "malformed fencing token: payload not an object")
     missing = [name for name in REQUIRED if name not in payload]
     if missing:
@@ -161,16 +162,20 @@ def _check(payload: Any, *, workspace_id, issuer, check_expiry, leeway, now) -> 
         attempt, iat, exp = int(payload["attempt"]), float(payload["iat"]), float(payload["exp"])
         if isinstance(payload["attempt"], bool) or attempt != payload["attempt"]:
             raise ValueError("attempt")
-    except (TypeError, ValueError) as exc:
+        # A time no datetime holds (1e300, 1e999 read as inf, NaN) is no time the service
+        # writes: malformed, not an OverflowError from the conversion.
+        issued_at = dt.datetime.fromtimestamp(iat, dt.UTC)
+        expires_at = dt.datetime.fromtimestamp(exp, dt.UTC)
+    except (TypeError, ValueError, OverflowError, OSError) as exc:
         raise FencingTokenError("malformed", "malformed fencing token: attempt, iat and exp "
-                                "must be numbers (attempt an integer)") from exc
+                                "must be numbers (attempt an integer, iat and exp times a "
+                                "datetime can hold)") from exc
     if issuer is not None and payload["iss"] != issuer:
         raise FencingTokenError("wrong_issuer", f"fencing token issued by {payload['iss']!r}, "
                                 f"not {issuer!r}")
     if workspace_id is not None and str(payload["workspace_id"]) != str(workspace_id):
         raise FencingTokenError("wrong_workspace", "fencing token is for workspace "
                                 f"{payload['workspace_id']!r}, not {str(workspace_id)!r}")
-    expires_at = dt.datetime.fromtimestamp(exp, dt.UTC)
     if check_expiry:
         current = now or dt.datetime.now(dt.UTC)
         if current.timestamp() >= exp + leeway:
@@ -179,6 +184,6 @@ def _check(payload: Any, *, workspace_id, issuer, check_expiry, leeway, now) -> 
     return FencingClaims(
         job_id=str(payload["job_id"]), workspace_id=str(payload["workspace_id"]),
         attempt=attempt, claim_id=str(payload["claim_id"]), issuer=str(payload["iss"]),
-        issued_at=dt.datetime.fromtimestamp(iat, dt.UTC), expires_at=expires_at,
+        issued_at=issued_at, expires_at=expires_at,
     )
 

@@ -11,7 +11,7 @@ Threads, and the module each one's code lives in:
   path otherwise) (lease.py, `Lease` and `Heartbeater`);
 - with several jobs at once, one reporter thread sends the terminal reports that are waiting
   together in one batch report (reports.py, `ReportBatcher`);
-- while a job's child runs, a thread of effects.EffectServer serves it the job's effect ledger.
+- while a job's child runs, a thread of effect_server.EffectServer serves it the job's effect ledger.
 All of them log through agentlog.log_event and retry with backoff.Backoff.
 
 Guarantees the agent keeps:
@@ -24,7 +24,7 @@ Guarantees the agent keeps:
 - dispatch_context reaches the child only through a 0600 file named by JOB_CONTEXT_FILE, and is
   never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children,
   nor the claim_id: the child reaches the job's effect ledger through the agent
-  (JOB_EFFECT_SOCKET, effects.py), which calls the service with the current claim;
+  (JOB_EFFECT_SOCKET, effect_server.py), which calls the service with the current claim;
 - what the child leaves in its directory is read only by workdir.read_child_file (no link
   followed, nothing that blocks, regular files only, at most the cap + 1 byte), so no result
   file can wedge the agent or exhaust its memory; job directories of dead agents are removed
@@ -45,7 +45,7 @@ from .artifacts import ARTIFACT_MAX_BYTES, ARTIFACT_MAX_FILES, upload_artifacts
 from .backoff import Backoff
 from .child import fit_message, run_child
 from .client import AgentClient, Claim
-from .effects import EffectServer
+from .effect_server import EffectServer
 from .errors import (
     ApiError,
     AuthError,
@@ -315,7 +315,7 @@ class Agent:
 
             if claim.checkpoint is not None:
                 log_event("resuming", job=claim.job_id, attempt=claim.attempt)
-            ledger = EffectServer(self.client, lease)  # JOB_EFFECT_SOCKET (effects.py)
+            ledger = EffectServer(self.client, lease)  # JOB_EFFECT_SOCKET (effect_server.py)
 
             def on_jobdir(jobdir):
                 lease.watch(jobdir)

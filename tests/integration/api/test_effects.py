@@ -108,6 +108,42 @@ def test_another_result_is_refused(world):
     assert _ledger() == before
 
 
+@pytest.mark.parametrize("recorded, other", [
+    (1, True), (True, 1), (0, False), (False, 0.0), ([1, True], [1, 1]), ({"ok": True}, {"ok": 1}),
+    ("1", 1), (None, False), ([1], [1, None]),
+])
+def test_another_result_by_json_not_python_equality_is_refused(world, recorded, other):
+    """Python's == takes true for 1 (and false for 0): as JSON they are other results."""
+    job = JobFactory(job_agent=world.agent)
+    claim = _claim(world, job)
+    _begin(world, job, claim)
+    assert _commit(world, job, claim, recorded).status_code == 200
+    before = _ledger()
+    r = _commit(world, job, claim, other)
+    assert r.status_code == 409 and r.json()["code"] == "effect_already_committed"
+    lifecycle.report_status(job.id, claim, states.SUCCESSFUL)
+    r = _commit(world, job, claim, other)  # the repeat after the claim ended: the same rule
+    assert r.status_code == 409 and r.json()["code"] == "job_finished"
+    assert _ledger() == before
+
+
+@pytest.mark.parametrize("recorded, same", [
+    (1, 1.0), (1e20, 10**20), ({"a": 1, "b": [True, None]}, {"b": [True, None], "a": 1.0}),
+    (False, False),
+])
+def test_the_same_result_as_json_is_accepted_again(world, recorded, same):
+    """Numbers by value (jsonb reads 1e20 back as an integer: an honest repeat must pass),
+    object members in any order; before and after the claim ended."""
+    job = JobFactory(job_agent=world.agent)
+    claim = _claim(world, job)
+    _begin(world, job, claim)
+    first = _commit(world, job, claim, recorded).json()
+    again = _commit(world, job, claim, same)
+    assert again.status_code == 200 and again.json()["effect_id"] == first["effect_id"]
+    lifecycle.report_status(job.id, claim, states.SUCCESSFUL)
+    assert _commit(world, job, claim, same).status_code == 200
+
+
 def test_a_commit_without_a_begin_is_refused(world):
     job = JobFactory(job_agent=world.agent, max_attempts=3)
     first = _claim(world, job)
@@ -125,7 +161,7 @@ def test_a_commit_without_a_begin_is_refused(world):
 
 
 @pytest.mark.parametrize("key", ["a" * 201, "has space", "semi;colon", "ünicode", "per%25cent",
-                                 "star*"])
+                                 "star*", ".", ".."])
 def test_a_bad_key_is_refused(world, key):
     job = JobFactory(job_agent=world.agent)
     claim = _claim(world, job)

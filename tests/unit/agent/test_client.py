@@ -474,6 +474,29 @@ def test_an_effect_is_not_sent_again_after_a_refusal_nor_more_than_three_times(m
     assert len(server.seen) == api.EFFECT_SENDS == 3
 
 
+@pytest.mark.parametrize("answer", [
+    [], "started", {"effect_id": "e1", "attempt": 1},
+    {"state": "begun", "effect_id": "e1", "attempt": 1},
+    {"state": "started", "effect_id": None, "attempt": 1},
+    {"state": "started", "effect_id": "", "attempt": 1},
+    {"state": "started", "effect_id": "e1", "attempt": "1"},
+    {"state": "started", "effect_id": "e1", "attempt": True},
+    {"state": "started", "effect_id": "e1", "attempt": 0},
+    {"state": "committed", "effect_id": "e1", "attempt": 1},  # committed without its result
+])
+def test_an_effect_answer_of_another_shape_is_the_clients_protocol_error(answer):
+    """A 200/201 that is not {state (one of three), effect_id, attempt (an integer >= 1),
+    result when committed}: invalid_response, as an unexpected claim body is, not an Effect
+    whose state or attempt would mislead the caller."""
+    c, server = make((201, answer), (200, answer))
+    for call in (lambda: c.begin_effect("j1", "c1", "k"),
+                 lambda: c.commit_effect("j1", "c1", "k", 1)):
+        with pytest.raises(api.ServerError) as caught:
+            call()
+        assert caught.value.code == "invalid_response"
+    assert len(server.seen) == 2  # not sent again: the answer came
+
+
 @pytest.mark.parametrize("result", [float("nan"), float("inf"), [float("-inf")], {1j}])
 def test_a_result_that_is_not_json_is_refused_without_a_request(result):
     """NaN / Infinity (Python's json writes them, no JSON reader takes them) or an object
@@ -495,3 +518,11 @@ def test_a_key_no_path_can_carry_is_refused_without_a_request(key):
 def test_a_transport_error_before_any_request_has_no_url():
     err = api.TransportError.of(httpx.ConnectError("no route"))
     assert err.url is None and "ConnectError: no route" in str(err)
+
+
+def test_an_effect_not_bound_to_a_claim_cannot_commit():
+    """commit_effect's answer (and effects.commit's) is the outcome: nothing left to commit."""
+    fx = api.Effect("k", {"state": "committed", "effect_id": "e1", "attempt": 1, "result": 2})
+    with pytest.raises(RuntimeError, match="not bound"):
+        fx.commit(3)
+    assert fx.result == 2

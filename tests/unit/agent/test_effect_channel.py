@@ -1,12 +1,15 @@
-"""The effect ledger's channel between the reference agent and its child (effects.py), without
-a server: the agent's EffectServer answers over the job directory's Unix socket with what its
-client says, marks the lease lost when the service refuses the claim, retries a lost answer;
-the child's side (ask / begin / run, `jobqueue-effect`) turns the answers into Effects, typed
-errors and exit statuses. Against a real server and agent: tests/e2e/test_agent_effects.py."""
+"""The effect ledger's channel between the reference agent and its child, without a server:
+the agent's EffectServer (effect_server.py) answers over the job directory's Unix socket with
+what its client says, marks the lease lost when the service refuses the claim, retries a lost
+answer; the child's side (effects.py: ask / begin / run, `jobqueue-effect`) turns the answers
+into Effects, typed errors and exit statuses. Against a real server and agent:
+tests/e2e/test_agent_effects.py."""
 
 import errno
+import io
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -14,7 +17,7 @@ import time
 
 import pytest
 from jobqueue_client import client as api
-from jobqueue_client import effects
+from jobqueue_client import effect_server, effects
 from jobqueue_client.child import run_child
 from jobqueue_client.jobspec import JobSpec
 from jobqueue_client.workdir import JobDir
@@ -68,7 +71,7 @@ class FakeLease:
 @pytest.fixture
 def served(tmp_path):
     client, lease = FakeClient(), FakeLease()
-    server = effects.EffectServer(client, lease)
+    server = effect_server.EffectServer(client, lease)
     jobdir = JobDir(str(tmp_path))
     env = server.open(jobdir)
     yield client, lease, env[effects.ENV]
@@ -126,7 +129,7 @@ def test_a_late_refusal_after_the_job_ended_leaves_the_lease(tmp_path):
     """A request still being answered when the job ends (its report accepted, the ledger
     closed) neither marks the lease lost nor logs lease_lost, and gives up its retries."""
     client, lease = FakeClient(), FakeLease()
-    server = effects.EffectServer(client, lease)
+    server = effect_server.EffectServer(client, lease)
     request = b'{"op": "begin", "key": "k"}'
     lease.finished = True
     client.fail = [api.LeaseLost(409, "job_finished", "done")]
@@ -145,7 +148,7 @@ def test_a_late_refusal_after_the_job_ended_leaves_the_lease(tmp_path):
 
 def test_closing_gives_an_answer_being_retried_no_more_time(tmp_path):
     client, lease = FakeClient(), FakeLease()
-    server = effects.EffectServer(client, lease)
+    server = effect_server.EffectServer(client, lease)
     with JobDir(str(tmp_path)) as jobdir:
         path = server.open(jobdir)[effects.ENV]
         client.fail = [api.TransportError("reset")] * 1000
@@ -174,7 +177,7 @@ def test_closing_with_every_slot_busy_is_not_held_up(tmp_path):
     """MAX_CONNECTIONS requests in flight and one more waiting for a slot: close() still
     ends the serving thread (it waits for a slot no longer than the server is open)."""
     client = BlockingClient()
-    server = effects.EffectServer(client, FakeLease())
+    server = effect_server.EffectServer(client, FakeLease())
     with JobDir(str(tmp_path)) as jobdir:
         path = server.open(jobdir)[effects.ENV]
         def ask():
@@ -184,13 +187,13 @@ def test_closing_with_every_slot_busy_is_not_held_up(tmp_path):
                 pass  # the one waiting for a slot is dropped by close()
 
         askers = [threading.Thread(target=ask, daemon=True)
-                  for _ in range(effects.MAX_CONNECTIONS + 1)]
+                  for _ in range(effect_server.MAX_CONNECTIONS + 1)]
         for asker in askers:
             asker.start()
         deadline = time.monotonic() + 20
-        while len(client.calls) < effects.MAX_CONNECTIONS and time.monotonic() < deadline:
+        while len(client.calls) < effect_server.MAX_CONNECTIONS and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert len(client.calls) == effects.MAX_CONNECTIONS
+        assert len(client.calls) == effect_server.MAX_CONNECTIONS
         time.sleep(0.2)  # the last one is accepted and waits for a slot
         serving = server._thread
         started = time.monotonic()
@@ -220,7 +223,7 @@ class FlakyAccept:
 
 def test_a_transient_accept_error_is_logged_and_serving_goes_on(tmp_path, caplog):
     client = FakeClient()
-    server = effects.EffectServer(client, FakeLease())
+    server = effect_server.EffectServer(client, FakeLease())
     with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.WARNING, "jobqueue.agent"):
         path = server.open(jobdir)[effects.ENV]
         server._sock = FlakyAccept(server._sock, [OSError(errno.EMFILE, "Too many open files"),
@@ -256,7 +259,7 @@ def test_a_request_too_large_is_refused_as_invalid_not_unanswered(served):
         sock.connect(path)
         sock.sendall(raw)
         sock.shutdown(effects.socket.SHUT_WR)
-        answer = json.loads(effects._read_line(sock, 1 << 20))
+        answer = json.loads(effect_server.read_line(sock, 1 << 20))
     assert answer["error"]["status"] == 413 and answer["error"]["code"] == "payload_too_large"
     env = {"PATH": "/usr/bin:/bin", effects.ENV: path}
     too_large = subprocess.run(
@@ -278,7 +281,7 @@ def test_nan_and_infinity_are_refused_as_invalid_everywhere(served):
     for text in ("NaN", "[Infinity]", '{"a": -Infinity}'):
         refused = command("commit", "k", "--result", text, env=env)
         assert refused.returncode == 2 and "not valid JSON" in refused.stderr
-    server = effects.EffectServer(client, lease)
+    server = effect_server.EffectServer(client, lease)
     answer = server.answer(b'{"op": "commit", "key": "k", "result": NaN}')
     assert answer["error"]["status"] == 400 and answer["error"]["code"] == "invalid_request"
     assert [c[0] for c in client.calls] == ["begin"]
@@ -301,7 +304,7 @@ def test_a_socket_path_too_long_for_sun_path_still_works(tmp_path, monkeypatch):
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     client, lease = FakeClient(), FakeLease()
-    server = effects.EffectServer(client, lease)
+    server = effect_server.EffectServer(client, lease)
     with JobDir(str(deep)) as jobdir:
         path = server.open(jobdir)[effects.ENV]
         try:
@@ -344,7 +347,7 @@ def test_the_command_prints_the_answer_and_says_by_its_status(served):
 def test_the_agent_serves_the_ledger_to_the_child_it_runs(tmp_path):
     """run_child passes what on_jobdir returns: the child finds JOB_EFFECT_SOCKET."""
     client, lease = FakeClient(), FakeLease()
-    server = effects.EffectServer(client, lease)
+    server = effect_server.EffectServer(client, lease)
     script = (f'"{sys.executable}" -m jobqueue_client.effects begin charge-card --print state '
               '> "$JOB_RESULT_FILE.tmp" && '
               f'"{sys.executable}" -m jobqueue_client.effects commit charge-card --result 7 '
@@ -364,7 +367,7 @@ def test_with_check_peer_only_the_childs_session_is_answered(tmp_path):
     """As the runner opens it: the child (a new session) and what it starts are answered;
     another process of the same user (here the test itself) is refused 403 (exit 4)."""
     client, lease = FakeClient(), FakeLease()
-    server = effects.EffectServer(client, lease)
+    server = effect_server.EffectServer(client, lease)
     paths = []
 
     def on_jobdir(jobdir):
@@ -402,29 +405,29 @@ def test_the_childs_path_leads_to_the_command(tmp_path, monkeypatch):
     scripts, other = tmp_path / "venv-bin", tmp_path / "other"
     scripts.mkdir()
     other.mkdir()
-    monkeypatch.setattr(effects.sysconfig, "get_path", lambda name: str(scripts))
-    assert effects.command_path("/usr/bin:/bin") == "/usr/bin:/bin"  # not installed there
+    monkeypatch.setattr(effect_server.sysconfig, "get_path", lambda name: str(scripts))
+    assert effect_server.command_path("/usr/bin:/bin") == "/usr/bin:/bin"  # not installed there
     (scripts / "jobqueue-effect").write_text("#!/bin/sh\n")
     (scripts / "jobqueue-effect").chmod(0o755)
-    assert effects.command_path("/usr/bin:/bin") == f"/usr/bin:/bin:{scripts}"  # appended
+    assert effect_server.command_path("/usr/bin:/bin") == f"/usr/bin:/bin:{scripts}"  # appended
     # no PATH: the system's default, not only the scripts directory (sh must still be found)
-    assert effects.command_path("") == f"{effects.os.defpath}:{scripts}"
+    assert effect_server.command_path("") == f"{effect_server.os.defpath}:{scripts}"
     (other / "jobqueue-effect").write_text("#!/bin/sh\n")
     (other / "jobqueue-effect").chmod(0o755)
-    assert effects.command_path(f"{other}:/bin") == f"{other}:/bin"  # found: unchanged
+    assert effect_server.command_path(f"{other}:/bin") == f"{other}:/bin"  # found: unchanged
 
 
 def test_a_thread_that_cannot_start_leaves_no_ledger_and_closes_cleanly(tmp_path,
                                                                          monkeypatch):
     """open() whose thread cannot start: no JOB_EFFECT_SOCKET (the job runs without the
     ledger), the socket and pipe are closed, and close() does not fail."""
-    server = effects.EffectServer(FakeClient(), FakeLease())
+    server = effect_server.EffectServer(FakeClient(), FakeLease())
 
     def refuse(self):
         raise RuntimeError("can't start new thread")
 
     with JobDir(str(tmp_path)) as jobdir:
-        monkeypatch.setattr(effects.threading.Thread, "start", refuse)
+        monkeypatch.setattr(effect_server.threading.Thread, "start", refuse)
         assert server.open(jobdir) == {}
         monkeypatch.undo()
         assert server._sock is None and server._thread is None and server._wake == (-1, -1)
@@ -436,7 +439,7 @@ def test_closing_does_not_wait_for_a_timer(tmp_path):
     wake-up pipe; a 0.2 s accept poll once added ~150 ms to every job): the thread has
     ended when close() returns (the bound is generous: a loaded machine)."""
     for _ in range(5):
-        server = effects.EffectServer(FakeClient(), FakeLease())
+        server = effect_server.EffectServer(FakeClient(), FakeLease())
         with JobDir(str(tmp_path)) as jobdir:
             server.open(jobdir)
             serving = server._thread
@@ -446,3 +449,297 @@ def test_closing_does_not_wait_for_a_timer(tmp_path):
             took = time.perf_counter() - started
             assert not serving.is_alive() and took < 2, took
             assert server._sock is None and server._thread is None
+
+
+# --- the error paths of the agent's side -------------------------------------------------------
+
+
+def raw_ask(path, data: bytes, *, shut=True, timeout=30):
+    """Send `data` as a child would (shutting its side when `shut`); the agent's answer."""
+    with effects.socket.socket(effects.socket.AF_UNIX, effects.socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(data)
+        if shut:
+            sock.shutdown(effects.socket.SHUT_WR)
+        return json.loads(effect_server.read_line(sock, 1 << 20))
+
+
+def wait_for(predicate, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.01)
+
+
+def test_a_socket_that_cannot_be_made_leaves_no_ledger(tmp_path, monkeypatch, caplog):
+    """The socket's name taken (bind: EADDRINUSE), or no pipe for the thread's wake-up
+    (EMFILE): the job runs without JOB_EFFECT_SOCKET, logged, nothing left open."""
+    server = effect_server.EffectServer(FakeClient(), FakeLease())
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.WARNING, "jobqueue.agent"):
+        with open(jobdir.file(effect_server.SOCKET_NAME), "w"):
+            pass
+        assert server.open(jobdir) == {} and server._sock is None
+        os.remove(jobdir.file(effect_server.SOCKET_NAME))
+
+        def no_pipe():
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(effect_server.os, "pipe", no_pipe)
+        assert server.open(jobdir) == {}
+        monkeypatch.undo()
+        assert server._sock is None and server._thread is None and server._wake == (-1, -1)
+        server.close()
+    logged = [r.getMessage() for r in caplog.records]
+    assert [m.split(" error=")[1] for m in logged if "effect_socket_failed" in m] == [
+        "OSError", "OSError"]
+
+
+def test_with_check_peer_a_caller_before_the_child_started_is_refused(tmp_path, monkeypatch):
+    """No admit() within READ_TIMEOUT_SECONDS (the child never started): refused, 403."""
+    monkeypatch.setattr(effect_server, "READ_TIMEOUT_SECONDS", 0.2)
+    client = FakeClient()
+    server = effect_server.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir:
+        path = server.open(jobdir, check_peer=True)[effects.ENV]
+        try:
+            with pytest.raises(api.AuthError) as refused:
+                effects.begin("k", path=path, timeout=10)
+        finally:
+            server.close()
+    assert refused.value.status == 403 and "not known" in refused.value.detail
+    assert client.calls == []
+
+
+class Exited:
+    """Stands for the child's Popen in admit(): only its pid is read."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+
+def test_with_check_peer_a_caller_gone_before_it_is_checked_is_refused(tmp_path, caplog):
+    """The caller exited (and was reaped) before its session could be read: not answered,
+    nor a crash of the handler (its answer meets a closed connection)."""
+    client = FakeClient()
+    server = effect_server.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.WARNING, "jobqueue.agent"):
+        path = server.open(jobdir, check_peer=True)[effects.ENV]
+        try:
+            gone = subprocess.run(
+                [sys.executable, "-c", "import socket, sys\n"
+                 "s = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+                 "s.sendall(b'{\"op\": \"begin\", \"key\": \"k\"}\\n')", path],
+                capture_output=True, text=True, timeout=60)
+            assert gone.returncode == 0, gone.stderr
+            server.admit(Exited(os.getpid()))  # any session: the caller is gone
+            wait_for(lambda: any("effect_peer_refused" in r.getMessage()
+                                 for r in caplog.records))
+        finally:
+            server.close()
+    refused = [r.getMessage() for r in caplog.records if "effect_peer_refused" in r.getMessage()]
+    assert refused[0].endswith("reason=the_caller_cannot_be_identified")
+    assert client.calls == [] and not any("effect_error" in r.getMessage()
+                                          for r in caplog.records)
+
+
+def test_a_serving_thread_that_outlives_close_releases_the_socket_itself(tmp_path,
+                                                                         monkeypatch):
+    """close() waits SERVE_JOIN_SECONDS for the serving thread; one still running then
+    keeps the socket and pipe (closing them under its feet could hand their descriptors to
+    another file it then reads) and releases them when it ends. A second close() changes
+    nothing."""
+    monkeypatch.setattr(effect_server, "SERVE_JOIN_SECONDS", 0.1)
+    server = effect_server.EffectServer(FakeClient(), FakeLease())
+    go_on = threading.Event()
+    server._accept_loop = lambda: go_on.wait(30)  # stands for a loop held up in a handler
+    with JobDir(str(tmp_path)) as jobdir:
+        server.open(jobdir)
+        serving, sock = server._thread, server._sock
+        server.close()
+        assert serving.is_alive() and server._sock is sock and sock.fileno() >= 0
+        server.close()
+        assert server._sock is sock and sock.fileno() >= 0
+        go_on.set()
+        serving.join(timeout=10)
+        assert not serving.is_alive()
+        assert server._sock is None and sock.fileno() == -1 and server._wake == (-1, -1)
+
+
+def pending_connection(path):
+    """A connection waiting in the socket's backlog (nothing sent)."""
+    sock = effects.socket.socket(effects.socket.AF_UNIX, effects.socket.SOCK_STREAM)
+    sock.connect(path)
+    return sock
+
+
+def test_accept_errors_spurious_fatal_and_transient(tmp_path, monkeypatch, caplog):
+    """accept() after a wake-up with nothing to accept (EAGAIN) is tried again, silently;
+    an error that waiting cannot mend (EBADF) ends serving (logged retry=no; the job runs
+    on without the ledger); close() during a transient error's back-off ends it too."""
+    client = FakeClient()
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.WARNING, "jobqueue.agent"):
+        server = effect_server.EffectServer(client, FakeLease())
+        path = server.open(jobdir)[effects.ENV]
+        server._sock = FlakyAccept(server._sock, [BlockingIOError()])
+        try:
+            assert effects.begin("k", path=path, timeout=30).state == "started"
+        finally:
+            server.close()
+        assert not any("effect_accept_error" in r.getMessage() for r in caplog.records)
+        os.remove(path)
+
+        server = effect_server.EffectServer(client, FakeLease())
+        path = server.open(jobdir)[effects.ENV]
+        server._sock = FlakyAccept(server._sock, [OSError(errno.EBADF, "Bad file")])
+        serving = server._thread
+        with pending_connection(path):
+            serving.join(timeout=10)
+            assert not serving.is_alive()
+        server.close()
+        assert server._sock is None
+        os.remove(path)
+
+        monkeypatch.setattr(effect_server, "ACCEPT_BACKOFF_SECONDS", 30.0)
+        server = effect_server.EffectServer(client, FakeLease())
+        path = server.open(jobdir)[effects.ENV]
+        flaky = FlakyAccept(server._sock, [OSError(errno.EMFILE, "Too many")] * 5)
+        server._sock = flaky
+        serving = server._thread
+        with pending_connection(path):
+            wait_for(lambda: len(flaky.errors) == 4)  # in its 30 s back-off
+            started = time.monotonic()
+            server.close()
+            assert not serving.is_alive() and time.monotonic() - started < 4
+    logged = [r.getMessage() for r in caplog.records if "effect_accept_error" in r.getMessage()]
+    assert "error=EBADF" in logged[0] and logged[0].endswith("retry=no")
+    assert "error=EMFILE" in logged[1] and logged[1].endswith("retry=yes") and len(logged) == 2
+
+
+def test_a_child_that_sends_nothing_or_too_much_and_waits_is_answered(served, monkeypatch):
+    """A child that connects and sends no line within READ_TIMEOUT_SECONDS is answered 400;
+    one that sends too much and holds its side open is read until the timeout, then
+    answered 413 (not left waiting, nor reset)."""
+    client, _lease, path = served
+    monkeypatch.setattr(effect_server, "READ_TIMEOUT_SECONDS", 0.2)
+    answer = raw_ask(path, b"", shut=False)
+    assert answer["error"]["status"] == 400 and answer["error"]["code"] == "invalid_request"
+    monkeypatch.setattr(effect_server, "REQUEST_MAX_BYTES", 1000)
+    answer = raw_ask(path, b"x" * 2000, shut=False)
+    assert answer["error"]["status"] == 413 and answer["error"]["code"] == "payload_too_large"
+    # An empty request (connected, shut at once): one JSON object is expected.
+    assert raw_ask(path, b"")["error"]["code"] == "invalid_request"
+    assert client.calls == []
+
+
+def test_a_child_gone_before_its_answer_is_no_error(tmp_path, caplog):
+    """The child closes while the service is asked: its answer goes nowhere, quietly, and
+    the ledger goes on serving."""
+    client = BlockingClient()
+    server = effect_server.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.INFO, "jobqueue.agent"):
+        path = server.open(jobdir)[effects.ENV]
+        try:
+            with pending_connection(path) as sock:
+                sock.sendall(b'{"op": "begin", "key": "k"}\n')
+                wait_for(lambda: client.calls)
+            client.go.set()
+            wait_for(lambda: not server._handlers)
+            assert effects.begin("k", path=path, timeout=30).state == "started"
+        finally:
+            server.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("event=effect_begin" in m for m in messages) == 2
+    assert not any("effect_error" in m for m in messages)
+
+
+class UnencodableClient(FakeClient):
+    def begin_effect(self, job_id, claim_id, key):
+        self.calls.append(("begin", job_id, claim_id, key))
+        return api.Effect(key, {"state": "committed", "effect_id": "e", "attempt": 1,
+                                "result": {1, 2}})
+
+
+def test_a_failure_past_the_answer_is_logged_and_the_agent_serves_on(tmp_path, caplog):
+    """A bug after the answer was made (here an answer json cannot write) is logged; the
+    child hears nothing (TransportError: asking again is safe); the slot is given back."""
+    client = UnencodableClient()
+    server = effect_server.EffectServer(client, FakeLease())
+    with JobDir(str(tmp_path)) as jobdir, caplog.at_level(logging.ERROR, "jobqueue.agent"):
+        path = server.open(jobdir)[effects.ENV]
+        try:
+            for _ in range(effect_server.MAX_CONNECTIONS + 1):  # a lost slot would hang the last
+                with pytest.raises(api.TransportError, match="not JSON"):
+                    effects.begin("k", path=path, timeout=10)
+        finally:
+            server.close()
+    assert sum("event=effect_error" in r.getMessage() for r in caplog.records) == (
+        effect_server.MAX_CONNECTIONS + 1)
+
+
+@pytest.fixture
+def agent_answering(tmp_path):
+    """A stand-in agent on a Unix socket answering each connection with `answers[0]`."""
+    path = str(tmp_path / "fake.sock")
+    answers = []
+    listener = effects.socket.socket(effects.socket.AF_UNIX, effects.socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                effect_server.read_line(conn, 1 << 20)
+                conn.sendall(answers[0])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path, answers
+    listener.shutdown(effects.socket.SHUT_RDWR)
+    listener.close()
+    thread.join(timeout=5)
+
+
+def test_an_agent_answer_that_is_not_an_object_is_a_transport_error(agent_answering):
+    path, answers = agent_answering
+    answers.append(b"[1]\n")
+    with pytest.raises(api.TransportError, match="not a JSON object"):
+        effects.begin("k", path=path, timeout=10)
+    answers[0] = b'{"state": "started", "effect_id": "e"}\n'  # no attempt: not an Effect
+    with pytest.raises(api.ServerError) as malformed:
+        effects.begin("k", path=path, timeout=10)
+    assert malformed.value.code == "invalid_response"
+
+
+def test_the_command_in_process(served, monkeypatch, capsys, tmp_path):
+    """jobqueue-effect's paths without a subprocess (the subprocess tests above replace the
+    environment, so their coverage is not measured): --result-file (a file, a missing one,
+    invalid JSON), a bad key, a refusal's exit status and message."""
+    client, _lease, path = served
+    monkeypatch.setenv(effects.ENV, path)
+    assert effects.main(["begin", "k", "--print", "effect_id"]) == 0
+    assert capsys.readouterr().out == "id-k\n"
+    result = tmp_path / "result.json"
+    result.write_text('{"n": 1}')
+    assert effects.main(["commit", "k", "--result-file", str(result), "--print", "result"]) == 0
+    assert capsys.readouterr().out == '{"n":1}\n'
+    assert client.entries["k"]["result"] == {"n": 1}
+    monkeypatch.setattr(effects.sys, "stdin", io.StringIO('{"n": 1}'))
+    assert effects.main(["commit", "k", "--result-file", "-", "--print", "state"]) == 0
+    assert capsys.readouterr().out == "committed\n"
+    for argv, said in ((["commit", "k", "--result-file", str(tmp_path / "none")],
+                        "--result-file: No such file or directory"),
+                       (["commit", "k", "--result", "{"], "not valid JSON"),
+                       (["begin", "a b"], "key must be")):
+        with pytest.raises(SystemExit) as usage:
+            effects.main(argv)
+        assert usage.value.code == 2 and said in capsys.readouterr().err
+    client.fail = [api.EffectAlreadyCommitted(409, "effect_already_committed", "another")]
+    assert effects.main(["commit", "k", "--result", "2"]) == 6
+    assert capsys.readouterr().err == "jobqueue-effect: 409 effect_already_committed: another\n"
+    client.fail = [api.NotFound(404, "not_found", "Not found.")]
+    assert effects.main(["begin", "k"]) == 3
