@@ -11,7 +11,7 @@ Threads, and the module each one's code lives in:
   path otherwise) (lease.py, `Lease` and `Heartbeater`);
 - with several jobs at once, one reporter thread sends the terminal reports that are waiting
   together in one batch report (reports.py, `ReportBatcher`);
-- while a job's child runs, a thread of effect_server.EffectServer serves it the job's effect ledger.
+- while a job's child runs, a thread of effect_server.EffectServer serves it its effect ledger.
 All of them log through agentlog.log_event and retry with backoff.Backoff.
 
 Guarantees the agent keeps:
