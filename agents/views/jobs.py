@@ -87,8 +87,10 @@ class JobViewSet(ApiViewSet):
         ],
         request=s.JobCreateInput,
         responses={
-            201: s.JobSerializer,
-            200: OpenApiResponse(s.JobSerializer, description="Idempotent replay."),
+            201: s.JobCreatedSerializer,
+            200: OpenApiResponse(s.JobCreatedSerializer, description="An Idempotency-Key "
+                                 "replay, or the live job with the unique_key "
+                                 "(deduplicated true)."),
             **errors(409, 422, *WITH_BODY, *COMMON),
         },
     )
@@ -101,7 +103,7 @@ class JobViewSet(ApiViewSet):
         )
         if agent is None:
             raise ValidationError({"job_agent_id": ["No such job agent in this workspace."]})
-        job, created = lifecycle.create_job(
+        made = lifecycle.create_job(
             workspace=agent.workspace,
             job_agent=agent,
             job_agent_config=data["job_agent_config"],
@@ -116,11 +118,16 @@ class JobViewSet(ApiViewSet):
             idempotency_key=request.headers.get("Idempotency-Key"),
             group=data.get("group"),
             hold=data["hold"],
+            unique_key=data.get("unique_key"),
+            unique_states=data.get("unique_states"),
+            on_conflict=data.get("on_conflict"),
+            debounce_seconds=data.get("debounce_seconds"),
+            debounce_max_seconds=data.get("debounce_max_seconds"),
             actor=self.principal.actor,
         )
         return Response(
-            s.JobSerializer(job).data,
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+            {**s.JobSerializer(made.job).data, "deduplicated": made.deduplicated},
+            status=status.HTTP_201_CREATED if made.created else status.HTTP_200_OK,
         )
 
     @extend_schema(
