@@ -138,10 +138,11 @@ class Job(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     available_at = models.DateTimeField(db_default=Now())
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
-    # The producer's unique key (POST jobs unique_key, docs/api.md "Unique jobs and debounce"): while
-    # a job of the workspace with it is live, a create with the same key makes no other job.
-    # Not unique in the table (a finished job keeps it; `replace` beside an in_progress one
-    # makes a second): creates with a key are serialized by the backend's lock_unique_key.
+    # The producer's unique key (POST jobs unique_key, docs/api.md "Unique jobs and
+    # debounce"): while a job of the workspace with it is live, a create with the same key
+    # makes no other job. Not unique in the table (a finished job keeps it; `replace` beside
+    # an in_progress one makes a second): creates with a key are serialized by the backend's
+    # lock_unique_key.
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
     idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
