@@ -197,6 +197,17 @@ def create_job(
     return JobCreated(job, True)
 
 
+def live_with_key(workspace_id, unique: inputs.Uniqueness):
+    """The workspace's jobs with the key in the statuses `unique` counts as live, the one a
+    create meets first: unclaimed ones first, then the newest (job_unique_key_idx)."""
+    return (
+        Job.objects.filter(workspace_id=workspace_id, unique_key=unique.key,
+                           status__in=sorted(unique.live))
+        .order_by(Case(When(status__in=sorted(inputs.UNCLAIMED), then=Value(0)),
+                       default=Value(1)), "-created_at")
+    )
+
+
 def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: int | None,
                actor: str) -> Job | None:
     """In the create's transaction, under the key's lock: the live job with the key that the
@@ -210,13 +221,7 @@ def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: in
     it was, nor past created_at + debounce_max_seconds. A claimed one (in_progress) is
     answered as is, unless `replace`: then a new job is created beside it."""
     backend().lock_unique_key(workspace.id, unique.key)
-    live = (
-        Job.objects.filter(workspace_id=workspace.id, unique_key=unique.key,
-                           status__in=sorted(unique.live))
-        .order_by(Case(When(status__in=sorted(inputs.UNCLAIMED), then=Value(0)),
-                       default=Value(1)), "-created_at")
-        .first()
-    )
+    live = live_with_key(workspace.id, unique).first()
     if live is None:
         return None
     if live.status not in inputs.UNCLAIMED:
