@@ -244,7 +244,7 @@ def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: in
     else:
         changes["available_at"] = NowPlusSeconds(wait) if wait else Now()
     updated = Job.objects.filter(id=live.id, status=live.status).update(**changes)
-    if not updated:  # pragma: no cover - a race on PostgreSQL only
+    if not updated:  # pragma: no cover -- race: a claim took it between read and update
         # A claim (or a cancel) took it between the read and the update (the key's lock
         # does not hold claims): meet it as it is now.
         return _meet_live(workspace, unique, new, delay_seconds, actor)
