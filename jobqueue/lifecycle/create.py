@@ -153,7 +153,7 @@ def create_job(
         group=group,
         idempotency_key=idempotency_key,
         idempotency_fingerprint=fingerprint,
-        unique_key=unique and unique.key,
+        unique_key=None if unique is None else unique.key,
     )
     if unique is not None and unique.debounce_seconds is not None:
         # A debounced job waits its quiet period from the first create too.
@@ -165,7 +165,8 @@ def create_job(
     def insert(reopen: bool) -> None:
         with transaction.atomic():
             if unique is not None:
-                live = _meet_live(workspace, unique, job, delay_seconds, actor)
+                live = _meet_live(workspace, unique, job, delay_seconds, actor,
+                                  idempotency_key)
                 if live is not None:
                     met.append(live)
                     return
@@ -209,7 +210,7 @@ def live_with_key(workspace_id, unique: inputs.Uniqueness):
 
 
 def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: int | None,
-               actor: str) -> Job | None:
+               actor: str, idempotency_key: str | None = None) -> Job | None:
     """In the create's transaction, under the key's lock: the live job with the key that the
     create answers instead of `new` (replaced or debounced in place as `unique` says), or
     None: create `new`.
@@ -219,11 +220,15 @@ def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: in
     available_at (now + delay_seconds); a debounce, on a queued one, takes the
     dispatch_context and pushes available_at to now + debounce_seconds, never earlier than
     it was, nor past created_at + debounce_max_seconds. A claimed one (in_progress) is
-    answered as is, unless `replace`: then a new job is created beside it."""
+    answered as is, unless `replace`: then a new job is created beside it. The job that
+    this request's own Idempotency-Key made is answered unchanged (a retry racing its first
+    send: create_job answers it as a replay)."""
     backend().lock_unique_key(workspace.id, unique.key)
     live = live_with_key(workspace.id, unique).first()
     if live is None:
         return None
+    if idempotency_key is not None and live.idempotency_key == idempotency_key:
+        return live
     if live.status not in inputs.UNCLAIMED:
         return None if unique.replace else live
     debounce = unique.debounce_seconds is not None and live.status == states.QUEUED
@@ -247,7 +252,7 @@ def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: in
     if not updated:  # pragma: no cover -- race: a claim took it between read and update
         # A claim (or a cancel) took it between the read and the update (the key's lock
         # does not hold claims): meet it as it is now.
-        return _meet_live(workspace, unique, new, delay_seconds, actor)
+        return _meet_live(workspace, unique, new, delay_seconds, actor, idempotency_key)
     event(live.id, JobEvent.REPLACED, attempt=live.attempt, actor=actor,
           **({"debounced": True} if debounce else {})).save()
     if live.status == states.QUEUED:

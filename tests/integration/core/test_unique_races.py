@@ -51,19 +51,23 @@ def test_racing_replaces_make_one_job_with_one_of_their_contexts():
     assert job.events.filter(kind=JobEvent.REPLACED).count() == N - 1
 
 
-def test_racing_retries_of_one_request_are_replays_not_deduplications():
+@pytest.mark.parametrize("on_conflict", [None, "replace"])
+def test_racing_retries_of_one_request_are_replays_not_deduplications(on_conflict):
     """The same Idempotency-Key and unique_key from N retries of one request: one job, and
-    every other answer is its replay (the key's lock lets each find the first's job)."""
+    every other answer is its replay (the key's lock lets each find the first's job), which
+    a retry of a replace does not replace."""
     agent = JobAgentFactory()
 
     def create(i, barrier):
         barrier.wait()
-        made = _create(agent, dispatch_context={"n": 1}, idempotency_key="order-1")
+        made = _create(agent, dispatch_context={"n": 1}, idempotency_key="order-1",
+                       on_conflict=on_conflict)
         return made.created, made.deduplicated
 
     results = run_threads(create, N)
     assert sorted(results) == [(False, False)] * (N - 1) + [(True, False)]
-    assert Job.objects.count() == 1
+    job = Job.objects.get()
+    assert list(job.events.values_list("kind", flat=True)) == [JobEvent.CREATED]
 
 
 def test_replaces_racing_claims_leave_at_most_one_unclaimed_job():
