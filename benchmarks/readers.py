@@ -10,12 +10,13 @@ tests/integration/core/test_job_indexes.py fails when an index has no entry here
 entry names an index that no longer exists.
 
 The scenario fills `job` with BENCH_READERS_JOBS jobs of one agent (96 % successful, 2 %
-failure, 1 % queued, 1 % in progress, 0.02 % expired; every 10th with an external id and an
-idempotency key, every 20th in a group, every 50th queued one past its expires_at; finished
-over the retention period and an hour more, as an hourly pruner finds them) and a second
-agent's 200 (a tenth failed), ANALYZEs, then for each reader: the indexes its plan reads (EXPLAIN),
-its latency over BENCH_READERS_SAMPLES runs (p50 and p99), and its p50 and plan with the index
-dropped, in a transaction rolled back: what the index buys its reader.
+failure, 1 % queued, 1 % in progress, 0.02 % expired; every 10th with an external id, an
+idempotency key and one of 500 unique keys, every 20th in a group, every 50th queued one past
+its expires_at; finished over the retention period and an hour more, as an hourly pruner finds
+them) and a second agent's 200 (a tenth failed), ANALYZEs, then for each reader: the indexes
+its plan reads (EXPLAIN), its latency over BENCH_READERS_SAMPLES runs (p50 and p99), and its
+p50 and plan with the index dropped, in a transaction rolled back: what the index buys its
+reader.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Context:
     external_id: str
     idempotency_key: str
     group: str
+    unique_key: str = "u-5"
 
 
 def _by_id(c):
@@ -127,6 +129,14 @@ def _idempotent_create(c):
     return Job.objects.filter(workspace_id=c.workspace_id, idempotency_key=c.idempotency_key)
 
 
+def _unique_create(c):
+    from jobqueue.lifecycle.create import live_with_key
+    from jobqueue.lifecycle.inputs import Uniqueness
+
+    # jobqueue/lifecycle/create.py: a create with a unique_key finds the live job with it
+    return live_with_key(c.workspace_id, Uniqueness(c.unique_key))[:1]
+
+
 READERS = (
     Reader("job_pkey", "a job by id: GET jobs/{id}, every claim-by-id, report and requeue",
            _by_id),
@@ -149,6 +159,8 @@ READERS = (
            _agent_finished),
     Reader("job_idempotency_key_unique", "a create retried with its Idempotency-Key (POST jobs)",
            _idempotent_create),
+    Reader("job_unique_key_idx", "a create with a unique_key finds the live job with it (POST "
+           "jobs)", _unique_create),
 )
 
 
@@ -184,13 +196,15 @@ def fill(n: int) -> Context:
                                     lease_seconds=60, max_attempts=3)
     insert = (
         "INSERT INTO job (id, workspace_id, job_agent_id, status, job_agent_config, "
-        "dispatch_context, message, external_id, group_name, idempotency_key, attempt, "
+        "dispatch_context, message, external_id, group_name, idempotency_key, unique_key, "
+        "attempt, "
         "max_attempts, initial_max_attempts, priority, available_at, expires_at, "
         "idempotency_fingerprint, created_at, updated_at, started_at, completed_at) "
         "SELECT gen_random_uuid(), %(ws)s, %(agent)s, s.status, '{}', '{}', '', "
         "CASE WHEN i %% 10 = 0 THEN %(tag)s || 'ext-' || i ELSE '' END, "
         "CASE WHEN i %% 20 = 0 THEN %(tag)s || 'g-' || (i / 2000) END, "
         "CASE WHEN i %% 10 = 5 THEN %(tag)s || 'key-' || i END, "
+        "CASE WHEN i %% 10 = 5 THEN %(tag)s || 'u-' || (i %% 500) END, "
         "0, 3, 3, 0, now() - interval '1 hour', "
         "CASE WHEN s.status = 'queued' AND i %% 50 = 0 THEN now() - interval '1 minute' END, "
         "'', now() - make_interval(secs => %(n)s - i), now(), "

@@ -384,6 +384,7 @@ SPECTACULAR_SETTINGS = {
         "JobStatusEnum": "jobqueue.states.CHOICES",
         "ReportedStatusEnum": ["cancelled", "failure", "in_progress", "successful"],
         "FinalReportStatusEnum": ["cancelled", "failure", "successful"],
+        "LiveStatusEnum": ["in_progress", "pending", "queued"],  # POST jobs unique_states
     },
     "SCHEMA_PATH_PREFIX": r"/v1/",
     # Request bodies take their declared fields only (an unknown one is a 400).

@@ -154,6 +154,12 @@ class Job(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     available_at = models.DateTimeField(db_default=Now())
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # The producer's unique key (POST jobs unique_key, docs/api.md "Unique jobs and
+    # debounce"): while a job of the workspace with it is live, a create with the same key
+    # makes no other job. Not unique in the table (a finished job keeps it; `replace` beside
+    # an in_progress one makes a second): creates with a key are serialized by the backend's
+    # lock_unique_key.
+    unique_key = models.CharField(max_length=255, null=True, blank=True)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
     idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
     # The claim id of the latest claim. Kept on the job so that a retried terminal
@@ -214,6 +220,13 @@ class Job(models.Model):
                 fields=["workspace", "group", "status"],
                 condition=Q(group__isnull=False),
                 name="job_group_idx",
+            ),
+            # A create with a unique_key finds the live jobs with it (lifecycle/create.py).
+            # Partial: a job without a key never enters it, nor do its updates.
+            models.Index(
+                fields=["workspace", "unique_key"],
+                condition=Q(unique_key__isnull=False),
+                name="job_unique_key_idx",
             ),
             # The reaper's sweep of jobs that expired before they ran. Partial: a job without
             # expires_at never enters it, and one leaves it when it is claimed.
@@ -418,6 +431,9 @@ class JobEvent(models.Model):
     TIMED_OUT = "timed_out"
     # The job's expires_at passed while it was pending or queued: it ended expired.
     DEADLINE_PASSED = "deadline_passed"
+    # A create with the job's unique_key replaced its dispatch_context (and priority and
+    # available_at) or debounced it (detail: debounced) while it was unclaimed.
+    REPLACED = "replaced"
     KINDS = [
         (CREATED, "created"),
         (DISPATCHED, "dispatched"),
@@ -432,6 +448,7 @@ class JobEvent(models.Model):
         (STALE_WRITE_REFUSED, "stale write refused"),
         (TIMED_OUT, "timed out"),
         (DEADLINE_PASSED, "deadline passed"),
+        (REPLACED, "replaced"),
     ]
 
     id = models.BigAutoField(primary_key=True)

@@ -43,6 +43,7 @@ class JobAgentFactory(factory.django.DjangoModelFactory):
 _CREATE_ARGS = frozenset({
     "job_agent_config", "dispatch_context", "priority", "max_attempts", "retry_backoff_seconds",
     "max_runtime_seconds", "expires_at", "external_id", "idempotency_key", "group",
+    "unique_key",
 })
 
 

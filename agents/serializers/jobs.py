@@ -73,6 +73,7 @@ class JobSummarySerializer(serializers.Serializer):
     completed_at = serializers.DateTimeField(allow_null=True)
     updated_at = serializers.DateTimeField()
     idempotency_key = serializers.CharField(allow_null=True)
+    unique_key = serializers.CharField(allow_null=True)
 
     class Meta:
         ref_name = "JobSummary"
@@ -91,6 +92,18 @@ class JobSerializer(JobSummarySerializer):
 
     class Meta:
         ref_name = "Job"
+
+
+class JobCreatedSerializer(JobSerializer):
+    """POST jobs' answer: the job, and whether a unique_key met a live job (200) instead of
+    creating one (201)."""
+
+    deduplicated = serializers.BooleanField(
+        help_text="true: a live job with the unique_key was answered (unchanged, or replaced "
+        "in place); false: the job was created (or this is an Idempotency-Key replay).")
+
+    class Meta:
+        ref_name = "JobCreated"
 
 
 class ClaimStateSerializer(serializers.Serializer):
@@ -182,7 +195,7 @@ class JobDetailSerializer(JobSerializer):
 # The producer list loads only what it shows (never the bulky columns).
 JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", "group", "attempt",
                  "max_attempts", "priority", "available_at", "created_at", "started_at",
-                 "completed_at", "updated_at", "idempotency_key"]
+                 "completed_at", "updated_at", "idempotency_key", "unique_key"]
 JobPage = page_of(JobSummarySerializer, "JobPage")
 
 
@@ -238,6 +251,36 @@ class JobCreateInput(ApiInput):
         help_text='The job\'s group (a run): 1 to 200 printable characters without "/", and '
         'not "." or "..". '
         "A cancelled group takes no new jobs (409 group_cancelled).",
+    )
+    # Unique jobs and debounce (docs/api.md): the rules between these fields are the
+    # lifecycle's (jobqueue.lifecycle.inputs.uniqueness), each a 400 naming its field.
+    unique_key = StrictCharField(
+        required=False, allow_null=True, min_length=1, max_length=inputs.MAX_UNIQUE_KEY_LENGTH,
+        trim_whitespace=False,
+        help_text="While a job of the workspace with this key is live, a create with it makes "
+        "no other job: 200 with the live one and deduplicated true.",
+    )
+    unique_states = serializers.ListField(
+        child=StrictChoiceField(choices=sorted(states.ACTIVE)), required=False,
+        allow_null=True, allow_empty=False, max_length=len(states.ACTIVE),
+        help_text="The statuses that count as live for this create (default: all three).",
+    )
+    on_conflict = StrictChoiceField(
+        choices=list(inputs.ON_CONFLICT), required=False, allow_null=True,
+        help_text="skip (default): answer the live job unchanged. replace: update an "
+        "unclaimed one in place (dispatch_context, priority, available_at); beside an "
+        "in_progress one, create a new job.",
+    )
+    debounce_seconds = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, max_value=inputs.MAX_DEBOUNCE_SECONDS,
+        help_text="With unique_key: the job waits this long after the last create that met it "
+        "queued (which also gives it its dispatch_context).",
+    )
+    debounce_max_seconds = StrictIntegerField(
+        required=False, allow_null=True, min_value=1,
+        max_value=inputs.MAX_DEBOUNCE_MAX_SECONDS,
+        help_text="With debounce_seconds (and at least it): no push past this long after the "
+        "job's first create.",
     )
 
     class Meta:

@@ -23,6 +23,7 @@ from ..serializers.jobs import (
     ClaimCheckSerializer,
     HeartbeatInput,
     HeartbeatResponseSerializer,
+    JobCreatedSerializer,
     JobCreateInput,
     JobDetailSerializer,
     JobPage,
@@ -101,8 +102,10 @@ class JobViewSet(ApiViewSet):
         ],
         request=JobCreateInput,
         responses={
-            201: JobSerializer,
-            200: OpenApiResponse(JobSerializer, description="Idempotent replay."),
+            201: JobCreatedSerializer,
+            200: OpenApiResponse(JobCreatedSerializer, description="An Idempotency-Key "
+                                 "replay, or the live job with the unique_key "
+                                 "(deduplicated true)."),
             **errors(409, 422, *WITH_BODY, *COMMON),
         },
     )
@@ -115,7 +118,7 @@ class JobViewSet(ApiViewSet):
         )
         if agent is None:
             raise ValidationError({"job_agent_id": ["No such job agent in this workspace."]})
-        job, created = lifecycle.create_job(
+        made = lifecycle.create_job(
             workspace=agent.workspace,
             job_agent=agent,
             job_agent_config=data["job_agent_config"],
@@ -130,11 +133,16 @@ class JobViewSet(ApiViewSet):
             idempotency_key=request.headers.get("Idempotency-Key"),
             group=data.get("group"),
             hold=data["hold"],
+            unique_key=data.get("unique_key"),
+            unique_states=data.get("unique_states"),
+            on_conflict=data.get("on_conflict"),
+            debounce_seconds=data.get("debounce_seconds"),
+            debounce_max_seconds=data.get("debounce_max_seconds"),
             actor=self.principal.actor,
         )
         return Response(
-            JobSerializer(job).data,
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+            {**JobSerializer(made.job).data, "deduplicated": made.deduplicated},
+            status=status.HTTP_201_CREATED if made.created else status.HTTP_200_OK,
         )
 
     @extend_schema(

@@ -127,6 +127,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         "updated_at",
         "external_id_display",
         "idempotency_key",
+        "unique_key",
         "message_display",
         "job_agent_config_display",
         "dispatch_context_keys",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
+import math
 
 from django.db import IntegrityError, transaction
+from django.db.models import Case, Value, When
 from django.db.models.functions import Now
 
 from jobqueue import observe, states, wakeups
@@ -14,8 +17,10 @@ from jobqueue.exceptions import IdempotencyKeyReused, InvalidInput, InvalidTrans
 from jobqueue.models import Job, JobAgent, JobEvent
 
 from . import inputs
+from .backends import backend
 from .groups import hold_group, holding_group
 from .records import event, fetch_job, scoped_jobs
+from .results import JobCreated
 
 
 def create_job_agent(*, workspace, name: str, lease_seconds: int | None = None,
@@ -83,13 +88,21 @@ def create_job(
     idempotency_key: str | None = None,
     group: str | None = None,
     hold: bool = False,
+    unique_key: str | None = None,
+    unique_states=None,
+    on_conflict: str | None = None,
+    debounce_seconds: int | None = None,
+    debounce_max_seconds: int | None = None,
     actor: str = "",
-) -> tuple[Job, bool]:
-    """Create a job (queued, or pending when `hold`). Returns (job, created).
+) -> JobCreated:
+    """Create a job (queued, or pending when `hold`). Returns (job, created), a JobCreated.
 
     With an idempotency key, a replay of the same request returns the first job and
     created=False; the same key with different content raises IdempotencyKeyReused.
     A job joins `group` only while the group is not cancelled (else GroupCancelled).
+    With a unique_key, a live job of the workspace with the key is answered instead of a
+    new one (created=False, deduplicated=True), replaced or debounced in place as the
+    options say (_meet_live).
     """
     if job_agent.workspace_id != workspace.id:
         raise NotFound("No such job agent.")
@@ -100,12 +113,17 @@ def create_job(
     retry_backoff_seconds = inputs.retry_backoff_seconds(retry_backoff_seconds)
     max_runtime_seconds = inputs.max_runtime_seconds(max_runtime_seconds)
     expires_at = inputs.expires_at(expires_at)
+    unique = inputs.uniqueness(unique_key, unique_states, on_conflict, debounce_seconds,
+                               debounce_max_seconds)
     # Fields added later join the fingerprint only when given, so that a replay of a request
     # made before they existed still matches its job.
     later = {"retry_backoff_seconds": retry_backoff_seconds,
              "max_runtime_seconds": max_runtime_seconds,
              "expires_at": None if expires_at is None else expires_at.isoformat(),
-             "group": group}
+             "group": group, "unique_key": unique_key,
+             "unique_states": None if unique_states is None else sorted(unique_states),
+             "on_conflict": on_conflict, "debounce_seconds": debounce_seconds,
+             "debounce_max_seconds": debounce_max_seconds}
     fingerprint = ""
     payload: dict = {}
     if inputs.idempotency_key(idempotency_key) is not None:
@@ -115,7 +133,7 @@ def create_job(
         fingerprint = _fingerprint({**payload, "v": _FINGERPRINT_VERSION})
         existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return _idempotent_replay(existing, fingerprint, payload), False
+            return JobCreated(_idempotent_replay(existing, fingerprint, payload), False)
 
     inputs.expires_at_ahead(expires_at, db_now)
     job = Job(
@@ -135,11 +153,23 @@ def create_job(
         group=group,
         idempotency_key=idempotency_key,
         idempotency_fingerprint=fingerprint,
+        unique_key=None if unique is None else unique.key,
     )
+    if unique is not None and unique.debounce_seconds is not None:
+        # A debounced job waits its quiet period from the first create too.
+        delay_seconds = max(delay_seconds or 0, unique.debounce_seconds)
     if delay_seconds:
         job.available_at = NowPlusSeconds(delay_seconds)
+    met: list[Job] = []
+
     def insert(reopen: bool) -> None:
         with transaction.atomic():
+            if unique is not None:
+                live = _meet_live(workspace, unique, job, delay_seconds, actor,
+                                  idempotency_key)
+                if live is not None:
+                    met.append(live)
+                    return
             if group is not None:
                 hold_group(workspace.id, group, create=True, reopen=reopen)
             job.save(force_insert=True)
@@ -155,11 +185,80 @@ def create_job(
         existing = Job.objects.filter(workspace=workspace, idempotency_key=idempotency_key).first()
         if existing is None:
             raise
-        return _idempotent_replay(existing, fingerprint, payload), False
+        return JobCreated(_idempotent_replay(existing, fingerprint, payload), False)
+    if met:
+        live = met[0]
+        if idempotency_key is not None and live.idempotency_key == idempotency_key:
+            # Its own first request, which raced it (the key's lock serialized them).
+            return JobCreated(_idempotent_replay(live, fingerprint, payload), False)
+        return JobCreated(live, False, deduplicated=True)
     if delay_seconds:
         job.refresh_from_db(fields=["available_at"])
     observe.emit("created", job_agent_id=job_agent.id)
-    return job, True
+    return JobCreated(job, True)
+
+
+def live_with_key(workspace_id, unique: inputs.Uniqueness):
+    """The workspace's jobs with the key in the statuses `unique` counts as live, the one a
+    create meets first: unclaimed ones first, then the newest (job_unique_key_idx)."""
+    return (
+        Job.objects.filter(workspace_id=workspace_id, unique_key=unique.key,
+                           status__in=sorted(unique.live))
+        .order_by(Case(When(status__in=sorted(inputs.UNCLAIMED), then=Value(0)),
+                       default=Value(1)), "-created_at")
+    )
+
+
+def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: int | None,
+               actor: str, idempotency_key: str | None = None) -> Job | None:
+    """In the create's transaction, under the key's lock: the live job with the key that the
+    create answers instead of `new` (replaced or debounced in place as `unique` says), or
+    None: create `new`.
+
+    Live is what `unique.live` counts (the new create's unique_states). An unclaimed one
+    (pending, queued) comes first: `replace` updates its dispatch_context, priority and
+    available_at (now + delay_seconds); a debounce, on a queued one, takes the
+    dispatch_context and pushes available_at to now + debounce_seconds, never earlier than
+    it was, nor past created_at + debounce_max_seconds. A claimed one (in_progress) is
+    answered as is, unless `replace`: then a new job is created beside it. The job that
+    this request's own Idempotency-Key made is answered unchanged (a retry racing its first
+    send: create_job answers it as a replay)."""
+    backend().lock_unique_key(workspace.id, unique.key)
+    live = live_with_key(workspace.id, unique).first()
+    if live is None:
+        return None
+    if idempotency_key is not None and live.idempotency_key == idempotency_key:
+        return live
+    if live.status not in inputs.UNCLAIMED:
+        return None if unique.replace else live
+    debounce = unique.debounce_seconds is not None and live.status == states.QUEUED
+    if not (unique.replace or debounce):
+        return live
+    changes = {"dispatch_context": new.dispatch_context, "updated_at": Now()}
+    if unique.replace:
+        changes["priority"] = new.priority
+    wait = delay_seconds or 0
+    if debounce:
+        now = db_now()
+        until = now + dt.timedelta(seconds=unique.debounce_seconds)
+        if unique.debounce_max_seconds is not None:
+            until = min(until, live.created_at
+                        + dt.timedelta(seconds=unique.debounce_max_seconds))
+        changes["available_at"] = max(until, live.available_at)
+        wait = max(0, math.ceil((changes["available_at"] - now).total_seconds()))
+    else:
+        changes["available_at"] = NowPlusSeconds(wait) if wait else Now()
+    updated = Job.objects.filter(id=live.id, status=live.status).update(**changes)
+    if not updated:  # pragma: no cover -- race: a claim took it between read and update
+        # A claim (or a cancel) took it between the read and the update (the key's lock
+        # does not hold claims): meet it as it is now.
+        return _meet_live(workspace, unique, new, delay_seconds, actor, idempotency_key)
+    event(live.id, JobEvent.REPLACED, attempt=live.attempt, actor=actor,
+          **({"debounced": True} if debounce else {})).save()
+    if live.status == states.QUEUED:
+        wakeups.announce(wakeups.agent_key(live.job_agent_id), delay=wait)
+    live.refresh_from_db()
+    return live
 
 
 def _idempotent_replay(existing: Job, fingerprint: str, payload: dict) -> Job:

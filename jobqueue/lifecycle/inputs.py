@@ -169,6 +169,67 @@ def idempotency_key(value: str | None) -> str | None:
     return value
 
 
+MAX_UNIQUE_KEY_LENGTH = 255
+MAX_DEBOUNCE_SECONDS = 86_400
+MAX_DEBOUNCE_MAX_SECONDS = 7 * 86_400
+ON_CONFLICT = ("skip", "replace")
+UNCLAIMED = frozenset({states.PENDING, states.QUEUED})  # live, and no claim holds it
+
+
+@dataclass(frozen=True)
+class Uniqueness:
+    """How a create with a unique_key meets the live jobs with its key (docs/api.md, "Unique
+    jobs and debounce"): which statuses count as live (`live`), whether it replaces an
+    unclaimed one, and its debounce (None: none; `debounce_max_seconds` None: no cap)."""
+
+    key: str
+    live: frozenset[str] = states.ACTIVE
+    replace: bool = False
+    debounce_seconds: int | None = None
+    debounce_max_seconds: int | None = None
+
+
+def uniqueness(key: str | None, unique_states=None, on_conflict: str | None = None,
+               debounce_seconds: int | None = None,
+               debounce_max_seconds: int | None = None) -> Uniqueness | None:
+    """A create's unique key and its options, or None (no key, and then no option)."""
+    if key is None:
+        for field, value in (("unique_states", unique_states), ("on_conflict", on_conflict),
+                             ("debounce_seconds", debounce_seconds),
+                             ("debounce_max_seconds", debounce_max_seconds)):
+            if value is not None:
+                raise InvalidInput(f"{field} applies only with a unique_key.", field=field)
+        return None
+    if (not isinstance(key, str) or not 1 <= len(key) <= MAX_UNIQUE_KEY_LENGTH
+            or not key.isprintable()):
+        raise InvalidInput(f"unique_key must be 1 to {MAX_UNIQUE_KEY_LENGTH} printable "
+                           "characters.", field="unique_key")
+    live = states.ACTIVE
+    if unique_states is not None:
+        allowed = ", ".join(sorted(states.ACTIVE))
+        if (not isinstance(unique_states, (list, tuple, set, frozenset)) or not unique_states
+                or not set(unique_states) <= states.ACTIVE):
+            raise InvalidInput(f"unique_states must be a non-empty list of: {allowed}.",
+                               field="unique_states")
+        live = frozenset(unique_states)
+    if on_conflict is not None and on_conflict not in ON_CONFLICT:
+        raise InvalidInput("on_conflict must be one of: " + ", ".join(ON_CONFLICT) + ".",
+                           field="on_conflict")
+    if debounce_seconds is not None:
+        bounded_int(debounce_seconds, "debounce_seconds", 1, MAX_DEBOUNCE_SECONDS)
+        if states.QUEUED not in live:
+            raise InvalidInput("debounce_seconds needs queued among the unique_states (it "
+                               "acts on a queued job).", field="debounce_seconds")
+    if debounce_max_seconds is not None:
+        if debounce_seconds is None:
+            raise InvalidInput("debounce_max_seconds applies only with debounce_seconds.",
+                               field="debounce_max_seconds")
+        bounded_int(debounce_max_seconds, "debounce_max_seconds", debounce_seconds,
+                    MAX_DEBOUNCE_MAX_SECONDS)
+    return Uniqueness(key, live, on_conflict == "replace", debounce_seconds,
+                      debounce_max_seconds)
+
+
 MAX_GROUP_LENGTH = 200
 MAX_HOLDER_LENGTH = 200
 INT32_MAX = 2**31 - 1

@@ -9,6 +9,26 @@ from dataclasses import dataclass
 from jobqueue.models import Job
 
 
+class JobCreated(tuple):
+    """create_job's answer: the pair (job, created), so `job, created = create_job(...)`
+    reads it, and `deduplicated`: True when a unique_key met a live job with the key (the
+    job is that one, unchanged or replaced in place), False when the job was created or is
+    an Idempotency-Key replay's."""
+
+    def __new__(cls, job: Job, created: bool, deduplicated: bool = False):
+        self = super().__new__(cls, (job, created))
+        self.deduplicated = deduplicated
+        return self
+
+    @property
+    def job(self) -> Job:
+        return self[0]
+
+    @property
+    def created(self) -> bool:
+        return self[1]
+
+
 @dataclass(frozen=True)
 class ClaimGrant:
     """What a successful claim hands to the agent (and only to it)."""

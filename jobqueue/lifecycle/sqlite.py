@@ -48,6 +48,10 @@ class SqliteBackend(OrmBackend):
     def lock_claim_key(self, job_agent_id, key: str) -> None:
         """Nothing to lock: the keyed claim's transaction is BEGIN IMMEDIATE already."""
 
+    def lock_unique_key(self, workspace_id, key: str) -> None:
+        """Nothing to lock: the create's transaction is BEGIN IMMEDIATE already, so its read
+        of the live jobs with the key and its write are one writer's."""
+
     def save_checkpoint(self, job_id, claim_id, data: str, job_agent_id, workspace_id) -> bool:
         """The read and the write below see and change the same state: the caller's
         transaction holds the write lock."""

@@ -64,8 +64,8 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.idempotency_fingerprint, job.last_claim_id, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -113,8 +113,8 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.idempotency_fingerprint, job.last_claim_id, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -140,6 +140,14 @@ FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
 -- Serialize the keyed claims of one agent and idempotency key until the transaction ends,
 -- so that a retry racing its own first request finds the first's claims.
 SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0))
+
+
+-- name: unique_key_lock
+-- Serialize the creates of one workspace with one unique_key until the transaction ends
+-- (jobqueue/lifecycle/create.py): each finds the live jobs with the key after the one before
+-- it committed, so N racing creates make one job. A create without a key never runs it.
+SELECT pg_advisory_xact_lock(hashtextextended(
+    'jobqueue.unique:' || %(workspace)s::text || ':' || %(key)s::text, 0))
 
 
 -- name: job_set_state_if_running
@@ -181,8 +189,8 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.idempotency_fingerprint, job.last_claim_id, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -244,8 +252,8 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.idempotency_fingerprint, job.last_claim_id, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -291,8 +299,8 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.idempotency_fingerprint, job.last_claim_id, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()

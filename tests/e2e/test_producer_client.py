@@ -310,6 +310,28 @@ def test_groups_through_the_client(world):
         producer.cancel_group("never-seen")
 
 
+def test_unique_jobs_through_the_client(world):
+    agent, producer, worker = world
+    first = producer.create_job(agent.id, unique_key="nightly", dispatch_context={"n": 1})
+    assert first["deduplicated"] is False and first["unique_key"] == "nightly"
+    again = producer.create_job(agent.id, unique_key="nightly", on_conflict="replace",
+                                dispatch_context={"n": 2}, priority=3)
+    assert again["deduplicated"] is True and again["id"] == first["id"]
+    assert again["priority"] == 3
+    claim = worker.claim_next()
+    assert claim.job["id"] == first["id"] and claim.job["dispatch_context"] == {"n": 2}
+    beside = producer.create_job(agent.id, unique_key="nightly", on_conflict="replace")
+    assert beside["deduplicated"] is False and beside["id"] != first["id"]
+    debounced = producer.create_job(agent.id, unique_key="nightly", debounce_seconds=60,
+                                    debounce_max_seconds=120, dispatch_context={"n": 3})
+    assert debounced["id"] == beside["id"] and debounced["deduplicated"] is True
+    assert debounced["available_at"] > beside["available_at"]
+    with pytest.raises(InvalidRequest) as bad:
+        producer.create_job(agent.id, debounce_seconds=5)
+    assert bad.value.status == 400 and "debounce_seconds" in bad.value.fields
+    assert Job.objects.filter(unique_key="nightly").count() == 2
+
+
 def test_list_follows_the_cursor_across_pages(world):
     agent, producer, worker = world
     ids = [producer.create_job(agent.id, external_id=f"n{i}")["id"] for i in range(7)]

@@ -217,6 +217,7 @@ def job_text(job: dict, *, events: bool = False) -> str:
         ("group", job.get("group")),
         ("external_id", job.get("external_id")),
         ("idempotency_key", job.get("idempotency_key")),
+        ("unique_key", job.get("unique_key")),
         ("max_runtime", f"{job['max_runtime_seconds']} s"
          if job.get("max_runtime_seconds") else None),
         ("expires_at", job.get("expires_at")),

@@ -190,11 +190,22 @@ class ProducerClient(ApiClient):
                    max_runtime_seconds: int | None = None,
                    expires_at: dt.datetime | str | None = None,
                    external_id: str | None = None, group: str | None = None,
-                   hold: bool = False, idempotency_key: str | None = None) -> dict:
+                   hold: bool = False, idempotency_key: str | None = None,
+                   unique_key: str | None = None, unique_states: list[str] | None = None,
+                   on_conflict: str | None = None, debounce_seconds: int | None = None,
+                   debounce_max_seconds: int | None = None) -> dict:
         """POST jobs: create a job for `job_agent_id` (queued; `pending` with hold=True, see
-        dispatch()). Returns the job (never its dispatch_context). Fields left None are not
-        sent, so the server's defaults apply (and, with an Idempotency-Key, they count as
-        omitted in the key's fingerprint).
+        dispatch()). Returns the job (never its dispatch_context) with `deduplicated`. Fields
+        left None are not sent, so the server's defaults apply (and, with an Idempotency-Key,
+        they count as omitted in the key's fingerprint).
+
+        With `unique_key`, while a job of the workspace with that key is live (pending,
+        queued, in_progress; `unique_states` may narrow it), the create makes no other job
+        and returns the live one with deduplicated=True; on_conflict="replace" updates an
+        unclaimed one in place (dispatch_context, priority, available_at) and creates a new
+        one beside an in_progress one. `debounce_seconds` (1..86400) pushes a queued job's
+        start to that long after the last create that meets it (which also gives it its
+        dispatch_context), at most `debounce_max_seconds` after its first create.
 
         With `idempotency_key`, a replay with the same fields returns the first job, so a
         lost answer is sent again; the same key with other fields raises
@@ -207,7 +218,10 @@ class ProducerClient(ApiClient):
             "retry_backoff_seconds": retry_backoff_seconds,
             "max_runtime_seconds": max_runtime_seconds,
             "expires_at": None if expires_at is None else _timestamp(expires_at),
-            "external_id": external_id, "group": group,
+            "external_id": external_id, "group": group, "unique_key": unique_key,
+            "unique_states": None if unique_states is None else list(unique_states),
+            "on_conflict": on_conflict, "debounce_seconds": debounce_seconds,
+            "debounce_max_seconds": debounce_max_seconds,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
         if hold:

@@ -154,6 +154,17 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
+UNIQUE_STATES = ("pending", "queued", "in_progress")
+
+
+def _unique_states(text: str) -> list[str]:
+    states = [s.strip() for s in text.split(",")]
+    if not all(s in UNIQUE_STATES for s in states):
+        raise argparse.ArgumentTypeError(
+            "a comma-separated list of: " + ", ".join(UNIQUE_STATES))
+    return states
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _connection_options(argparse.SUPPRESS)
     parser = _Parser(
@@ -219,6 +230,23 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--idempotency-key", metavar="KEY",
                         help="makes the create safe to repeat: the same key and fields answer "
                              "the first job (and a lost answer is sent again)")
+    create.add_argument("--unique-key", metavar="KEY",
+                        help="while a job of the workspace with KEY is pending, queued or in "
+                             "progress, answer it instead of creating another (1-255 "
+                             "characters)")
+    create.add_argument("--unique-states", type=_unique_states, metavar="S[,S]",
+                        help="with --unique-key: which of pending, queued, in_progress count "
+                             "(default: all three)")
+    create.add_argument("--on-conflict", choices=["skip", "replace"],
+                        help="with --unique-key: skip (default) answers the live job as it is; "
+                             "replace updates one not yet claimed (context, priority, start) "
+                             "and creates a new job beside a running one")
+    create.add_argument("--debounce-seconds", type=_positive_int, metavar="S",
+                        help="with --unique-key: start the job S seconds after the last create "
+                             "that meets it queued (which also gives it its context)")
+    create.add_argument("--debounce-max-seconds", type=_positive_int, metavar="S",
+                        help="with --debounce-seconds: push no later than S seconds after the "
+                             "job's first create")
     create.add_argument("--wait", action="store_true",
                         help="wait until the job ends; exit 0 if successful, 1 if not")
     create.add_argument("--timeout", type=_non_negative_float, metavar="S",

@@ -80,9 +80,16 @@ def cmd_create(client: ProducerClient, args, out: Output) -> int:
         delay_seconds=args.delay_seconds, retry_backoff_seconds=args.retry_backoff_seconds,
         max_runtime_seconds=args.max_runtime_seconds, expires_at=args.expires_at,
         external_id=args.external_id, group=args.group, hold=args.hold,
-        idempotency_key=args.idempotency_key)
+        idempotency_key=args.idempotency_key, unique_key=args.unique_key,
+        unique_states=args.unique_states, on_conflict=args.on_conflict,
+        debounce_seconds=args.debounce_seconds,
+        debounce_max_seconds=args.debounce_max_seconds)
+    if job.get("deduplicated"):
+        out.note(f"a live job with that unique key answered: {job['id']} ({job['status']}); "
+                 "no job created")
     if args.wait:
-        out.note(f"created job {job['id']} ({job['status']}); waiting for it to end")
+        verb = "found" if job.get("deduplicated") else "created"
+        out.note(f"{verb} job {job['id']} ({job['status']}); waiting for it to end")
         return wait_for_end(client, job["id"], args, out)
     show_job(job, args, out)
     return EXIT_OK

@@ -2,8 +2,9 @@
 postgresql.sql) in its own transaction (autocommit), on one cached cursor per connection
 (pg/cursor.py), its rows loaded without Django's per-row overhead (pg/rows.py). Round trips
 are the main cost of a transition (docs/performance.md): a job costs two, its claim and its
-report. The rest of what differs from SQLite is here too: the idempotency key's advisory
-lock, the checkpoint's upsert, the group's share lock, LISTEN/NOTIFY and the clock."""
+report. The rest of what differs from SQLite is here too: the idempotency key's and the
+unique key's advisory locks, the checkpoint's upsert, the group's share lock, LISTEN/NOTIFY
+and the clock."""
 
 from __future__ import annotations
 
@@ -68,6 +69,11 @@ class PostgresBackend:
     def lock_claim_key(self, job_agent_id, key: str) -> None:
         """Serialize the keyed claims of one agent and key until the caller commits."""
         self._one(sql.claim_key_lock, {"lock": f"jobqueue.claim:{job_agent_id}:{key}"})
+
+    def lock_unique_key(self, workspace_id, key: str) -> None:
+        """Serialize the creates of one workspace with one unique_key until the caller
+        commits."""
+        self._one(sql.unique_key_lock, {"workspace": workspace_id, "key": key})
 
     def save_checkpoint(self, job_id, claim_id, data: str, job_agent_id, workspace_id) -> bool:
         return self._one(sql.checkpoint_save_if_current, {

@@ -238,3 +238,19 @@ def test_job_page_shows_the_clocks_and_the_attempts_deadline(op_client, agent):
     fresh, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent)
     html = op_client.get(reverse("admin:jobqueue_job_change", args=[fresh.pk])).content.decode()
     assert "Never claimed." in html
+
+
+def test_job_page_shows_the_unique_key_and_a_replace_without_the_context(op_client, agent):
+    from jobqueue import lifecycle
+
+    job, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
+                                  unique_key="nightly-report",
+                                  dispatch_context={"token": "first-secret"})
+    lifecycle.create_job(workspace=agent.workspace, job_agent=agent, unique_key="nightly-report",
+                         on_conflict="replace", dispatch_context={"token": "second-secret"})
+    html = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
+    assert "Unique key" in html and "nightly-report" in html
+    assert "replaced" in html  # the timeline
+    assert "secret" not in html
+    listing = op_client.get(reverse("admin:jobqueue_job_changelist")).content.decode()
+    assert "secret" not in listing

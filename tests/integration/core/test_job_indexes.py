@@ -45,10 +45,12 @@ def test_each_readers_query_can_be_served_by_its_index_alone():
     would not say."""
     agent = JobAgentFactory()
     small = JobAgentFactory(workspace=agent.workspace)
-    job = JobFactory(job_agent=agent, external_id="ext-1", idempotency_key="key-1", group="g")
+    job = JobFactory(job_agent=agent, external_id="ext-1", idempotency_key="key-1", group="g",
+                     unique_key="u-1")
     JobGroup.objects.create(workspace=agent.workspace, name="g")
     ctx = Context(workspace_id=agent.workspace_id, agent_id=agent.id, small_agent_id=small.id,
-                  job_id=job.id, external_id="ext-1", idempotency_key="key-1", group="g")
+                  job_id=job.id, external_id="ext-1", idempotency_key="key-1", group="g",
+                  unique_key="u-1")
     with connection.cursor() as cur:  # the factories' deferred checks, before ALTER TABLE
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
     for r in READERS:

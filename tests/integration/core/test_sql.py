@@ -64,13 +64,15 @@ def test_no_sql_is_written_in_python():
 
 
 def _cycle(agent):
-    """Every hand-run path once: claims (next, batch, keyed, named), heartbeats (single,
-    batch, with a checkpoint), an effect begun and committed, reports (progress, final,
-    retry, batch), a group, wake-ups and the clock."""
+    """Every hand-run path once: creates with a unique key, claims (next, batch, keyed,
+    named), heartbeats (single, batch, with a checkpoint), an effect begun and committed,
+    reports (progress, final, retry, batch), a group, wake-ups and the clock."""
     ws = agent.workspace
     jobs = [lifecycle.create_job(workspace=ws, job_agent=agent, dispatch_context={"n": i},
                                  group=f"g{i % 2}")[0].id
             for i in range(6)]
+    for _ in range(2):  # a keyed create under its lock, then one that meets it
+        lifecycle.create_job(workspace=ws, job_agent=agent, unique_key="nightly", hold=True)
     lifecycle.claim_job(agent, jobs[0])
     first = lifecycle.claim_next_job(agent)
     batch = lifecycle.claim_next_jobs(agent, 2, idempotency_key="k1")

@@ -69,6 +69,20 @@ def test_create_sends_only_what_was_given():
     assert all("Idempotency-Key" not in r.headers for r in server.seen)
 
 
+def test_create_sends_the_unique_key_and_its_options_when_given():
+    deduplicated = {**JOB, "unique_key": "nightly", "deduplicated": True}
+    client, server = make((200, deduplicated), (201, JOB))
+    assert client.create_job("ag", unique_key="nightly", unique_states=("queued",),
+                             on_conflict="replace", debounce_seconds=30,
+                             debounce_max_seconds=300) == deduplicated
+    client.create_job("ag", unique_key="other")
+    first, second = server.bodies()
+    assert first == {"job_agent_id": "ag", "unique_key": "nightly", "unique_states": ["queued"],
+                     "on_conflict": "replace", "debounce_seconds": 30,
+                     "debounce_max_seconds": 300}
+    assert second == {"job_agent_id": "ag", "unique_key": "other"}
+
+
 def test_a_keyed_create_is_sent_again_with_the_same_key_and_an_unkeyed_one_is_not():
     client, server = make(httpx.ReadError("lost"), (503, {"code": "server_error"}), (200, JOB))
     assert client.create_job("ag", idempotency_key="k-1") == JOB

@@ -143,6 +143,10 @@ def test_a_url_that_is_not_http_is_a_usage_error(env, capsys):
     (["jobs", "create", "--agent", "ag", "--max-attempts", "0"], "must be at least 1"),
     (["jobs", "create", "--agent", "ag", "--priority", "high"], "not an integer: 'high'"),
     (["jobs", "create", "--agent", "ag", "--expires-at", "tomorrow"], "not an ISO 8601 time"),
+    (["jobs", "create", "--agent", "ag", "--unique-states", "queued,done"],
+     "a comma-separated list of: pending, queued, in_progress"),
+    (["jobs", "create", "--agent", "ag", "--on-conflict", "merge"], "invalid choice: 'merge'"),
+    (["jobs", "create", "--agent", "ag", "--debounce-seconds", "0"], "must be at least 1"),
     (["jobs", "list", "--status", "done"], "invalid choice: 'done'"),
     (["jobs", "list", "--limit", "5", "--all"], "not allowed with argument --limit"),
     (["jobs", "logs", "j1", "--interval", "0"], "must be positive"),
@@ -179,6 +183,34 @@ def test_create_sends_every_option_it_was_given(env, capsys, tmp_path):
     assert server.seen[0].headers["Idempotency-Key"] == "k-1"
     out = capsys.readouterr()
     assert json.loads(out.out)["status"] == "pending" and "hunter2" not in out.out + out.err
+
+
+def test_create_sends_the_unique_key_and_its_options(env, capsys):
+    code, server = run(["jobs", "create", "--agent", "ag", "--unique-key", "nightly",
+                        "--unique-states", "queued, pending", "--on-conflict", "replace",
+                        "--debounce-seconds", "30", "--debounce-max-seconds", "300"],
+                       (201, job(unique_key="nightly", deduplicated=False)))
+    assert code == 0
+    assert server.body() == {"job_agent_id": "ag", "unique_key": "nightly",
+                             "unique_states": ["queued", "pending"], "on_conflict": "replace",
+                             "debounce_seconds": 30, "debounce_max_seconds": 300}
+    out = capsys.readouterr()
+    assert "unique_key" in out.out and "nightly" in out.out
+    assert "no job created" not in out.err
+
+
+def test_create_says_when_a_live_job_answered_instead(env, capsys):
+    code, _ = run(["jobs", "create", "--agent", "ag", "--unique-key", "nightly"],
+                  (200, job(status="in_progress", deduplicated=True)))
+    assert code == 0
+    assert "no job created" in capsys.readouterr().err
+
+
+def test_create_wait_on_a_deduplicated_create_waits_for_the_live_job(env, capsys):
+    code, _ = run(["jobs", "create", "--agent", "ag", "--unique-key", "k", "--wait"],
+                  (200, job(deduplicated=True)), (200, job(status="successful")))
+    assert code == 0
+    assert "found job j1" in capsys.readouterr().err
 
 
 def test_create_sends_only_what_was_given_and_reads_the_agent_from_the_environment(env,

@@ -144,3 +144,38 @@ def test_report_content_caps_the_message_in_utf8_bytes_and_the_result_as_compact
         inputs.report_batch([ReportItem(uuid.uuid4(), uuid.uuid4(), "successful",
                                         result=["x" * 20])])
     assert err.value.context["field"] == "result"
+
+
+def test_uniqueness_defaults_and_options():
+    assert inputs.uniqueness(None) is None
+    plain = inputs.uniqueness("nightly")
+    assert plain == inputs.Uniqueness("nightly")
+    assert plain.live == {"pending", "queued", "in_progress"} and not plain.replace
+    full = inputs.uniqueness("k", ["queued"], "replace", 60, 60)
+    assert full == inputs.Uniqueness("k", frozenset({"queued"}), True, 60, 60)
+    assert inputs.uniqueness("k", on_conflict="skip").replace is False
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    ((None, ["queued"]), "unique_states"),
+    ((None, None, "skip"), "on_conflict"),
+    ((None, None, None, 5), "debounce_seconds"),
+    ((None, None, None, None, 5), "debounce_max_seconds"),
+    (("",), "unique_key"),
+    (("k" * 256,), "unique_key"),
+    (("new\nline",), "unique_key"),
+    ((7,), "unique_key"),
+    (("k", []), "unique_states"),
+    (("k", "queued"), "unique_states"),
+    (("k", ["queued", "successful"]), "unique_states"),
+    (("k", None, "merge"), "on_conflict"),
+    (("k", None, None, 0), "debounce_seconds"),
+    (("k", None, None, 86_401), "debounce_seconds"),
+    (("k", None, None, True), "debounce_seconds"),
+    (("k", ["pending"], None, 5), "debounce_seconds"),
+    (("k", None, None, None, 5), "debounce_max_seconds"),
+    (("k", None, None, 10, 9), "debounce_max_seconds"),
+    (("k", None, None, 10, 7 * 86_400 + 1), "debounce_max_seconds"),
+])
+def test_uniqueness_refuses_each_bad_option_naming_it(args, field):
+    assert refused(inputs.uniqueness, *args).context == {"field": field}

@@ -1,0 +1,95 @@
+"""Unique jobs under racing creates (#30 item 1): N creates with one unique_key make exactly
+one job, whatever they race with. Real threads, each with its own connection: on PostgreSQL
+the key's advisory lock (unique_key_lock) serializes them; on SQLite BEGIN IMMEDIATE does."""
+
+import pytest
+
+from jobqueue import lifecycle, states
+from jobqueue.models import Job, JobEvent
+from tests.factories import JobAgentFactory
+from tests.utils import run_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+N = 12
+
+
+def _create(agent, **fields):
+    return lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
+                                unique_key="nightly", **fields)
+
+
+def test_racing_creates_with_one_key_make_exactly_one_job():
+    agent = JobAgentFactory()
+
+    def create(i, barrier):
+        barrier.wait()
+        made = _create(agent, dispatch_context={"n": i})
+        return made.job.id, made.created, made.deduplicated
+
+    results = run_threads(create, N)
+    assert Job.objects.count() == 1
+    (job_id,) = {job_id for job_id, _, _ in results}
+    assert sorted((created, dedup) for _, created, dedup in results) == (
+        [(False, True)] * (N - 1) + [(True, False)])
+    assert JobEvent.objects.filter(job_id=job_id, kind=JobEvent.CREATED).count() == 1
+
+
+def test_racing_replaces_make_one_job_with_one_of_their_contexts():
+    agent = JobAgentFactory()
+
+    def create(i, barrier):
+        barrier.wait()
+        made = _create(agent, dispatch_context={"n": i}, priority=i, on_conflict="replace")
+        return made.created
+
+    results = run_threads(create, N)
+    assert results.count(True) == 1
+    job = Job.objects.get()
+    # Each replace wrote context and priority together: the last one's pair.
+    assert job.dispatch_context == {"n": job.priority}
+    assert job.events.filter(kind=JobEvent.REPLACED).count() == N - 1
+
+
+@pytest.mark.parametrize("on_conflict", [None, "replace"])
+def test_racing_retries_of_one_request_are_replays_not_deduplications(on_conflict):
+    """The same Idempotency-Key and unique_key from N retries of one request: one job, and
+    every other answer is its replay (the key's lock lets each find the first's job), which
+    a retry of a replace does not replace."""
+    agent = JobAgentFactory()
+
+    def create(i, barrier):
+        barrier.wait()
+        made = _create(agent, dispatch_context={"n": 1}, idempotency_key="order-1",
+                       on_conflict=on_conflict)
+        return made.created, made.deduplicated
+
+    results = run_threads(create, N)
+    assert sorted(results) == [(False, False)] * (N - 1) + [(True, False)]
+    job = Job.objects.get()
+    assert list(job.events.values_list("kind", flat=True)) == [JobEvent.CREATED]
+
+
+def test_replaces_racing_claims_leave_at_most_one_unclaimed_job():
+    """Half the threads replace (or create beside the running job), half claim: whatever the
+    order, the key never has two unclaimed live jobs, and a claimed job's context is never
+    changed after its claim."""
+    agent = JobAgentFactory()
+    first = _create(agent, dispatch_context={"n": -1}).job
+
+    def work(i, barrier):
+        barrier.wait()
+        if i % 2:
+            grant = lifecycle.claim_next_job(agent)
+            return ("claim", grant and (grant.job.id, grant.job.dispatch_context))
+        made = _create(agent, dispatch_context={"n": i}, on_conflict="replace")
+        return ("create", made.job.id)
+
+    results = run_threads(work, N)
+    live = Job.objects.filter(unique_key="nightly", status__in=states.ACTIVE)
+    assert live.filter(status__in=[states.PENDING, states.QUEUED]).count() <= 1
+    for kind, value in results:
+        if kind == "claim" and value is not None:
+            job_id, context = value
+            assert Job.objects.get(id=job_id).dispatch_context == context
+    assert Job.objects.filter(id=first.id).exists()
