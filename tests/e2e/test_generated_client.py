@@ -141,8 +141,8 @@ def test_generated_client_runs_a_whole_job(generated, stack):
                 job_agent_config=models.JobAgentConfig.from_dict({"command": ["true"]}),
                 dispatch_context=models.DispatchContext.from_dict({"secret": "s3"}),
                 priority=5)), HTTPStatus.CREATED)
-        assert isinstance(created, models.Job)
-        assert created.status == models.JobStatusEnum.QUEUED
+        assert isinstance(created, models.JobCreated)  # the job and `deduplicated`
+        assert created.status == models.JobStatusEnum.QUEUED and created.deduplicated is False
 
         # The agent (its bearer token): claim the next job, heartbeat, report it successful.
         agent = generated.AuthenticatedClient(base_url=stack.url, token=issued.token,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -176,6 +177,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     store = FencedStore(fetch_jwks(args.server), workspace_id=args.workspace)
     httpd = serve(store, args.host, args.port)
+    # SIGINT (ctrl-c) and SIGTERM (a supervisor) both stop it cleanly, with status 0. Set
+    # here, not left to Python's default: a process started in the background of a script
+    # inherits SIGINT ignored, and Python then leaves it ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop)
     print(f"fenced store listening on http://{args.host}:{httpd.server_address[1]}", flush=True)
     try:
         httpd.serve_forever()
@@ -183,6 +189,10 @@ def main(argv: list[str] | None = None) -> None:
         pass
     finally:
         httpd.server_close()
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
