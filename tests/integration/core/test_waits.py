@@ -239,6 +239,21 @@ def test_a_process_at_its_cap_answers_at_once(settings):
     assert time.monotonic() - started < 0.5
 
 
+def _past_the_connect_wake_up() -> None:
+    """Start the hub's thread and let its first wake-up pass (a listener that connects wakes
+    every waiter), so that the wake-up the test sends is the only one its waiter sees: woken
+    by the connect, a waiter that ends on its second check ended before until_waiting() saw
+    it wait (CI, once, Python 3.12 on SQLite: "0 of 1 waiters")."""
+    hub = wakeups.hub()
+    if hub.connected.is_set():  # its thread runs already: that wake-up is long past
+        return
+    warm_up = hub.register("a:warm-up", capped=False)
+    try:
+        assert warm_up.event.wait(30), "the listener never started"
+    finally:
+        hub.unregister(warm_up)
+
+
 def _connected_at_each_check(waits_warm, settings, pool):
     """Whether the thread's database connection was open when each of a held wait's checks
     began (the first check opens it; the one after the wake-up tells)."""
@@ -250,6 +265,7 @@ def _connected_at_each_check(waits_warm, settings, pool):
         list(Job.objects.filter(id=None))  # a query: the check's connection is open after
         return len(seen) >= 2
 
+    _past_the_connect_wake_up()
     waiter = in_thread(pool, wakeups.wait_until, "a:checks", 20, check)
     until_waiting(1)
     wakeups.hub().wake("a:checks")
