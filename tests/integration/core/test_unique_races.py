@@ -2,9 +2,12 @@
 one job, whatever they race with. Real threads, each with its own connection: on PostgreSQL
 the key's advisory lock (unique_key_lock) serializes them; on SQLite BEGIN IMMEDIATE does."""
 
+import datetime as dt
+
 import pytest
 
 from jobqueue import lifecycle, states
+from jobqueue.db import db_now
 from jobqueue.exceptions import UniqueKeyConflict
 from jobqueue.models import Job, JobEvent
 from tests.factories import JobAgentFactory
@@ -121,12 +124,18 @@ def test_racing_debounces_with_mixed_options_never_pass_the_stored_cap():
     assert job.events.filter(kind=JobEvent.REPLACED).count() == N - 1
 
 
-def test_racing_pushes_with_looser_options_stop_at_the_stored_cap():
+@pytest.mark.parametrize("expiring", [False, True])
+def test_racing_pushes_with_looser_options_stop_at_the_stored_cap(expiring):
     """A job made with a 30 s cap; N racing pushes, each with a longer quiet period and a
-    longer max or none: every one is capped at the stored deadline, which none changes."""
+    longer max or none: every one is capped at the stored deadline, which none changes. With
+    an expires_at 40 s ahead and a 20 s runtime limit, at the last start (expires_at - 20 s)
+    instead, the earlier of the two."""
     agent = JobAgentFactory()
-    first = _create(agent, debounce_seconds=30, debounce_max_seconds=30).job
-    cap = first.debounce_until
+    expires = dict(expires_at=db_now() + dt.timedelta(seconds=40),
+                   max_runtime_seconds=20) if expiring else {}
+    first = _create(agent, debounce_seconds=10, debounce_max_seconds=30, **expires).job
+    stored = first.debounce_until
+    cap = first.expires_at - dt.timedelta(seconds=20) if expiring else stored
 
     def push(i, barrier):
         options = {"debounce_seconds": 60 * (1 + i % 3)}
@@ -139,7 +148,7 @@ def test_racing_pushes_with_looser_options_stop_at_the_stored_cap():
     results = run_threads(push, N)
     assert all(dedup and at == cap for dedup, at in results)
     job = Job.objects.get()
-    assert job.available_at == cap and job.debounce_until == cap
+    assert job.available_at == cap and job.debounce_until == stored
 
 
 @pytest.mark.parametrize("options", [{"on_conflict": "replace"}, {"debounce_seconds": 30}])
