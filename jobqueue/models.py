@@ -160,6 +160,12 @@ class Job(models.Model):
     # an in_progress one makes a second): creates with a key are serialized by the backend's
     # lock_unique_key.
     unique_key = models.CharField(max_length=255, null=True, blank=True)
+    # The debounce cap (docs/api.md "Unique jobs and debounce"): the create that made a
+    # debounced job with debounce_max_seconds sets it to its time + debounce_max_seconds, and
+    # no later push (whatever that create's options) moves available_at past it. None: no
+    # cap (a job made without debounce_max_seconds, and every plain job: written only by a
+    # debounced create, never on the claim or report path). Internal: not in the API.
+    debounce_until = models.DateTimeField(null=True, blank=True, editable=False)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
     idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
     # The claim id of the latest claim. Kept on the job so that a retried terminal

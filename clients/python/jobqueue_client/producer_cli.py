@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "that meets it queued (which also gives it its context)")
     create.add_argument("--debounce-max-seconds", type=_positive_int, metavar="S",
                         help="with --debounce-seconds: push no later than S seconds after the "
-                             "job's first create")
+                             "job's first create (the cap that create gave the job holds, "
+                             "whatever later creates send)")
     create.add_argument("--wait", action="store_true",
                         help="wait until the job ends; exit 0 if successful, 1 if not")
     create.add_argument("--timeout", type=_non_negative_float, metavar="S",
