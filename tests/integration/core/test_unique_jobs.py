@@ -56,9 +56,9 @@ def _plain_cycle_sent(agent):
 
 
 def test_a_plain_job_pays_nothing_for_the_debounce_cap():
-    """debounce_until (0021) is written only by a debounced create: a plain job's create,
+    """debounce_until (0019) is written only by a debounced create: a plain job's create,
     claim and report send the statements they sent before it (5, 1 and 1 on PostgreSQL, 4, 8
-    and 8 on SQLite, as measured before 0021; the PostgreSQL claim and report name it in
+    and 8 on SQLite, as measured before 0019; the PostgreSQL claim and report name it in
     their RETURNING lists, as every column), none sets it, and the plain create's INSERT
     leaves it NULL."""
     agent = JobAgentFactory()
