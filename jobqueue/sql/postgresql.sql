@@ -64,7 +64,8 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.idempotency_key, job.unique_key, job.schedule_id, job.scheduled_for,
+        job.idempotency_fingerprint, job.last_claim_id,
         job.created_at, job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -113,7 +114,8 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.idempotency_key, job.unique_key, job.schedule_id, job.scheduled_for,
+        job.idempotency_fingerprint, job.last_claim_id,
         job.created_at, job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -189,7 +191,8 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.idempotency_key, job.unique_key, job.schedule_id, job.scheduled_for,
+        job.idempotency_fingerprint, job.last_claim_id,
         job.created_at, job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -252,7 +255,8 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.idempotency_key, job.unique_key, job.schedule_id, job.scheduled_for,
+        job.idempotency_fingerprint, job.last_claim_id,
         job.created_at, job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -299,7 +303,8 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
+        job.idempotency_key, job.unique_key, job.schedule_id, job.scheduled_for,
+        job.idempotency_fingerprint, job.last_claim_id,
         job.created_at, job.started_at, job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
