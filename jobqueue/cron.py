@@ -39,9 +39,13 @@ def timezone(name: str) -> zoneinfo.ZoneInfo:
 
 def fire_times(expr: str, tz: zoneinfo.ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
     """The fire times of `expr` in `tz` strictly after `after` (aware), in UTC, in order; it
-    ends when none is left within 50 years."""
+    ends when none is left within 50 years (cronsim's horizon) or before the year 9999."""
     it = CronSim(expr, after.astimezone(tz))
-    for when in it:
+    while True:
+        try:
+            when = next(it)
+        except (StopIteration, OverflowError):
+            return
         yield when.astimezone(dt.UTC)
 
 
