@@ -33,6 +33,20 @@ CATCHUP_HELP = ("How late (seconds, 0 to 604800; default 60) a fire time may be 
                 "after maintenance was stopped; later, it is recorded missed.")
 
 
+class ScheduleJobInput(JobCreateInput):
+    """A schedule's `job`: POST jobs' body, validated by its fields. Its unknown fields are
+    refused without their names (an error names the body's own fields only at the top: a
+    name inside `job` is the client's text)."""
+
+    class Meta:
+        ref_name = "ScheduleJobCreate"
+
+    def _unknown(self, names: list) -> dict:
+        return {"non_field_errors": [
+            f"{len(names)} unknown field(s); this body takes " + ", ".join(sorted(self.fields))
+            + "."]}
+
+
 class ScheduleCreateInput(ApiInput):
     name = StrictCharField(min_length=1, max_length=schedules.MAX_NAME_LENGTH,
                            trim_whitespace=False, help_text="Unique in the workspace.")
@@ -40,7 +54,7 @@ class ScheduleCreateInput(ApiInput):
                            trim_whitespace=False, help_text=CRON_HELP)
     timezone = StrictCharField(required=False, default="UTC", min_length=1,
                                max_length=cron_rules.MAX_TIMEZONE_LENGTH, help_text=TIMEZONE_HELP)
-    job = JobCreateInput(help_text="The job each fire creates: the body of POST jobs "
+    job = ScheduleJobInput(help_text="The job each fire creates: the body of POST jobs "
                          "(expires_at excepted: one instant cannot serve every fire).")
     overlap = StrictChoiceField(choices=list(Schedule.OVERLAPS), required=False,
                                 default=Schedule.OVERLAP_SKIP, help_text=OVERLAP_HELP)
@@ -61,7 +75,7 @@ class ScheduleUpdateInput(ApiInput):
                            trim_whitespace=False, help_text=CRON_HELP)
     timezone = StrictCharField(required=False, min_length=1,
                                max_length=cron_rules.MAX_TIMEZONE_LENGTH, help_text=TIMEZONE_HELP)
-    job = JobCreateInput(required=False, help_text="A whole new job body (as POST jobs).")
+    job = ScheduleJobInput(required=False, help_text="A whole new job body (as POST jobs).")
     overlap = StrictChoiceField(choices=list(Schedule.OVERLAPS), required=False,
                                 help_text=OVERLAP_HELP)
     catchup_window_seconds = StrictIntegerField(
