@@ -301,13 +301,18 @@ def _fire(schedule: Schedule, now: dt.datetime) -> list[str] | None:
     return outcomes
 
 
+def waiting_jobs(schedule_id):
+    """The schedule's jobs that wait unclaimed (pending, queued): what `buffer_one` counts
+    (job_schedule_idx)."""
+    return Job.objects.filter(schedule_id=schedule_id, status__in=sorted(inputs.UNCLAIMED))
+
+
 def _fire_once(schedule: Schedule, when: dt.datetime, last_job_id) -> tuple:
     """One fire time within the window: (the job it made, "") or (None, why it made none)."""
     if schedule.overlap == Schedule.OVERLAP_SKIP and last_job_id is not None and (
             Job.objects.filter(id=last_job_id, status__in=states.ACTIVE).exists()):
         return None, "the previous job is live"
-    if schedule.overlap == Schedule.OVERLAP_BUFFER_ONE and Job.objects.filter(
-            schedule_id=schedule.id, status__in=sorted(inputs.UNCLAIMED)).exists():
+    if schedule.overlap == Schedule.OVERLAP_BUFFER_ONE and waiting_jobs(schedule.id).exists():
         return None, "a job is waiting"
     try:
         with transaction.atomic():
