@@ -156,8 +156,8 @@ def live_world(live_server, transactional_db):
 
 @pytest.fixture
 def target(world):
-    """A claimed job, a grouped job, a schedule, and the ids of a request that reaches them: the path's
-    and the body's (test_no_echo, test_strict_bodies)."""
+    """A claimed job, a grouped job, a schedule, and the ids of a request that reaches them:
+    the path's and the body's (test_no_echo, test_strict_bodies)."""
     job = JobFactory(job_agent=world.agent)
     grant = lifecycle.claim_job(world.agent, job.id)
     lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-x")
