@@ -256,7 +256,7 @@ def fire_due_schedules(batch_size: int) -> dict:
             for schedule in due:
                 with transaction.atomic():
                     outcomes = _fire(schedule, now)
-                if outcomes is not None:
+                if outcomes is not None:  # pragma: no branch -- race: another loop fired it
                     counts["schedules"] += 1
                     for outcome in outcomes:
                         counts[outcome] += 1

@@ -112,6 +112,23 @@ def test_the_command_line(live_world, tmp_path):
     assert code == 0 and "no schedules" in out + _
 
 
+def test_the_command_line_quiet_limits_and_a_deduplicated_trigger(live_world):
+    for name in ("a", "b"):
+        code, out, err = _cli(live_world, "schedules", "create", "--name", name, "--cron",
+                              "0 3 * * *", "--agent", live_world.agent.id, "--unique-key",
+                              "nightly", "--paused", "-q")
+        assert code == 0, err
+        assert out.strip() == str(Schedule.objects.get(name=name).id)
+    code, out, err = _cli(live_world, "schedules", "list", "--limit", 1)
+    assert code == 0 and out.count("\n") == 2 and "--limit N or --all" in err
+    sid = out.strip().splitlines()[1].split()[0]
+    assert _cli(live_world, "schedules", "trigger", sid)[0] == 0
+    code, out, err = _cli(live_world, "schedules", "trigger", sid)
+    assert code == 0 and "no job created" in err
+    code, out, _ = _cli(live_world, "schedules", "delete", sid, "--json")
+    assert json.loads(out) == {"id": sid, "deleted": True}
+
+
 def test_the_command_line_refuses_a_command_twice_and_two_stdins(live_world):
     code, _, err = _cli(live_world, "schedules", "create", "--name", "x", "--cron", "* * * * *",
                         "--agent", live_world.agent.id, "--config", '{"command": ["a"]}',

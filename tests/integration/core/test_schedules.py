@@ -166,7 +166,9 @@ def test_a_fire_whose_job_is_refused_is_recorded_skipped_with_the_reason():
 
 
 def test_a_fire_deduplicated_by_the_jobs_unique_key_is_skipped():
-    schedule = _schedule(job={"unique_key": "nightly"}, overlap="allow")
+    schedule = _schedule(job={"unique_key": "nightly", "unique_states": ["queued", "pending"]},
+                         overlap="allow")
+    assert schedule.job["unique_states"] == ["pending", "queued"]
     base = _due(schedule, dt.timedelta(0))
     assert service.run_once()["fired"] == 1
     Schedule.objects.filter(id=schedule.id).update(next_fire_at=base + dt.timedelta(seconds=1))

@@ -72,6 +72,13 @@ def test_next_fire_times_follow_the_time_zone_and_answer_utc():
         _utc(2026, 10, 25, 0, 30), _utc(2026, 10, 26, 1, 30)]
 
 
+def test_next_fire_times_end_with_the_calendar():
+    schedule = SimpleNamespace(timezone="UTC", cron="0 0 29 2 *", paused_at=None,
+                               next_fire_at=_utc(9992, 2, 29))
+    assert next_fire_times(schedule, _utc(9990, 1, 1)) == [_utc(9992, 2, 29),
+                                                           _utc(9996, 2, 29)]
+
+
 @pytest.mark.parametrize("expr", ["", "* * * *", "* * * * * *", "61 * * * *", "0 0 30 2 *",
                                   "0 0 31 4,6 *", "a b c d e", "0 0 * * *\x00", "9" * 101])
 def test_expressions_that_do_not_parse_or_never_fire_name_cron(expr):
