@@ -67,8 +67,9 @@ def _cli(live_world, *argv, stdin=None):
 def test_the_command_line(live_world, tmp_path):
     context = tmp_path / "context.json"
     context.write_text('{"token": "s3cret"}')
-    code, out, err = _cli(live_world, "schedules", "create", "--name", "nightly", "--cron", "30 2 * * *",
-                          "--timezone", "America/New_York", "--agent", live_world.agent.id,
+    code, out, err = _cli(live_world, "schedules", "create", "--name", "nightly", "--cron",
+                          "30 2 * * *", "--timezone", "America/New_York",
+                          "--agent", live_world.agent.id,
                           "--context", context, "--priority", 3, "--overlap", "buffer_one",
                           "--catchup-window-seconds", 120, "--max-attempts", 2,
                           "--group", "nightly", "--", "make", "report")
