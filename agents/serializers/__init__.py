@@ -92,6 +92,8 @@ from .jobs import (
 from .outputs import ArtifactListSerializer, ArtifactSerializer, LogAppendSerializer
 from .schedules import (
     ScheduleCreateInput,
+    ScheduleFiresSerializer,
+    ScheduleJobInput,
     ScheduleJobSerializer,
     SchedulePage,
     ScheduleSerializer,
@@ -125,7 +127,8 @@ __all__ = [
     "JobCreatedSerializer",
     "JobDetailSerializer", "JobListItemPage", "JobListItemSerializer", "JobPage",
     "JobSerializer", "JobSummarySerializer", "LogAppendSerializer", "Outcome", "ReasonInput",
-    "ReleaseInput", "ScheduleCreateInput", "ScheduleJobSerializer", "SchedulePage",
+    "ReleaseInput", "ScheduleCreateInput", "ScheduleFiresSerializer", "ScheduleJobInput",
+    "ScheduleJobSerializer", "SchedulePage",
     "ScheduleSerializer", "ScheduleUpdateInput", "StatusInput", "StrictBooleanField",
     "StrictCharField",
     "StrictChoiceField", "StrictIntegerField", "StrictUUIDField", "TokenCreateInput",

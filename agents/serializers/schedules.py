@@ -22,14 +22,14 @@ from .fields import (
 )
 from .jobs import JobCreateInput
 
-CRON_HELP = ("Five fields (minute hour day-of-month month day-of-week), read as Debian cron "
+_CRON_HELP = ("Five fields (minute hour day-of-month month day-of-week), read as Debian cron "
              "reads them, in `timezone` (e.g. \"30 2 * * *\"). One that does not parse or "
              "never fires is a 400.")
-TIMEZONE_HELP = "An IANA time zone (default UTC), e.g. Europe/Berlin."
-OVERLAP_HELP = ("What a fire does while the schedule's jobs run: skip (default): nothing while "
+_TIMEZONE_HELP = "An IANA time zone (default UTC), e.g. Europe/Berlin."
+_OVERLAP_HELP = ("What a fire does while the schedule's jobs run: skip (default): nothing while "
                 "its previous job is live (recorded skipped); buffer_one: nothing while one "
                 "of its jobs waits unclaimed; allow: always a new job.")
-CATCHUP_HELP = ("How late (seconds, 0 to 604800; default 60) a fire time may be made up "
+_CATCHUP_HELP = ("How late (seconds, 0 to 604800; default 60) a fire time may be made up "
                 "after maintenance was stopped; later, it is recorded missed.")
 
 
@@ -51,16 +51,16 @@ class ScheduleCreateInput(ApiInput):
     name = StrictCharField(min_length=1, max_length=schedules.MAX_NAME_LENGTH,
                            trim_whitespace=False, help_text="Unique in the workspace.")
     cron = StrictCharField(min_length=1, max_length=cron_rules.MAX_CRON_LENGTH,
-                           trim_whitespace=False, help_text=CRON_HELP)
+                           trim_whitespace=False, help_text=_CRON_HELP)
     timezone = StrictCharField(required=False, default="UTC", min_length=1,
-                               max_length=cron_rules.MAX_TIMEZONE_LENGTH, help_text=TIMEZONE_HELP)
+                               max_length=cron_rules.MAX_TIMEZONE_LENGTH, help_text=_TIMEZONE_HELP)
     job = ScheduleJobInput(help_text="The job each fire creates: the body of POST jobs "
                          "(expires_at excepted: one instant cannot serve every fire).")
     overlap = StrictChoiceField(choices=list(Schedule.OVERLAPS), required=False,
-                                default=Schedule.OVERLAP_SKIP, help_text=OVERLAP_HELP)
+                                default=Schedule.OVERLAP_SKIP, help_text=_OVERLAP_HELP)
     catchup_window_seconds = StrictIntegerField(
         required=False, default=schedules.DEFAULT_CATCHUP_WINDOW_SECONDS, min_value=0,
-        max_value=schedules.MAX_CATCHUP_WINDOW_SECONDS, help_text=CATCHUP_HELP)
+        max_value=schedules.MAX_CATCHUP_WINDOW_SECONDS, help_text=_CATCHUP_HELP)
     paused = StrictBooleanField(required=False, default=False,
                                 help_text="Create it paused: it fires nothing until resumed.")
 
@@ -72,15 +72,15 @@ class ScheduleUpdateInput(ApiInput):
     name = StrictCharField(required=False, min_length=1, max_length=schedules.MAX_NAME_LENGTH,
                            trim_whitespace=False)
     cron = StrictCharField(required=False, min_length=1, max_length=cron_rules.MAX_CRON_LENGTH,
-                           trim_whitespace=False, help_text=CRON_HELP)
+                           trim_whitespace=False, help_text=_CRON_HELP)
     timezone = StrictCharField(required=False, min_length=1,
-                               max_length=cron_rules.MAX_TIMEZONE_LENGTH, help_text=TIMEZONE_HELP)
+                               max_length=cron_rules.MAX_TIMEZONE_LENGTH, help_text=_TIMEZONE_HELP)
     job = ScheduleJobInput(required=False, help_text="A whole new job body (as POST jobs).")
     overlap = StrictChoiceField(choices=list(Schedule.OVERLAPS), required=False,
-                                help_text=OVERLAP_HELP)
+                                help_text=_OVERLAP_HELP)
     catchup_window_seconds = StrictIntegerField(
         required=False, min_value=0, max_value=schedules.MAX_CATCHUP_WINDOW_SECONDS,
-        help_text=CATCHUP_HELP)
+        help_text=_CATCHUP_HELP)
     paused = StrictBooleanField(
         required=False, help_text="true pauses it; false resumes it, from its next fire time "
         "after now (what it would have fired while paused is not made up).")
