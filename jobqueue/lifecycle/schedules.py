@@ -294,6 +294,9 @@ def _fire(schedule: Schedule, now: dt.datetime) -> list[str] | None:
             schedule=schedule, fire_time=when, job_id=job_id, detail=detail,
             outcome=ScheduleFire.FIRED if job_id is not None else ScheduleFire.SKIPPED))
     ScheduleFire.objects.bulk_create(records)  # schedule_fire_once: the database's guard
+    # The records are kept as long as failed jobs are (JOBQUEUE_RETENTION_FAILED_DAYS).
+    kept = dt.timedelta(days=jobqueue_settings()["RETENTION_FAILED_DAYS"])
+    ScheduleFire.objects.filter(schedule_id=schedule.id, fire_time__lt=now - kept).delete()
     outcomes = [r.outcome for r in records]
     Schedule.objects.filter(id=schedule.id).update(
         last_fire_at=times[-1], last_job_id=last_job_id,

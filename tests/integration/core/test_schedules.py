@@ -205,6 +205,20 @@ def test_each_fire_time_is_recorded_once_by_the_database():
     ScheduleFire.objects.create(schedule=schedule, fire_time=when, outcome="fired", trigger=True)
 
 
+def test_fire_records_are_kept_as_long_as_failed_jobs(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "RETENTION_FAILED_DAYS": 2}
+    schedule = _schedule()
+    old = db_now() - dt.timedelta(days=2, seconds=1)
+    ScheduleFire.objects.create(schedule=schedule, fire_time=old, outcome="fired")
+    recent = ScheduleFire.objects.create(schedule=schedule, fire_time=old + dt.timedelta(
+        minutes=2), outcome="missed")
+    _due(schedule, dt.timedelta(0))
+    service.run_once()
+    assert ScheduleFire.objects.filter(fire_time__lte=old).count() == 0
+    assert ScheduleFire.objects.filter(id=recent.id).exists()
+    assert ScheduleFire.objects.count() == 2
+
+
 def test_a_loop_holding_a_stale_next_fire_at_fires_nothing():
     """The conditional advance: a loop that read next_fire_at before another loop advanced
     it updates nothing and makes no job (SQLite's guard, where no row lock skips)."""
