@@ -330,3 +330,22 @@ def test_fire_schedules_refuses_a_batch_size_under_one():
 
     with pytest.raises(CommandError):
         call_command("fire_schedules", "--batch-size", "0")
+
+
+def test_a_plain_jobs_create_claim_and_report_never_touch_the_schedule_tables():
+    """A job no schedule made pays nothing: its create, claim and report send no statement
+    about schedules (their column on the job is null, in the statements they already sent)."""
+    import re
+
+    from tests.utils import statements_sent
+
+    agent = JobAgentFactory()
+    with statements_sent() as sent:
+        job = lifecycle.create_job(workspace=agent.workspace, job_agent=agent).job
+        grant = lifecycle.claim_next_job(agent)
+        lifecycle.report_status(job.id, grant.claim_id, states.SUCCESSFUL)
+    assert grant.job.id == job.id
+    texts = [sql for sql, _ in sent]
+    assert texts and not [t for t in texts if re.search(r'\bschedule(_fire)?\b"?\s', t)
+                          or "schedule_fire" in t or '"schedule"' in t]
+    assert Job.objects.get(id=job.id).schedule_id is None
