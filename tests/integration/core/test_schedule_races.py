@@ -69,3 +69,42 @@ def test_racing_loops_share_the_due_schedules_between_them():
     fired = _race(batch_size=1)
     assert sum(fired) == Job.objects.count() >= 2 * SCHEDULES
     assert len(set(Job.objects.values_list("schedule_id", "scheduled_for"))) == sum(fired)
+
+
+def test_triggers_pauses_and_loops_racing_keep_the_counts_and_each_fire_time_once():
+    """Maintenance loops, triggers and a pause on one schedule at once: each cron fire time
+    has at most one job and one record, every trigger its own job, and the schedule's counts
+    are the records' (every write to it is one conditional or row-locked UPDATE)."""
+    agent = JobAgentFactory()
+    schedule = schedules.create_schedule(workspace=agent.workspace, name="s",
+                                         cron_expr="* * * * *", job_agent=agent, job={},
+                                         overlap="allow", catchup_window_seconds=600)
+    first = db_now().replace(second=0, microsecond=0) - dt.timedelta(minutes=5)
+    Schedule.objects.update(next_fire_at=first)
+
+    def act(i, barrier):
+        barrier.wait()
+        if i % 3 == 0:
+            return ("loop", service.run_once(1)["fired"])
+        if i == 1:
+            schedules.update_schedule(schedule.id, workspace_id=agent.workspace_id,
+                                      paused=True)
+            return ("pause", 0)
+        made = schedules.trigger_schedule(schedule.id, workspace_id=agent.workspace_id)
+        return ("trigger", int(made.created))
+
+    results = run_threads(act, 9)
+    triggers = sum(n for kind, n in results if kind == "trigger")
+    fired = sum(n for kind, n in results if kind == "loop")
+    assert triggers == 5
+    assert Job.objects.filter(schedule_id=schedule.id).count() == triggers + fired
+    fire_times = list(ScheduleFire.objects.filter(trigger=False)
+                      .values_list("fire_time", flat=True))
+    assert len(fire_times) == len(set(fire_times)) == fired <= 6
+    assert Job.objects.filter(schedule_id=schedule.id,
+                              scheduled_for__in=fire_times).count() == fired
+    schedule.refresh_from_db()
+    assert schedule.paused_at is not None
+    assert schedule.fired == ScheduleFire.objects.filter(outcome="fired").count() \
+        == triggers + fired
+    final_state_is_consistent()
