@@ -20,7 +20,7 @@ from .fields import (
     StrictIntegerField,
     page_of,
 )
-from .jobs import JobCreateInput
+from .jobs import JobAgentConfigField, JobCreateInput
 
 _CRON_HELP = ("Five fields (minute hour day-of-month month day-of-week), read as Debian cron "
              "reads them, in `timezone` (e.g. \"30 2 * * *\"). One that does not parse or "
@@ -94,7 +94,7 @@ class ScheduleJobSerializer(serializers.Serializer):
     dispatch_context (never the values)."""
 
     job_agent_id = serializers.UUIDField()
-    job_agent_config = serializers.DictField(required=False)
+    job_agent_config = JobAgentConfigField(required=False)
     priority = serializers.IntegerField(required=False)
     max_attempts = serializers.IntegerField(required=False)
     delay_seconds = serializers.IntegerField(required=False)
