@@ -19,6 +19,7 @@ from .views import (
     JobEffectViewSet,
     JobOutputViewSet,
     JobViewSet,
+    ScheduleViewSet,
     TokenViewSet,
     WebhookViewSet,
 )
@@ -63,6 +64,7 @@ router.register(W + "job-agents/<anyid:agent_id>/tokens", TokenViewSet, basename
 router.register(W + "jobs", JobViewSet, basename="job")
 router.register(W + "groups", GroupViewSet, basename="group")
 router.register(W + "webhooks", WebhookViewSet, basename="webhook")
+router.register(W + "schedules", ScheduleViewSet, basename="schedule")
 router.register(W + "jobs/<anyid:job_id>", JobOutputViewSet, basename="job-output")
 router.register(W + "jobs/<anyid:job_id>", JobEffectViewSet, basename="job-effect")
 

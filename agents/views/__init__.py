@@ -10,8 +10,9 @@ from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
 from .outputs import JobOutputViewSet
+from .schedules import ScheduleViewSet
 from .tokens import TokenViewSet
 from .webhooks import WebhookViewSet
 
 __all__ = ["GroupViewSet", "JobAgentViewSet", "JobEffectViewSet", "JobOutputViewSet", "JobViewSet",
-           "TokenViewSet", "WebhookViewSet"]
+           "ScheduleViewSet", "TokenViewSet", "WebhookViewSet"]

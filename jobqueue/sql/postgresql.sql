@@ -64,8 +64,9 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -113,8 +114,9 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -189,8 +191,9 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -252,8 +255,9 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -299,8 +303,9 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.created_at, job.started_at, job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
