@@ -17,6 +17,14 @@ claim and that no stored event ended (ENDINGS with that claim_id: a cancel, a re
 release, a clock, an operator's mark-failed or requeue all write theirs). The one transition
 that moves such a job on, an operator's requeue of the finished job (it clears
 `last_claim_id`), first writes the event row (`keep_report`, under the job's row lock).
+
+What it does not do: a reader runs its queries (the job, its stored events, whether a stored
+event ended the last claim) as separate statements, so a requeue committed between them can
+leave the report out of that one answer (never twice: the stored events are read first). A
+kept report gets the id of its writing, so an id-ordered page shows it after any refused
+write recorded between the report and the requeue. The admin's timeline pages by event id
+and places the report by its time, assuming times rise with ids (events a transaction
+writes carry its start time; a page boundary between two such can show the report twice).
 """
 
 from __future__ import annotations
@@ -84,7 +92,10 @@ def keep_report(job_id) -> None:
     """Write the job's derived report as an event row, before a transition clears what it
     is read from. The caller holds the job's row lock (select_for_update) inside its
     transaction, so two such transitions never both write it."""
-    job = Job.objects.select_for_update().filter(id=job_id).first()
+    # FOR NO KEY UPDATE, as the requeue's own UPDATE takes: FOR UPDATE would also block the
+    # KEY SHARE lock a foreign-key check takes at commit (an effect's begin inserting its
+    # row while holding the claim row the requeue waits for: a deadlock).
+    job = Job.objects.select_for_update(no_key=True).filter(id=job_id).first()
     if job is not None:
         event = derived_report(job)
         if event is not None:

@@ -2,12 +2,14 @@
 the single and the batch path, the requeue that keeps one, and racing requeues."""
 
 import pytest
+from django.db import connection, transaction
 
 from jobqueue import lifecycle, states, timeline
 from jobqueue.exceptions import JobFinished
+from jobqueue.lifecycle import effects
 from jobqueue.models import Job, JobEvent
 from tests.factories import JobAgentFactory, JobFactory
-from tests.utils import run_threads, timeline_events
+from tests.utils import run_threads, timeline_events, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,3 +115,32 @@ def test_racing_requeues_of_a_finished_job_keep_its_report_once():
     assert statuses == [states.QUEUED] * 4
     assert len(_stored(grant.job.id)) == 1
     assert [e.kind for e in timeline_events(grant.job.id)].count("status_reported") == 1
+
+
+@pytest.mark.postgres_only
+def test_a_requeue_of_a_running_job_waits_for_an_effect_begin_without_a_deadlock():
+    """keep_report locks the job row FOR NO KEY UPDATE, as the requeue's UPDATE does: FOR
+    UPDATE would block the KEY SHARE lock of the effect row's foreign-key check at the
+    begin's commit, while the requeue waits for the claim row the begin holds."""
+    agent = JobAgentFactory()
+    (grant,) = _claimed(agent)
+    job_id = grant.job.id
+
+    def work(i, barrier):
+        if i == 0:
+            with transaction.atomic():
+                effects.begin_effect(job_id, grant.claim_id, "charge")
+                barrier.wait()
+                wait_for(lambda: _lock_waiters() > 0, 30, "the requeue to wait")
+            return "begun"
+        barrier.wait()
+        return lifecycle.requeue_job(job_id, actor="operator:a").status
+
+    assert run_threads(work, 2) == ["begun", states.QUEUED]
+
+
+def _lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                       " AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0]
