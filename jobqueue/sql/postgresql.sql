@@ -167,7 +167,10 @@ SELECT pg_advisory_xact_lock(hashtextextended(
 -- an earlier set (a job requeued after a success); an ended job gets one webhook outbox row
 -- per endpoint of its workspace that wants job.finished (lifecycle/finished.py; events `[]`:
 -- all), its body fixed here: jobqueue_finished_payload (migration 0014) of the job as done
--- returns it, as lifecycle/finished.py writes it. A producer waiting for the job (job.watched,
+-- returns it, as lifecycle/finished.py writes it. The report's status_reported event is
+-- written only when the job row cannot say it (jobqueue/timeline.py, which reads it from the
+-- row): another actor than the job's agent, or a message or result the report did not give
+-- and the job keeps from before. A producer waiting for the job (job.watched,
 -- set before its wait's first check) is told by a NOTIFY on the channel
 -- jobqueue.wakeups.CHANNEL, delivered on commit, only then:
 -- a NOTIFY serializes commits cluster-wide (15-30 % of the core cycle at 16 workers when
@@ -207,6 +210,9 @@ WITH done AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
     FROM done
+    WHERE NOT (%(actor)s::varchar = 'agent:' || done.job_agent_id::text
+               AND (%(message)s IS NOT NULL OR done.message = '')
+               AND (%(result)s::jsonb IS NOT NULL OR done.result IS NULL))
 ), hook AS (
     INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
     SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))
@@ -325,7 +331,8 @@ SELECT done.* FROM done
 -- plain acknowledgement binds three arrays): unnest pads them. So may %(retries)s (no report
 -- asks a retry); a true one is a retryable failure, with job_fail_or_retry_if_running's
 -- backoff. An event's message is cut at %(message_chars)s characters
--- (jobqueue.history.MESSAGE_CHARS). Answers (id, status, completed_at, workspace_id, the
+-- (jobqueue.timeline.MESSAGE_CHARS), and written only where the job row cannot say it, as
+-- job_set_state_if_running's (a retry's always). Answers (id, status, completed_at, workspace_id, the
 -- number of claim rows deleted) per job it ended.
 WITH req AS (
     SELECT * FROM unnest(%(jobs)s::uuid[], %(claims)s::uuid[], %(statuses)s::text[],
@@ -389,6 +396,10 @@ WITH req AS (
                    left(req.message, %(message_chars)s)) ELSE '{}'::jsonb END,
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
+    WHERE req.retry IS TRUE
+       OR NOT (%(actor)s::varchar = 'agent:' || done.job_agent_id::text
+               AND (req.message IS NOT NULL OR done.message = '')
+               AND (req.result IS NOT NULL OR done.result IS NULL))
 ), hook AS (
     INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
     SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))

@@ -12,9 +12,9 @@ import functools
 import json
 
 from jobqueue import states
-from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import JobEvent
 from jobqueue.sql import postgresql as sql
+from jobqueue.timeline import MESSAGE_CHARS
 
 from ..clocks import backoff_settings
 from .cursor import HotCursor
