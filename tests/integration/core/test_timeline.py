@@ -140,7 +140,10 @@ def test_a_requeue_of_a_running_job_waits_for_an_effect_begin_without_a_deadlock
 
 
 def _lock_waiters() -> int:
+    """The sessions of this database waiting on a lock now (inside a transaction, whose
+    first read of pg_stat_activity is otherwise kept until it ends)."""
     with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                        " AND wait_event_type = 'Lock'")
         return cursor.fetchone()[0]
