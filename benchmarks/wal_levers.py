@@ -85,10 +85,11 @@ def _drain(cur, texts, path, agent, n):
         if path == "single":
             cur.execute(texts["claim1"], claim_params)
             rows = cur.fetchall()
+            at = [c[0] for c in cur.description].index("last_claim_id")
             for row in rows:
                 cur.execute(texts["report"], {
                     "status": "successful", "message": None, "result": None,
-                    "external_id": None, "job": row[0], "claim": row[22], "agent": agent,
+                    "external_id": None, "job": row[0], "claim": row[at], "agent": agent,
                     "workspace": None, "kind": "status_reported", "actor": f"agent:{agent}",
                     "detail": json.dumps({"status": "successful", "has_result": False})})
                 if cur.fetchone() is None:
@@ -96,8 +97,9 @@ def _drain(cur, texts, path, agent, n):
         else:
             cur.execute(texts[f"claim{BATCH}"], claim_params)
             rows = cur.fetchall()
+            at = [c[0] for c in cur.description].index("last_claim_id")
             cur.execute(texts["report_many"], {
-                "jobs": [r[0] for r in rows], "claims": [r[22] for r in rows],
+                "jobs": [r[0] for r in rows], "claims": [r[at] for r in rows],
                 "statuses": ["successful"] * len(rows), "messages": None, "results": None,
                 "external_ids": None, "retries": None, "backoff": 1.0, "backoff_cap": 60.0,
                 "jitter": 0.0, "message_chars": 200, "agent": agent, "workspace": None,
