@@ -22,6 +22,7 @@ from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 from .artifacts import publish
 from .checkpoints import checkpoints_for
 from .clocks import attempt_deadline, lease_end, retry_fields, within_deadline
+from .dependencies import settle_one
 from .finished import write_outbox
 from .records import event, scoped_jobs
 
@@ -149,6 +150,8 @@ class OrmBackend:
                   status=status, has_result=result is not None, **extra).save()
             if job.status in states.TERMINAL:
                 write_outbox([(job.id, job.workspace_id, job.status)])
+                if job.has_dependents:
+                    settle_one(job.id, job.status)
             return job
 
     def report_many(self, items, job_agent_id, workspace_id, actor):
