@@ -15,7 +15,8 @@ anyway), every other path through `settle` (one more statement per batch of ende
 announce_finished). A plain job's claim and report run nothing more.
 
 On PostgreSQL the settling is one function, jobqueue_settle_dependents (migration 0019), for
-every path; on SQLite (writers serialized) the ORM below does the same.
+every path (the backend's settle_dependents runs it by name); on SQLite (writers serialized)
+the ORM below does the same.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 
-from django.db import connection
 from django.db.models import F
 from django.db.models.functions import Greatest, Now
 
@@ -31,6 +31,7 @@ from jobqueue import states, wakeups
 from jobqueue.exceptions import InvalidInput
 from jobqueue.models import Job, JobDependency, JobEvent
 
+from .backends import backend
 from .finished import write_outbox
 from .records import event
 
@@ -73,18 +74,15 @@ def initial_state(statuses: dict) -> tuple[str, str]:
 
 def settle(ended) -> None:
     """In the transaction that ended them: settle the dependents of the jobs `ended`
-    [(job_id, workspace_id, status)] that have any."""
+    [(job_id, workspace_id, status)] that have any (the backend's settle_dependents)."""
     ended = [(job_id, status) for job_id, _workspace_id, status in ended]
-    if not ended:
-        return
-    if connection.vendor == "postgresql":
-        from jobqueue.sql import postgresql as sql
+    if ended:
+        backend().settle_dependents(ended)
 
-        with connection.cursor() as cursor:
-            cursor.execute(sql.job_settle_dependents, {
-                "jobs": [job_id for job_id, _ in ended],
-                "statuses": [status for _, status in ended]})
-        return
+
+def settle_many(ended) -> None:
+    """The ORM's settle_dependents: settle_one for each of `ended` [(job_id, status)] that
+    has dependents."""
     having = set(Job.objects.filter(id__in=[job_id for job_id, _ in ended],
                                     has_dependents=True).values_list("id", flat=True))
     for job_id, status in sorted(ended):
