@@ -16,6 +16,7 @@ from jobqueue.models import (
     Job,
     JobAgent,
     JobArtifact,
+    JobDependency,
     JobEffect,
     JobEvent,
     JobGroup,
@@ -51,6 +52,8 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run")
         ("claim_state", "GET", f"jobs/{job_id}/claims/{claim_id}", None),
         ("list_jobs", "GET", "jobs", None),
         ("create_job", "POST", "jobs", {"job_agent_id": str(agent_id)}),
+        ("create_flow", "POST", "flows", {"jobs": [
+            {"ref": "a", "job_agent_id": str(agent_id), "depends_on": [str(job_id)]}]}),
         ("get_job", "GET", f"jobs/{job_id}", None),
         ("cancel", "POST", f"jobs/{job_id}/cancel", None),
         ("requeue", "POST", f"jobs/{job_id}/requeue", None),
@@ -76,8 +79,8 @@ AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "releas
                    "claim_state", "append_log", "read_log", "upload_artifact", "begin_effect",
                    "commit_effect"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
-NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "list_agents", "create_agent", "list_webhooks",
-                     "create_webhook"}
+NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "create_flow", "list_agents", "create_agent",
+                     "list_webhooks", "create_webhook"}
 # The workspace's own webhooks: only its key, an agent token gets 403 (it names no agent or job).
 WEBHOOK_OBJECTS = {"delete_webhook", "webhook_deliveries"}
 # A group belongs to the workspace, not to an agent: an agent token gets 403 on any group.
@@ -103,6 +106,8 @@ def _snapshot():
         sorted(JobLog.objects.values_list("job_id", "attempt", "length")),
         sorted(JobArtifact.objects.values_list("job_id", "name", "state", "published_at")),
         sorted(JobEffect.objects.values_list("job_id", "key", "attempt", "committed_at")),
+        sorted(JobDependency.objects.values_list("child_id", "parent_id")),
+        sorted(Job.objects.values_list("id", "has_dependents")),
     )
 
 
@@ -168,6 +173,8 @@ def test_workspace_key_cannot_reach_another_workspace(world, targets, name):
     r = _call(producer, method, path, body)
     if name == "create_job":
         assert r.status_code == 400 and "job_agent_id" in r.json()["fields"]
+    elif name == "create_flow":
+        assert r.status_code == 400 and "jobs[0].job_agent_id" in r.json()["fields"]
     elif name in NO_OBJECT_IN_PATH:
         assert r.status_code in (200, 201)
         assert str(targets["y"][0][2].split("/")[1]) not in r.content.decode()
@@ -176,6 +183,28 @@ def test_workspace_key_cannot_reach_another_workspace(world, targets, name):
         assert r.status_code == 404 and r.json()["code"] == "not_found", (name, r.content)
     if name not in CREATES:
         assert _snapshot() == before
+
+
+@pytest.mark.parametrize("endpoint", ["jobs", "flows"])
+def test_another_workspaces_job_as_a_dependency_is_an_unknown_one(world, targets, endpoint):
+    """Another workspace's job in depends_on (or a flow's) is the same 400 as an id that
+    names no job, naming the field, and nothing is created or marked."""
+    import uuid
+
+    foreign = targets["y"][1][2].split("/")[3]  # the other workspace's claimed job
+    answers = []
+    for parent in (foreign, str(uuid.uuid4())):
+        job = {"job_agent_id": str(world.agent.id), "depends_on": [parent]}
+        body = job if endpoint == "jobs" else {"jobs": [{"ref": "a", **job}]}
+        before = _snapshot()
+        r = world.producer().post(endpoint, json=body)
+        assert _snapshot() == before
+        answers.append((r.status_code, r.json()))
+    assert answers[0] == answers[1]
+    status, body = answers[0]
+    field = "depends_on" if endpoint == "jobs" else "jobs[0].depends_on"
+    assert status == 400 and body["code"] == "validation_error"
+    assert list(body["fields"]) == [field]
 
 
 def test_the_key_may_drive_its_own_agents(world, targets):

@@ -313,9 +313,10 @@ def test_a_flow_of_a_thousand_jobs_is_one_transaction(agent, django_assert_max_n
     import time
 
     jobs = [lifecycle.FlowJob(ref="root", job_agent=agent)]
-    jobs += [lifecycle.FlowJob(ref=f"j{i}", job_agent=agent,
-                               depends_on_refs=["root"] if i % 2 or not i else [f"j{i - 1}", "root"])
-             for i in range(999)]
+    jobs += [lifecycle.FlowJob(
+        ref=f"j{i}", job_agent=agent,
+        depends_on_refs=["root"] if i % 2 or not i else [f"j{i - 1}", "root"])
+        for i in range(999)]
     started = time.monotonic()
     # One INSERT per table on PostgreSQL; SQLite splits them by its variable limit.
     with django_assert_max_num_queries(20 if connection.vendor == "postgresql" else 60):

@@ -33,7 +33,7 @@ def test_parents_succeeding_at_once_release_the_child_exactly_once(batch):
     for _ in range(ROUNDS):
         grants, child = _graph(agent, 4)
 
-        def report(i, barrier):
+        def report(i, barrier, grants=grants):
             g = grants[i]
             barrier.wait()
             if batch:
@@ -55,7 +55,7 @@ def test_a_parent_failing_while_another_succeeds_never_queues_the_child():
         grants, child = _graph(agent, 2)
         grandchild = _create(agent, depends_on=[child.id])
 
-        def report(i, barrier):
+        def report(i, barrier, grants=grants):
             g = grants[i]
             barrier.wait()
             status = states.SUCCESSFUL if i == 0 else states.FAILURE
@@ -80,7 +80,7 @@ def test_a_dependent_created_while_its_parent_ends_is_settled(end):
         grant = lifecycle.claim_job(agent, parent.id)
         made = []
 
-        def work(i, barrier):
+        def work(i, barrier, parent=parent, grant=grant, made=made):
             barrier.wait()
             if i == 0:
                 lifecycle.report_status(parent.id, grant.claim_id, end)
