@@ -283,6 +283,7 @@ class JobDependency(models.Model):
 
     class Meta:
         db_table = "job_dependency"
+        verbose_name_plural = "job dependencies"
         indexes = [models.Index(fields=["parent"], name="job_dependency_parent_idx")]
 
     def __str__(self):

@@ -152,6 +152,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "db_table": "job_dependency",
+                "verbose_name_plural": "job dependencies",
                 "indexes": [models.Index(fields=["parent"], name="job_dependency_parent_idx")],
             },
         ),
