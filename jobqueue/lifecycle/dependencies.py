@@ -74,10 +74,9 @@ def initial_state(statuses: dict) -> tuple[str, str]:
 
 def settle(ended) -> None:
     """In the transaction that ended them: settle the dependents of the jobs `ended`
-    [(job_id, workspace_id, status)] that have any (the backend's settle_dependents)."""
-    ended = [(job_id, status) for job_id, _workspace_id, status in ended]
-    if ended:
-        backend().settle_dependents(ended)
+    [(job_id, workspace_id, terminal status)], not empty, that have any (the backend's
+    settle_dependents)."""
+    backend().settle_dependents([(job_id, status) for job_id, _ws, status in ended])
 
 
 def settle_many(ended) -> None:
@@ -91,13 +90,12 @@ def settle_many(ended) -> None:
 
 
 def settle_one(parent_id, status: str) -> int:
-    """The ORM's settling (SQLite: writers are serialized, so what it reads stays true until
-    it commits): as jobqueue_settle_dependents on PostgreSQL. The number of jobs it moved."""
+    """The ORM's settling of a job that ended with the terminal `status` (SQLite: writers
+    are serialized, so what it reads stays true until it commits): as
+    jobqueue_settle_dependents on PostgreSQL. The number of jobs it moved."""
     if status == states.SUCCESSFUL:
         return _release(parent_id)
-    if status in FAILED:
-        return _cascade(parent_id)
-    return 0
+    return _cascade(parent_id)
 
 
 def _release(parent_id) -> int:

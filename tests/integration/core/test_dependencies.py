@@ -4,11 +4,13 @@ the last one successful (single report, batch report); when a parent ends otherw
 batch report, reaper, the clocks, cancel, mark failed, group cancel) it ends cancelled
 (dependency_failed) down the graph, never to be revived. Both databases."""
 
+import datetime as dt
+
 import pytest
 from django.db import connection
 
 from jobqueue import lifecycle, states
-from jobqueue.db import NowPlusSeconds
+from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import InvalidInput, InvalidTransition
 from jobqueue.lifecycle import dependencies
 from jobqueue.models import (
@@ -240,7 +242,8 @@ def test_a_flow_creates_its_graph_at_once(agent):
     made = lifecycle.create_flow(workspace=agent.workspace, jobs=[
         lifecycle.FlowJob(ref="extract", job_agent=agent, dispatch_context={"day": 1}),
         lifecycle.FlowJob(ref="load", job_agent=other, depends_on_refs=["extract"],
-                          depends_on=[str(outside.id)], delay_seconds=5, group="run"),
+                          depends_on=[str(outside.id)], delay_seconds=5, group="run",
+                          expires_at=db_now() + dt.timedelta(hours=1)),
     ])
     assert list(made) == ["extract", "load"]
     assert made["extract"].status == states.QUEUED and made["extract"].has_dependents
@@ -279,8 +282,6 @@ def test_a_flow_under_a_failed_parent_starts_cancelled(agent):
     ([{"ref": "a", "expires_at": "past"}], "jobs[0].expires_at"),
 ])
 def test_a_bad_flow_is_refused_naming_the_job_and_creates_nothing(agent, jobs, field):
-    import datetime as dt
-
     items = []
     for item in jobs:
         item = dict(item)
