@@ -81,6 +81,17 @@ class GroupCancelled(Conflict):
     default_detail = "The job's group was cancelled; it takes no new jobs and no requeues."
 
 
+class UniqueKeyConflict(Conflict):
+    """A create with on_conflict replace or debounce_seconds whose unique_key met a live job
+    of another job agent: it may not change that job (context: `job_id`, the live job's)."""
+
+    code = "unique_key_conflict"
+    default_detail = (
+        "The live job with this unique_key belongs to another job agent; a replace or a "
+        "debounce changes only a job of the create's own agent."
+    )
+
+
 class WebhookLimitReached(Conflict):
     """The workspace already has JOBQUEUE_MAX_WEBHOOKS_PER_WORKSPACE webhook endpoints."""
 

@@ -160,13 +160,19 @@ class Job(models.Model):
     # an in_progress one makes a second): creates with a key are serialized by the backend's
     # lock_unique_key.
     unique_key = models.CharField(max_length=255, null=True, blank=True)
+    # The debounce cap (docs/api.md "Unique jobs and debounce"): the create that made a
+    # debounced job with debounce_max_seconds sets it to its time + debounce_max_seconds, and
+    # no later push (whatever that create's options) moves available_at past it. None: no
+    # cap (a job made without debounce_max_seconds, and every plain job: written only by a
+    # debounced create, never on the claim or report path). Internal: not in the API.
+    debounce_until = models.DateTimeField(null=True, blank=True, editable=False)
     # Dependencies (POST jobs depends_on, POST flows; docs/api.md "Dependencies and flows"),
     # both false for a plain job, so that its claim and report pay nothing for them.
     # has_parents: the job was created with dependencies (JobDependency rows with it as the
     # child): it waits `pending` until they all succeed, and its claim carries `parents`.
     # has_dependents: some job depends on this one (set under this row's lock when the
     # dependent is created): the statements that end it settle its dependents
-    # (jobqueue_settle_dependents, migration 0019; lifecycle/dependencies.py).
+    # (jobqueue_settle_dependents, migration 0020; lifecycle/dependencies.py).
     has_parents = models.BooleanField(default=False, db_default=False, editable=False)
     has_dependents = models.BooleanField(default=False, db_default=False, editable=False)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.

@@ -283,18 +283,23 @@ class JobCreateInput(ApiInput):
         choices=list(inputs.ON_CONFLICT), required=False, allow_null=True,
         help_text="skip (default): answer the live job unchanged. replace: update an "
         "unclaimed one in place (dispatch_context, priority, available_at); beside an "
-        "in_progress one, create a new job.",
+        "in_progress one, create a new job. A live job of another job agent is never "
+        "replaced: 409 unique_key_conflict.",
     )
     debounce_seconds = StrictIntegerField(
         required=False, allow_null=True, min_value=1, max_value=inputs.MAX_DEBOUNCE_SECONDS,
         help_text="With unique_key: the job waits this long after the last create that met it "
-        "queued (which also gives it its dispatch_context).",
+        "queued (which also gives it its dispatch_context), never past the cap its first "
+        "create stored nor past the last start before its expires_at (expires_at less its "
+        "max_runtime_seconds, else less debounce_seconds). A live job of another job agent "
+        "is never pushed: 409 unique_key_conflict.",
     )
     debounce_max_seconds = StrictIntegerField(
         required=False, allow_null=True, min_value=1,
         max_value=inputs.MAX_DEBOUNCE_MAX_SECONDS,
         help_text="With debounce_seconds (and at least it): no push past this long after the "
-        "job's first create.",
+        "job's first create. Stored on the job by the create that makes it; later creates' "
+        "own values (or their absence) change nothing.",
     )
     depends_on = serializers.ListField(
         child=StrictUUIDField(), required=False, allow_null=True, allow_empty=False,

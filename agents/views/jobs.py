@@ -17,7 +17,7 @@ from jobqueue.lifecycle import dependencies
 from jobqueue.models import Job, JobAgent, JobClaim
 
 from ..pagination import NewestFirst
-from ..schema import COMMON, WITH_BODY, errors
+from ..schema import COMMON, WITH_BODY, ErrorSerializer, errors
 from ..serializers.fields import EmptyInput, ReasonInput
 from ..serializers.jobs import (
     JOB_LIST_ONLY,
@@ -108,7 +108,11 @@ class JobViewSet(ApiViewSet):
             200: OpenApiResponse(JobCreatedSerializer, description="An Idempotency-Key "
                                  "replay, or the live job with the unique_key "
                                  "(deduplicated true)."),
-            **errors(409, 422, *WITH_BODY, *COMMON),
+            **errors(422, *WITH_BODY, *COMMON),
+            409: OpenApiResponse(ErrorSerializer, description="group_cancelled: a create "
+                                 "into a cancelled group; unique_key_conflict: a replace or "
+                                 "a debounce whose unique_key met a live job of another job "
+                                 "agent (nothing changed, nothing created)."),
         },
     )
     def create(self, request, workspace_id):

@@ -22,6 +22,7 @@ from benchmarks.scenarios import (
     readers,
     reaper,
     wal,
+    wal_levers,
 )
 
 # Every scenario by name, in the order docs/performance.md prints their sections.
@@ -35,6 +36,7 @@ SCENARIOS = {
     "pickup": pickup,
     "completion": completion,
     "wal": wal,
+    "wal_levers": wal_levers,
     "readers": readers,
     "pgbouncer": pgbouncer,
 }

@@ -13,7 +13,13 @@ from django.db.models.functions import Now
 
 from jobqueue import observe, states, wakeups
 from jobqueue.db import NowPlusSeconds, db_now
-from jobqueue.exceptions import IdempotencyKeyReused, InvalidInput, InvalidTransition, NotFound
+from jobqueue.exceptions import (
+    IdempotencyKeyReused,
+    InvalidInput,
+    InvalidTransition,
+    NotFound,
+    UniqueKeyConflict,
+)
 from jobqueue.models import Job, JobAgent, JobDependency, JobEvent
 
 from . import dependencies, inputs
@@ -166,8 +172,15 @@ def create_job(
         unique_key=None if unique is None else unique.key,
     )
     if unique is not None and unique.debounce_seconds is not None:
-        # A debounced job waits its quiet period from the first create too.
-        delay_seconds = max(delay_seconds or 0, unique.debounce_seconds)
+        # A debounced job waits its quiet period from the first create too (no further than
+        # a push may move it: _latest_start), and keeps its cap (debounce_until).
+        quiet = unique.debounce_seconds
+        latest = _latest_start(job, quiet)
+        if latest is not None:
+            quiet = max(0, min(quiet, math.floor((latest - db_now()).total_seconds())))
+        delay_seconds = max(delay_seconds or 0, quiet)
+        if unique.debounce_max_seconds is not None:
+            job.debounce_until = NowPlusSeconds(unique.debounce_max_seconds)
     if delay_seconds:
         job.available_at = NowPlusSeconds(delay_seconds)
     met: list[Job] = []
@@ -214,8 +227,8 @@ def create_job(
             # Its own first request, which raced it (the key's lock serialized them).
             return JobCreated(_idempotent_replay(live, fingerprint, payload), False)
         return JobCreated(live, False, deduplicated=True)
-    if delay_seconds or job.status == states.CANCELLED:
-        job.refresh_from_db(fields=["available_at", "completed_at"])
+    if delay_seconds or job.debounce_until is not None or job.status == states.CANCELLED:
+        job.refresh_from_db(fields=["available_at", "debounce_until", "completed_at"])
     observe.emit("created", job_agent_id=job_agent.id)
     return JobCreated(job, True)
 
@@ -237,20 +250,28 @@ def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: in
     create answers instead of `new` (replaced or debounced in place as `unique` says), or
     None: create `new`.
 
-    Live is what `unique.live` counts (the new create's unique_states). An unclaimed one
-    (pending, queued) comes first: `replace` updates its dispatch_context, priority and
-    available_at (now + delay_seconds); a debounce, on a queued one, takes the
+    Live is what `unique.live` counts (the new create's unique_states). A `replace` or a
+    debounce that meets a live job of another job agent raises UniqueKeyConflict, whatever
+    its status (it changes nothing and creates nothing). An unclaimed one (pending, queued)
+    comes first: `replace` updates its dispatch_context, priority and available_at (now +
+    delay_seconds, at most its debounce_until); a debounce, on a queued one, takes the
     dispatch_context and pushes available_at to now + debounce_seconds, never earlier than
-    it was, nor past created_at + debounce_max_seconds. A claimed one (in_progress) is
-    answered as is, unless `replace`: then a new job is created beside it. The job that
-    this request's own Idempotency-Key made is answered unchanged (a retry racing its first
-    send: create_job answers it as a replay)."""
+    it was, nor past the job's debounce_until or its _latest_start. A claimed one
+    (in_progress) is answered as is, unless `replace`: then a new job is created beside it.
+    The job that this request's own Idempotency-Key made is answered unchanged (a retry
+    racing its first send: create_job answers it as a replay)."""
     backend().lock_unique_key(workspace.id, unique.key)
     live = live_with_key(workspace.id, unique).first()
     if live is None:
         return None
     if idempotency_key is not None and live.idempotency_key == idempotency_key:
         return live
+    if ((unique.replace or unique.debounce_seconds is not None)
+            and live.job_agent_id != new.job_agent_id):
+        raise UniqueKeyConflict(
+            f"The live job {live.id} with this unique_key belongs to another job agent than "
+            "this create's; a replace or a debounce changes only a job of the create's own "
+            "agent. Nothing was changed.", job_id=str(live.id))
     if live.status not in inputs.UNCLAIMED:
         return None if unique.replace else live
     debounce = unique.debounce_seconds is not None and live.status == states.QUEUED
@@ -260,13 +281,15 @@ def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: in
     if unique.replace:
         changes["priority"] = new.priority
     wait = delay_seconds or 0
-    if debounce:
+    if debounce or live.debounce_until is not None:
         now = db_now()
-        until = now + dt.timedelta(seconds=unique.debounce_seconds)
-        if unique.debounce_max_seconds is not None:
-            until = min(until, live.created_at
-                        + dt.timedelta(seconds=unique.debounce_max_seconds))
-        changes["available_at"] = max(until, live.available_at)
+        if debounce:
+            until = now + dt.timedelta(seconds=unique.debounce_seconds)
+            caps = (live.debounce_until, _latest_start(live, unique.debounce_seconds))
+            until = min([until, *(cap for cap in caps if cap is not None)])
+            changes["available_at"] = max(until, live.available_at)
+        else:  # a replace of a debounced job: not past its cap either
+            changes["available_at"] = min(now + dt.timedelta(seconds=wait), live.debounce_until)
         wait = max(0, math.ceil((changes["available_at"] - now).total_seconds()))
     else:
         changes["available_at"] = NowPlusSeconds(wait) if wait else Now()
@@ -281,6 +304,16 @@ def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: in
         wakeups.announce(wakeups.agent_key(live.job_agent_id), delay=wait)
     live.refresh_from_db()
     return live
+
+
+def _latest_start(job: Job, debounce_seconds: int):
+    """The latest available_at a debounce may give `job` (None: no limit): its expires_at
+    less the time one attempt may run (max_runtime_seconds), or less the quiet period
+    (debounce_seconds) for a job without a runtime limit, so that it can still be claimed
+    and run before it expires."""
+    if job.expires_at is None:
+        return None
+    return job.expires_at - dt.timedelta(seconds=job.max_runtime_seconds or debounce_seconds)
 
 
 def _idempotent_replay(existing: Job, fingerprint: str, payload: dict) -> Job:

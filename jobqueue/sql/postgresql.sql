@@ -64,9 +64,9 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
+        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -114,9 +114,9 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
+        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -173,7 +173,7 @@ SELECT pg_advisory_xact_lock(hashtextextended(
 -- a NOTIFY serializes commits cluster-wide (15-30 % of the core cycle at 16 workers when
 -- every report sent one). A job that others depend on (job.has_dependents, false for a
 -- plain job, which pays nothing more) settles them in the same statement:
--- jobqueue_settle_dependents (migration 0019) queues the dependents whose parents have all
+-- jobqueue_settle_dependents (migration 0020) queues the dependents whose parents have all
 -- succeeded, or cancels them (dependency_failed) down the graph when it ended otherwise.
 -- The CTEs run because the final SELECT counts them.
 WITH done AS (
@@ -195,9 +195,9 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
+        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -263,9 +263,9 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
+        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -315,9 +315,9 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.idempotency_fingerprint, job.last_claim_id,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
+        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
@@ -615,7 +615,7 @@ ORDER BY t.n
 -- name: job_settle_dependents
 -- Settle the dependents of the jobs %(jobs)s that a transition other than a report just
 -- ended with %(statuses)s (paired), in its transaction: jobqueue_settle_dependents (migration
--- 0019) for each of them that has dependents, in job_id order. The report statements call
+-- 0020) for each of them that has dependents, in job_id order. The report statements call
 -- the function themselves.
 SELECT jobqueue_settle_dependents(r.id, r.status)
 FROM unnest(%(jobs)s::uuid[], %(statuses)s::text[]) AS r(id, status)

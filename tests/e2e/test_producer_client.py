@@ -27,6 +27,7 @@ from jobqueue_client import (
     NotFound,
     ProducerClient,
     TransportError,
+    UniqueKeyConflict,
     WaitTimeout,
 )
 
@@ -329,6 +330,12 @@ def test_unique_jobs_through_the_client(world):
     with pytest.raises(InvalidRequest) as bad:
         producer.create_job(agent.id, debounce_seconds=5)
     assert bad.value.status == 400 and "debounce_seconds" in bad.value.fields
+    # A replace for another agent of the workspace meets this agent's job: refused, typed.
+    other = JobAgent.objects.create(workspace=agent.workspace, name="e2e-other")
+    with pytest.raises(UniqueKeyConflict) as refused:
+        producer.create_job(other.id, unique_key="nightly", on_conflict="replace")
+    assert (refused.value.status, refused.value.code) == (409, "unique_key_conflict")
+    assert beside["id"] in refused.value.detail
     assert Job.objects.filter(unique_key="nightly").count() == 2
 
 

@@ -44,6 +44,7 @@ from .producer import (
     JobFinished,
     LogChunk,
     ProducerClient,
+    UniqueKeyConflict,
     WaitTimeout,
 )
 from .version import USER_AGENT, __version__
@@ -55,5 +56,6 @@ __all__ = [
     "NotClaimable", "NotFound", "ProducerClient", "ServerError", "Throttled", "TransportError",
     "USER_AGENT", "WaitTimeout", "__version__", "fetch_jwks", "verify_fencing_token",
 ]
+__all__ += ["UniqueKeyConflict"]
 # The effect ledger (docs/effects.md; a job's child uses it through `jobqueue-effect`).
 __all__ += ["Effect", "EffectAlreadyCommitted", "EffectNotBegun"]

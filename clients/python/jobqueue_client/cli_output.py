@@ -107,6 +107,9 @@ def explain(exc: ApiError, *, what: str, settings) -> str:
                                   "get ID`)",
             "group_cancelled": "the group was cancelled and takes no more jobs: use a new "
                                "--group",
+            "unique_key_conflict": "the live job with this --unique-key is another agent's: "
+                                   "put the agent in the key, or drop --on-conflict replace "
+                                   "and --debounce-seconds",
         }.get(exc.code, "")
         return f"{what}: {exc.detail} ({exc.code})" + (f": {hint}" if hint else "")
     if isinstance(exc, InvalidRequest):

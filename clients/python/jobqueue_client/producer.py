@@ -65,6 +65,12 @@ class GroupCancelled(Conflict):
     The run is over: start a new group."""
 
 
+class UniqueKeyConflict(Conflict):
+    """409 unique_key_conflict: a create with on_conflict="replace" or debounce_seconds whose
+    unique_key met a live job of another job agent (the detail names it). Nothing changed and
+    nothing was created: put the agent in the key, or create without replace or debounce."""
+
+
 class InvalidTransition(Conflict):
     """409 invalid_transition: a requeue of a pending job, a dispatch of a non-pending one."""
 
@@ -87,12 +93,13 @@ class WaitTimeout(TimeoutError):
 
 
 _CONFLICTS = {"job_finished": JobFinished, "group_cancelled": GroupCancelled,
-              "invalid_transition": InvalidTransition}
+              "invalid_transition": InvalidTransition, "unique_key_conflict": UniqueKeyConflict}
 
 
 def producer_error_from_response(response: httpx.Response) -> ApiError:
     """As client.error_from_response, except that no 409 is about a lease here: every 409 is
-    a Conflict (JobFinished, GroupCancelled, InvalidTransition, else Conflict itself), and
+    a Conflict (JobFinished, GroupCancelled, InvalidTransition, UniqueKeyConflict, else
+    Conflict itself), and
     422 idempotency_key_reused is IdempotencyKeyReused."""
     exc = error_from_response(response)
     if exc.status == 409:
@@ -206,7 +213,10 @@ class ProducerClient(ApiClient):
         unclaimed one in place (dispatch_context, priority, available_at) and creates a new
         one beside an in_progress one. `debounce_seconds` (1..86400) pushes a queued job's
         start to that long after the last create that meets it (which also gives it its
-        dispatch_context), at most `debounce_max_seconds` after its first create.
+        dispatch_context), at most `debounce_max_seconds` after its first create (the cap
+        that create gave the job holds whatever later creates send), and never past the
+        last start before its expires_at. A replace or a debounce that meets a live job of
+        another job agent raises UniqueKeyConflict and changes nothing.
 
         With `depends_on` (1 to 100 job ids of the workspace), the job waits pending
         (`waiting_on`) until they are all successful, then is queued; it ends cancelled

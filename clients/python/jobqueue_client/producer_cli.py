@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "that meets it queued (which also gives it its context)")
     create.add_argument("--debounce-max-seconds", type=_positive_int, metavar="S",
                         help="with --debounce-seconds: push no later than S seconds after the "
-                             "job's first create")
+                             "job's first create (the cap that create gave the job holds, "
+                             "whatever later creates send)")
     create.add_argument("--depends-on", type=_ids, metavar="ID[,ID]",
                         help="wait (pending) until these jobs of the workspace are all "
                              "successful (1 to 100); cancelled if one ends otherwise")

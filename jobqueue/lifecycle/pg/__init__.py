@@ -96,7 +96,7 @@ class PostgresBackend:
 
     def settle_dependents(self, ended) -> None:
         """Settle the dependents of the jobs `ended` [(job_id, status)] that have any, in
-        the caller's transaction: jobqueue_settle_dependents (migration 0019) for each."""
+        the caller's transaction: jobqueue_settle_dependents (migration 0020) for each."""
         self._one(sql.job_settle_dependents, {"jobs": [job_id for job_id, _ in ended],
                                               "statuses": [status for _, status in ended]})
 

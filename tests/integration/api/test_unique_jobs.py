@@ -27,7 +27,9 @@ def _age(job_id, seconds):
     """As if `seconds` had passed since the job was created (the database's times moved)."""
     delta = dt.timedelta(seconds=seconds)
     Job.objects.filter(id=job_id).update(created_at=F("created_at") - delta,
-                                         available_at=F("available_at") - delta)
+                                         available_at=F("available_at") - delta,
+                                         debounce_until=F("debounce_until") - delta,
+                                         expires_at=F("expires_at") - delta)
 
 
 def test_a_create_without_a_key_says_it_was_not_deduplicated(world):

@@ -122,6 +122,7 @@ def test_reads_are_sent_again_after_a_lost_answer():
     (409, "job_finished", prod.JobFinished),
     (409, "group_cancelled", prod.GroupCancelled),
     (409, "invalid_transition", prod.InvalidTransition),
+    (409, "unique_key_conflict", prod.UniqueKeyConflict),
     (409, "something_new", api.Conflict),
     (422, "idempotency_key_reused", prod.IdempotencyKeyReused),
     (404, "not_found", api.NotFound),

@@ -466,6 +466,12 @@ def test_conflicts_exit_6_with_a_hint(env, capsys):
     answer = (409, {"code": "group_cancelled", "detail": "The group was cancelled."})
     assert run(["jobs", "create", "--agent", "ag", "--group", "g"], answer)[0] == 6
     assert "use a new --group" in capsys.readouterr().err
+    answer = (409, {"code": "unique_key_conflict", "detail": "The live job j0 with this "
+                    "unique_key belongs to another job agent than this create's."})
+    assert run(["jobs", "create", "--agent", "ag", "--unique-key", "k", "--on-conflict",
+                "replace"], answer)[0] == 6
+    err = capsys.readouterr().err
+    assert "(unique_key_conflict)" in err and "put the agent in the key" in err
 
 
 def test_a_refused_field_names_the_option_that_sets_it(env, capsys):
