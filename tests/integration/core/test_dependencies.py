@@ -52,6 +52,7 @@ def test_a_dependent_waits_until_every_parent_succeeded(agent):
     assert dependencies.waiting_on(child) == sorted([a.id, b.id])
     assert Job.objects.filter(id__in=[a.id, b.id], has_dependents=True).count() == 2
     assert JobDependency.objects.filter(child=child).count() == 2  # a repeat counts once
+    assert str(JobDependency.objects.get(child=child, parent=a)) == f"{child.id} after {a.id}"
     with pytest.raises(InvalidTransition):  # its producer cannot queue it early
         lifecycle.dispatch_job(child.id)
     _run(agent, a, result={"rows": 3})
