@@ -97,6 +97,13 @@ def _cycle(agent):
     parent = lifecycle.create_job(workspace=ws, job_agent=agent)[0]
     lifecycle.create_job(workspace=ws, job_agent=agent, depends_on=[parent.id])
     lifecycle.cancel_job(parent.id)
+    # And one ended by its report: the report statement settles it (its child queued).
+    parent = lifecycle.create_job(workspace=ws, job_agent=agent)[0]
+    child = lifecycle.create_job(workspace=ws, job_agent=agent, depends_on=[parent.id])[0]
+    done = lifecycle.claim_job(agent, parent.id)
+    lifecycle.report_status(parent.id, done.claim_id, states.SUCCESSFUL)
+    child.refresh_from_db()
+    assert child.status == states.QUEUED
     db_now()
     backend().ping()
 
