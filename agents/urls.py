@@ -20,6 +20,7 @@ from .views import (
     JobEffectViewSet,
     JobOutputViewSet,
     JobViewSet,
+    ScheduleViewSet,
     TokenViewSet,
     WebhookViewSet,
 )
@@ -65,6 +66,7 @@ router.register(W + "jobs", JobViewSet, basename="job")
 router.register(W + "groups", GroupViewSet, basename="group")
 router.register(W + "flows", FlowViewSet, basename="flow")
 router.register(W + "webhooks", WebhookViewSet, basename="webhook")
+router.register(W + "schedules", ScheduleViewSet, basename="schedule")
 router.register(W + "jobs/<anyid:job_id>", JobOutputViewSet, basename="job-output")
 router.register(W + "jobs/<anyid:job_id>", JobEffectViewSet, basename="job-effect")
 

@@ -48,6 +48,7 @@ class Context:
     idempotency_key: str
     group: str
     unique_key: str = "u-5"
+    schedule_id: object = None  # a schedule's (the fill makes none: its jobs are the few)
 
 
 def _by_id(c):
@@ -137,6 +138,15 @@ def _unique_create(c):
     return live_with_key(c.workspace_id, Uniqueness(c.unique_key))[:1]
 
 
+def _schedule_waiting(c):
+    import uuid
+
+    from jobqueue.lifecycle.schedules import waiting_jobs
+
+    # jobqueue/lifecycle/schedules.py: a buffer_one schedule's fire looks for a waiting job
+    return waiting_jobs(c.schedule_id or uuid.UUID(int=1))[:1]
+
+
 READERS = (
     Reader("job_pkey", "a job by id: GET jobs/{id}, every claim-by-id, report and requeue",
            _by_id),
@@ -161,6 +171,8 @@ READERS = (
            _idempotent_create),
     Reader("job_unique_key_idx", "a create with a unique_key finds the live job with it (POST "
            "jobs)", _unique_create),
+    Reader("job_schedule_idx", "a buffer_one schedule's fire looks for its waiting job "
+           "(maintenance's schedules service)", _schedule_waiting),
 )
 
 

@@ -109,8 +109,9 @@ def _drain(cur, texts, path, agent, n):
 
 
 def measure(n: int) -> dict:
-    """{"jobs": n, "variants": {variant: {path: {"bytes": per job, "images": of them full-page images, "parts":
-    [(record, relation, bytes)]}}}}, each variant on a freshly migrated database."""
+    """{"jobs": n, "variants": {variant: {path: {"bytes": per job, "images": of them
+    full-page images, "parts": [(record, relation, bytes)]}}}}, each variant on a freshly
+    migrated database."""
     from django.db import connection
 
     from benchmarks.project import insert_jobs, make_agent, migrate, reset_tables, sql

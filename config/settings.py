@@ -282,6 +282,9 @@ JOBQUEUE = {
     # transaction.
     "GROUP_WATCH_INTERVAL_SECONDS": _env(env.float, "GROUP_WATCH_INTERVAL_SECONDS"),
     "GROUP_WATCH_BATCH_SIZE": _env(env.int, "GROUP_WATCH_BATCH_SIZE"),
+    # run_maintenance --loop: schedules fired this often, schedules per transaction.
+    "SCHEDULE_INTERVAL_SECONDS": _env(env.float, "SCHEDULE_INTERVAL_SECONDS"),
+    "SCHEDULE_BATCH_SIZE": _env(env.int, "SCHEDULE_BATCH_SIZE"),
     # Webhooks: tries per delivery, the first retry's delay (doubling, with jitter, up to the
     # max), the deadline of one try (the whole request, connect to last byte), how long a
     # sender reserves a delivery it is sending, how many it takes at once, how often

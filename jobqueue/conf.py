@@ -53,6 +53,10 @@ DEFAULTS = {
     # The group watcher (maintenance/group_watcher.py): group.finished.
     "GROUP_WATCH_INTERVAL_SECONDS": 5.0,
     "GROUP_WATCH_BATCH_SIZE": 500,
+    # Schedules (maintenance/schedules.py): how often maintenance fires the due ones, and how
+    # many schedules one transaction takes.
+    "SCHEDULE_INTERVAL_SECONDS": 5.0,
+    "SCHEDULE_BATCH_SIZE": 100,
     # Webhooks (maintenance/webhooks.py).
     "WEBHOOK_MAX_ATTEMPTS": 12,
     "WEBHOOK_BACKOFF_SECONDS": 5.0,

@@ -13,18 +13,21 @@ claim (the same claim_id) closes it with its outcome:
     cancelled        cancelled (an operator cancelled it while it ran)
     requeued         superseded (an operator requeued it while it ran)
 
-An attempt still running has no `ended_at` and no outcome. Cost: one indexed query of the
-job's events of these kinds (job_event's job_id index), on the job's page only.
+An attempt still running has no `ended_at` and no outcome. An agent's final report may be
+read from the job row rather than stored (jobqueue/timeline.py); it closes the last attempt
+the same way. Cost: one indexed query of the job's events of these kinds (job_event's job_id
+index), and for a finished job the timeline's one query of its last claim's ending, on the
+job's page only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .models import JobEvent
+from .models import Job, JobEvent
+from .timeline import derived_report
 
 MAX_ATTEMPTS_SHOWN = 100
-MESSAGE_CHARS = 200  # what a status_reported event keeps of the report's message
 
 _ENDS = {
     JobEvent.RELEASED: "released",
@@ -71,11 +74,15 @@ def _message(kind: str, detail: dict) -> str:
     return str(detail.get("message") or detail.get("reason") or "")
 
 
-def attempts(job_id) -> list[Attempt]:
+def attempts(job: Job) -> list[Attempt]:
     """The job's attempts, oldest first (the last MAX_ATTEMPTS_SHOWN)."""
-    rows = (JobEvent.objects.filter(job_id=job_id, kind__in=KINDS).order_by("id")
-            .values_list("kind", "attempt", "claim_id", "created_at", "detail", "actor",
-                         "holder"))
+    rows = list(JobEvent.objects.filter(job_id=job.id, kind__in=KINDS).order_by("id")
+                .values_list("kind", "attempt", "claim_id", "created_at", "detail", "actor",
+                             "holder"))
+    derived = derived_report(job)
+    if derived is not None:  # the last word: it ends the last claim
+        rows.append((derived.kind, derived.attempt, derived.claim_id, derived.created_at,
+                     derived.detail, derived.actor, ""))
     out: list[Attempt] = []
     live: dict = {}
     for kind, number, claim_id, at, detail, actor, holder in rows:

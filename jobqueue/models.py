@@ -166,13 +166,18 @@ class Job(models.Model):
     # cap (a job made without debounce_max_seconds, and every plain job: written only by a
     # debounced create, never on the claim or report path). Internal: not in the API.
     debounce_until = models.DateTimeField(null=True, blank=True, editable=False)
+    # The schedule whose fire made the job, and that fire's time (docs/api.md, "Schedules");
+    # None for every other job. A plain id, not a foreign key: the job keeps it when its
+    # schedule is deleted, and nothing on the claim or report path reads it.
+    schedule_id = models.UUIDField(null=True, blank=True, editable=False)
+    scheduled_for = models.DateTimeField(null=True, blank=True, editable=False)
     # Dependencies (POST jobs depends_on, POST flows; docs/api.md "Dependencies and flows"),
     # both false for a plain job, so that its claim and report pay nothing for them.
     # has_parents: the job was created with dependencies (JobDependency rows with it as the
     # child): it waits `pending` until they all succeed, and its claim carries `parents`.
     # has_dependents: some job depends on this one (set under this row's lock when the
     # dependent is created): the statements that end it settle its dependents
-    # (jobqueue_settle_dependents, migration 0020; lifecycle/dependencies.py).
+    # (jobqueue_settle_dependents, migration 0021; lifecycle/dependencies.py).
     has_parents = models.BooleanField(default=False, db_default=False, editable=False)
     has_dependents = models.BooleanField(default=False, db_default=False, editable=False)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
@@ -242,6 +247,13 @@ class Job(models.Model):
                 fields=["workspace", "unique_key"],
                 condition=Q(unique_key__isnull=False),
                 name="job_unique_key_idx",
+            ),
+            # A schedule's `buffer_one` counts its unclaimed jobs (lifecycle/schedules.py).
+            # Partial: a job no schedule made never enters it, nor do its updates.
+            models.Index(
+                fields=["schedule_id", "status"],
+                condition=Q(schedule_id__isnull=False),
+                name="job_schedule_idx",
             ),
             # The reaper's sweep of jobs that expired before they ran. Partial: a job without
             # expires_at never enters it, and one leaves it when it is claimed.
@@ -583,6 +595,94 @@ class MaintenanceRun(models.Model):
 
     def __str__(self):
         return f"{self.service} run {self.id}"
+
+
+class Schedule(models.Model):
+    """A cron schedule of a workspace (docs/api.md, "Schedules"): maintenance's `schedules`
+    service (maintenance/schedules.py) fires it at each fire time of `cron` in `timezone`,
+    creating a job from `job` (the fields of POST jobs). `next_fire_at` is the next fire time
+    not yet handled: a fire advances it with a conditional UPDATE (`WHERE next_fire_at =` the
+    time it fires), and schedule_fire's unique row is the second guard, so each fire time is
+    handled once whatever the number of maintenance loops. The counts are the fires by
+    outcome, which /metrics reads."""
+
+    OVERLAP_SKIP = "skip"
+    OVERLAP_BUFFER_ONE = "buffer_one"
+    OVERLAP_ALLOW = "allow"
+    OVERLAPS = (OVERLAP_SKIP, OVERLAP_BUFFER_ONE, OVERLAP_ALLOW)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="schedules",
+                                  db_index=False)
+    name = models.CharField(max_length=200)
+    cron = models.CharField(max_length=100)
+    timezone = models.CharField(max_length=64, default="UTC")
+    job_agent = models.ForeignKey(JobAgent, on_delete=models.PROTECT, related_name="schedules")
+    # The job each fire creates: the body of POST jobs but job_agent_id, as validated.
+    job = models.JSONField(default=dict, blank=True)
+    overlap = models.CharField(max_length=16, choices=[(o, o) for o in OVERLAPS],
+                               default=OVERLAP_SKIP)
+    catchup_window_seconds = models.PositiveIntegerField(default=60)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_fire_at = models.DateTimeField(null=True, blank=True)
+    last_job_id = models.UUIDField(null=True, blank=True)
+    fired = models.PositiveBigIntegerField(default=0)
+    skipped = models.PositiveBigIntegerField(default=0)
+    missed = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "schedule"
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="schedule_name_unique"),
+            models.CheckConstraint(condition=Q(overlap__in=["skip", "buffer_one", "allow"]),
+                                   name="schedule_overlap_valid"),
+        ]
+        indexes = [
+            models.Index(fields=["workspace", "-created_at"], name="schedule_workspace_idx"),
+            # The service's scan: the schedules that are due, oldest fire time first.
+            models.Index(fields=["next_fire_at"], condition=Q(paused_at__isnull=True),
+                         name="schedule_due_idx"),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
+class ScheduleFire(models.Model):
+    """One fire time of a schedule, handled: `fired` (its job), `skipped` (the overlap
+    policy, or the job could not be made: `detail` says why) or `missed` (past the catch-up
+    window when maintenance got to it). A trigger (POST schedules/{id}/trigger) is a fire of
+    its own, at the time it was asked, outside the unique constraint."""
+
+    FIRED = "fired"
+    SKIPPED = "skipped"
+    MISSED = "missed"
+    OUTCOMES = (FIRED, SKIPPED, MISSED)
+
+    id = models.BigAutoField(primary_key=True)
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="fires")
+    fire_time = models.DateTimeField()
+    trigger = models.BooleanField(default=False)
+    outcome = models.CharField(max_length=16, choices=[(o, o) for o in OUTCOMES])
+    job_id = models.UUIDField(null=True, blank=True)
+    detail = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "schedule_fire"
+        ordering = ["-fire_time", "-id"]
+        constraints = [
+            # A fire time of the cron is fired at most once, whatever raced.
+            models.UniqueConstraint(fields=["schedule", "fire_time"],
+                                    condition=Q(trigger=False), name="schedule_fire_once"),
+        ]
+
+    def __str__(self):
+        return f"{self.schedule_id} {self.fire_time} {self.outcome}"
 
 
 class WebhookEndpoint(models.Model):

@@ -128,7 +128,14 @@ class DatabaseCollector:
         return []
 
     def collect(self):
-        from jobqueue.models import Job, JobAgent, JobClaim, ReaperRun, WebhookDelivery
+        from jobqueue.models import (
+            Job,
+            JobAgent,
+            JobClaim,
+            ReaperRun,
+            Schedule,
+            WebhookDelivery,
+        )
 
         up = GaugeMetricFamily("jobqueue_database_up", "1 when the scrape could read the database.")
         try:
@@ -155,6 +162,8 @@ class DatabaseCollector:
                 expired=Sum("expired"),
                 last=Max("finished_at"),
             )
+            fires = Schedule.objects.aggregate(
+                fired=Sum("fired"), skipped=Sum("skipped"), missed=Sum("missed"))
         except DatabaseError as exc:
             log.warning("metrics: database unavailable (%s)", type(exc).__name__)
             up.add_metric([], 0)
@@ -201,6 +210,16 @@ class DatabaseCollector:
             "jobqueue_reaper_runs", "Reaper sweeps recorded (dry runs excluded).",
             value=runs["runs"],
         )
+        schedule_fires = CounterMetricFamily(
+            "jobqueue_schedule_fires",
+            "Schedules' fire times by outcome: fired (a job made), skipped (the overlap "
+            "policy, or the job refused), missed (past the catch-up window); triggers count "
+            "too (from the schedule table: a deleted schedule's fires leave the sum).",
+            labels=["outcome"],
+        )
+        for outcome in ("fired", "skipped", "missed"):
+            schedule_fires.add_metric([outcome], fires[outcome] or 0)
+        yield schedule_fires
         last = runs["last"]
         yield GaugeMetricFamily(
             "jobqueue_reaper_last_run_timestamp_seconds",

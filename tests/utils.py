@@ -165,3 +165,22 @@ def wait_until_claim_held(job_agent_id, since, timeout: float = 30) -> None:
              .exists(), timeout, "the held claim to reach the server")
     if connection.vendor == "postgresql":
         wait_for(lambda: wake_listeners(since), timeout, "the server's wake-up listener")
+
+
+def timeline_events(job_id, kind: str | None = None) -> list:
+    """The job's timeline as readers see it (jobqueue/timeline.py): its stored events and
+    the agent's final report read from the job row, oldest first; of `kind` if given."""
+    from jobqueue import timeline
+    from jobqueue.models import Job
+
+    events = timeline.events(Job.objects.get(id=job_id), 100_000)
+    return [e for e in events if kind is None or e.kind == kind]
+
+
+def events_of_kind(kind: str, **job_filters) -> list:
+    """Every event of `kind` on the timelines of the jobs matching `job_filters` (all jobs:
+    none), stored or read from the job row."""
+    from jobqueue.models import Job
+
+    return [e for job_id in Job.objects.filter(**job_filters).values_list("id", flat=True)
+            for e in timeline_events(job_id, kind)]

@@ -6,7 +6,7 @@ resource as agents/views/ has one viewset per resource:
 - `job_agents`: the agent and its health, its poll, its claims (ClaimedJobSerializer is the
   one shape carrying `dispatch_context`), the batch heartbeat and report;
 - `outputs` (the log's and artifacts' answers), `effects` (the effect ledger), `groups`,
-  `tokens`, `webhooks`: theirs.
+  `tokens`, `webhooks`, `schedules`: theirs.
 
 Beside them, `fields` holds the building blocks (the strict field types, ApiInput, the
 bodies several resources take, page_of) and `shared_instances` the one bound instance per
@@ -94,6 +94,15 @@ from .jobs import (
     StatusInput,
 )
 from .outputs import ArtifactListSerializer, ArtifactSerializer, LogAppendSerializer
+from .schedules import (
+    ScheduleCreateInput,
+    ScheduleFiresSerializer,
+    ScheduleJobInput,
+    ScheduleJobSerializer,
+    SchedulePage,
+    ScheduleSerializer,
+    ScheduleUpdateInput,
+)
 from .shared_instances import represent, validate_input
 from .tokens import TokenCreateInput, TokenSerializer
 from .webhooks import (
@@ -124,7 +133,10 @@ __all__ = [
     "JobDetailSerializer", "JobListItemPage", "JobListItemSerializer", "JobPage",
     "JobSerializer", "JobSummarySerializer", "LogAppendSerializer", "Outcome",
     "ParentSerializer", "ReasonInput",
-    "ReleaseInput", "StatusInput", "StrictBooleanField", "StrictCharField",
+    "ReleaseInput", "ScheduleCreateInput", "ScheduleFiresSerializer", "ScheduleJobInput",
+    "ScheduleJobSerializer", "SchedulePage",
+    "ScheduleSerializer", "ScheduleUpdateInput", "StatusInput", "StrictBooleanField",
+    "StrictCharField",
     "StrictChoiceField", "StrictIntegerField", "StrictUUIDField", "TokenCreateInput",
     "TokenSerializer", "WebhookCreateInput", "WebhookCreatedSerializer", "WebhookDeliveryPage",
     "WebhookDeliverySerializer", "WebhookPage", "WebhookSerializer", "WebhookUrlField",

@@ -76,6 +76,10 @@ class JobSummarySerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField()
     idempotency_key = serializers.CharField(allow_null=True)
     unique_key = serializers.CharField(allow_null=True)
+    schedule_id = serializers.UUIDField(
+        allow_null=True, help_text="The schedule whose fire made the job (null: none).")
+    scheduled_for = serializers.DateTimeField(
+        allow_null=True, help_text="That fire's time (a trigger's: when it was asked).")
     waiting_on = serializers.SerializerMethodField(
         help_text="While the job waits for its dependencies (pending): the ids of those not "
         "yet successful. [] otherwise.")
@@ -209,7 +213,8 @@ class JobDetailSerializer(JobSerializer):
 # The producer list loads only what it shows (never the bulky columns).
 JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", "group", "attempt",
                  "max_attempts", "priority", "available_at", "created_at", "started_at",
-                 "completed_at", "updated_at", "idempotency_key", "unique_key", "has_parents"]
+                 "completed_at", "updated_at", "idempotency_key", "unique_key", "schedule_id",
+                 "scheduled_for", "has_parents"]
 JobPage = page_of(JobSummarySerializer, "JobPage")
 
 

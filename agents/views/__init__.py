@@ -11,8 +11,9 @@ from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
 from .outputs import JobOutputViewSet
+from .schedules import ScheduleViewSet
 from .tokens import TokenViewSet
 from .webhooks import WebhookViewSet
 
 __all__ = ["FlowViewSet", "GroupViewSet", "JobAgentViewSet", "JobEffectViewSet",
-           "JobOutputViewSet", "JobViewSet", "TokenViewSet", "WebhookViewSet"]
+           "JobOutputViewSet", "JobViewSet", "ScheduleViewSet", "TokenViewSet", "WebhookViewSet"]

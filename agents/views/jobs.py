@@ -11,7 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from jobqueue import history, lifecycle
+from jobqueue import history, lifecycle, timeline
 from jobqueue.db import Now
 from jobqueue.lifecycle import dependencies
 from jobqueue.models import Job, JobAgent, JobClaim
@@ -176,12 +176,12 @@ class JobViewSet(ApiViewSet):
         )
         if job is None:
             raise NotFound("No such job.")
-        events = list(job.events.order_by("-id")[:MAX_EVENTS])[::-1]
+        events = timeline.events(job, MAX_EVENTS)
         context = {
             "db_now": job.db_now,
             "claim": JobClaim.objects.filter(job_id=job.id).first(),
             "events": events,
-            "attempts": history.attempts(job.id),
+            "attempts": history.attempts(job),
         }
         return Response(JobDetailSerializer(job, context=context).data)
 

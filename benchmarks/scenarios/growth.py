@@ -77,13 +77,12 @@ def run():
         # Leave only finished jobs for the next size: end the queued ones.
         sql("UPDATE job SET status = 'cancelled', completed_at = now() WHERE status = 'queued'")
         finished += queued
-    from jobqueue.models import JobClaim, JobEvent
+    from benchmarks.project import report_counts
+    from jobqueue.models import Job, JobClaim
 
     if JobClaim.objects.exists():
         raise SystemExit("growth: claims left")
-    reported = JobEvent.objects.filter(kind="status_reported")
-    if reported.count() != 2 * samples or reported.values("job_id").distinct().count() != 2 * \
-            samples:
+    if report_counts(Job.objects.exclude(status="cancelled")) != (2 * samples, 2 * samples):
         raise SystemExit("growth: each sampled job must be reported exactly once")
     out["sizes"] = [small, large]
     return out

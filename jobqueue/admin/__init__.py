@@ -8,15 +8,16 @@ Jobs, claims and events are read-only here: a job changes status only through th
 One module per page family: `jobs` (the job list and page, the repair actions; its timeline
 is templates/admin/jobqueue/job/timeline.html), `groups` (the job list's group filter and the
 cancel-groups confirmation), `recovery`
-(the Recovery page and reap-now), `runs` (the maintenance record), `webhooks` (endpoints, the
-delivery log, redeliver), `workspaces`; `common` holds what they share (the database's clock,
+(the Recovery page and reap-now), `runs` (the maintenance record), `schedules` (their last
+and next fires, pause and resume), `webhooks` (endpoints, the delivery log, redeliver),
+`workspaces`; `common` holds what they share (the database's clock,
 how a span of time reads). Job agents and their credentials are administered by the edge
 (agents/admin.py): their health and tokens live there.
 """
 
 from django.contrib import admin
 
-from . import jobs, runs, webhooks, workspaces  # noqa: F401 - each registers its ModelAdmin
+from . import jobs, runs, schedules, webhooks, workspaces  # noqa: F401 - each registers its ModelAdmin
 
 # The index leads with a "Needs attention" panel linking the Recovery page
 # (templates/admin/jobqueue/index.html, jobqueue/templatetags/jobqueue_admin.py).

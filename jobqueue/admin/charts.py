@@ -1,9 +1,12 @@
 """The charts on the Recovery page, drawn on the server as inline SVG (no script, no CDN):
 jobs finished per minute by status (the average of each 15 minutes) and the queue's depth,
-both over the last 24 hours. Both come from the job events, by the database's clock, with
-bounded queries: each reads one time window (the `job_event_created_brin` index on
-PostgreSQL) and answers grouped rows (at most a bucket per quarter hour or hour per kind),
-never one row per event.
+both over the last 24 hours, by the database's clock, with bounded queries: each reads one
+time window and answers grouped rows (at most a bucket per quarter hour or hour per kind or
+status), never one row per job or event. The finished jobs come from the jobs themselves
+(their status and `completed_at`, `job_finished_idx`): an agent's final report is read from
+the job row, not stored as an event (jobqueue/timeline.py). The depth comes from the job
+events (the `job_event_created_brin` index on PostgreSQL); an agent's report moves no job in
+or out of the queue, so the events it no longer stores change nothing there.
 
 The queue's depth is read back from now: the queued jobs counted now, minus each later hour's
 net inflow (created queued, dispatched, released, reaped, requeued: in; claimed, cancelled or
@@ -34,7 +37,6 @@ FINISHED_SERIES = [
     (states.CANCELLED, "#777777"),
     (states.EXPIRED, "#e08e0b"),
 ]
-_FINISHING_KINDS = [JobEvent.STATUS_REPORTED, JobEvent.CANCELLED, JobEvent.EXPIRED]
 _QUEUE_KINDS = [
     JobEvent.CREATED, JobEvent.DISPATCHED, JobEvent.CLAIMED, JobEvent.RELEASED,
     JobEvent.REAPED, JobEvent.REQUEUED, JobEvent.CANCELLED, JobEvent.STATUS_REPORTED,
@@ -57,18 +59,17 @@ def finished_per_minute(now: dt.datetime, hours: int = FINISHED_HOURS,
     index = {start: i for i, start in enumerate(starts)}
     series = {status: [0] * n for status, _ in FINISHED_SERIES}
     rows = (
-        JobEvent.objects.filter(created_at__gte=starts[0], kind__in=_FINISHING_KINDS)
-        .annotate(hour=TruncHour("created_at"), part=Floor(ExtractMinute("created_at") / bucket),
-                  status=KT("detail__status"))
-        .values("hour", "part", "kind", "status")
+        Job.objects.filter(status__in=list(series), completed_at__gte=starts[0])
+        .annotate(hour=TruncHour("completed_at"),
+                  part=Floor(ExtractMinute("completed_at") / bucket))
+        .values("hour", "part", "status")
         .annotate(n=Count("id"))
         .order_by()
     )
     for row in rows:
-        status = row["status"] if row["kind"] == JobEvent.STATUS_REPORTED else row["kind"]
         i = index.get(row["hour"] + dt.timedelta(minutes=bucket * int(row["part"])))
-        if i is not None and status in series:
-            series[status][i] += row["n"]
+        if i is not None:
+            series[row["status"]][i] += row["n"]
     return {"starts": starts, "bucket_minutes": bucket, "series": series}
 
 

@@ -25,7 +25,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from jobqueue import history, lifecycle, states
+from jobqueue import history, lifecycle, states, timeline
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
 from jobqueue.lifecycle import dependencies, logs
@@ -276,7 +276,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
              "running" if a.ended_at is None else f"{a.ended_at:%Y-%m-%d %H:%M:%S} UTC",
              a.outcome or "—", redact_text(a.message, secrets) or "—", a.claimed_by or "—",
              a.holder or "—")
-            for a in history.attempts(obj.pk)
+            for a in history.attempts(obj)
         ]
         if not rows:
             return "Never claimed."
@@ -380,6 +380,13 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         page = list(page.order_by("-id")[: TIMELINE_PAGE_SIZE + 1])
         has_older = len(page) > TIMELINE_PAGE_SIZE
         page = page[:TIMELINE_PAGE_SIZE][::-1]
+        derived = timeline.derived_report(obj)
+        if derived is not None:
+            # Read from the job row (jobqueue/timeline.py): on the page its time falls in.
+            total += 1
+            if _on_page(derived, page, events.filter(id__gte=before) if before else None,
+                        has_older):
+                page = timeline.merged(page, derived)
         rows = [
             (
                 f"{e.created_at:%Y-%m-%d %H:%M:%S.%f}"[:-3],
@@ -486,6 +493,18 @@ def _positive_int(value) -> int | None:
     if value is None or not (value.isascii() and value.isdigit()) or len(value) > 18:
         return None
     return int(value) or None
+
+
+def _on_page(derived: JobEvent, page: list, newer, has_older: bool) -> bool:
+    """Whether the derived event falls on this page of stored events (oldest first):
+    after its oldest (or it is the oldest page) and before the first newer stored event
+    (`newer`: those from the next page on, None on the newest page)."""
+    if has_older and page and derived.created_at < page[0].created_at:
+        return False
+    if newer is None:
+        return True
+    first = newer.order_by("id").values_list("created_at", flat=True).first()
+    return first is None or derived.created_at < first
 
 
 def _format_count(e: JobEvent) -> str:

@@ -21,6 +21,9 @@ One function per transition, each in the module that names it:
                  LogSlice.redacted_text: a tail as the admin shows it (jobqueue.redaction)
     effects.py   begin_effect, commit_effect, effects_of: the job's effect ledger (what its
                  attempts did outside the service, at most once; docs/effects.md)
+    schedules.py create_schedule, update_schedule (pause, resume), trigger_schedule,
+                 delete_schedule, next_fire_times, fire_due_schedules (maintenance's
+                 `schedules` service: each fire time once; the cron is jobqueue.cron)
     artifacts.py upload_artifact, publish (the ORM report's), published_artifacts,
                  published_artifact, open_artifact, clean_artifacts: files staged per
                  claim, published by its successful report

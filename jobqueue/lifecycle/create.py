@@ -101,6 +101,8 @@ def create_job(
     debounce_seconds: int | None = None,
     debounce_max_seconds: int | None = None,
     depends_on=None,
+    schedule_id=None,
+    scheduled_for=None,
     actor: str = "",
 ) -> JobCreated:
     """Create a job (queued, or pending when `hold`). Returns (job, created), a JobCreated.
@@ -110,7 +112,8 @@ def create_job(
     A job joins `group` only while the group is not cancelled (else GroupCancelled).
     With a unique_key, a live job of the workspace with the key is answered instead of a
     new one (created=False, deduplicated=True), replaced or debounced in place as the
-    options say (_meet_live).
+    options say (_meet_live). `schedule_id` and `scheduled_for` are a schedule's fire's
+    (lifecycle/schedules.py), never a producer's.
     With `depends_on` (job ids of the workspace), the job waits pending until they all
     succeed (lifecycle/dependencies.py): queued at once when they already have, cancelled
     (dependency_failed) when one already ended otherwise.
@@ -170,6 +173,8 @@ def create_job(
         idempotency_key=idempotency_key,
         idempotency_fingerprint=fingerprint,
         unique_key=None if unique is None else unique.key,
+        schedule_id=schedule_id,
+        scheduled_for=scheduled_for,
     )
     if unique is not None and unique.debounce_seconds is not None:
         # A debounced job waits its quiet period from the first create too (no further than

@@ -14,7 +14,7 @@ the settling: PostgreSQL's report statements in their own statement (they return
 anyway), every other path through `settle` (one more statement per batch of ended jobs, from
 announce_finished). A plain job's claim and report run nothing more.
 
-On PostgreSQL the settling is one function, jobqueue_settle_dependents (migration 0020), for
+On PostgreSQL the settling is one function, jobqueue_settle_dependents (migration 0021), for
 every path (the backend's settle_dependents runs it by name); on SQLite (writers serialized)
 the ORM below does the same.
 """

@@ -23,14 +23,16 @@ from django.db.models.functions import Now
 from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import LogRangeGap, NotFound, OutputTooLarge
-from jobqueue.models import JobClaim, JobEvent, JobLog, JobLogChunk
+from jobqueue.models import Job, JobClaim, JobEvent, JobLog, JobLogChunk
 from jobqueue.redaction import redact_text
+from jobqueue.timeline import derived_report
 
 from .records import fetch_job
 from .refusals import refuse_one
 
 LOG = "log"
-# The events that end a claim: its holder may still append for the grace period after one.
+# The events that end a claim: its holder may still append for the grace period after one
+# (or after the agent's final report, read from the job row).
 CLAIM_ENDINGS = (JobEvent.CANCELLED, JobEvent.REQUEUED, JobEvent.REAPED, JobEvent.EXPIRED,
                  JobEvent.RELEASED, JobEvent.STATUS_REPORTED)
 
@@ -85,6 +87,12 @@ def log_attempt(job_id: uuid.UUID, claim_id: uuid.UUID, *, workspace_id=None,
     )
     if attempt is not None:
         return attempt
+    # Its end may be the agent's final report, read from the job row (jobqueue/timeline.py).
+    job = (_scoped(Job.objects.filter(id=job_id, last_claim_id=claim_id,
+                                      completed_at__gt=NowPlusSeconds(-grace)),
+                   "", workspace_id, job_agent_id).first())
+    if job is not None and derived_report(job) is not None:
+        return job.attempt
     refuse_one(job_id, claim_id, LOG, workspace_id=workspace_id, job_agent_id=job_agent_id)
     raise NotFound("No such job.")  # pragma: no cover - refuse_one raises for a log write
 

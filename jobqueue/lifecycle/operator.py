@@ -19,6 +19,7 @@ from django.db.models.functions import Now
 from jobqueue import observe, states, wakeups
 from jobqueue.exceptions import InvalidTransition, JobFinished
 from jobqueue.models import Job, JobClaim, JobEvent
+from jobqueue.timeline import keep_report
 
 from .finished import announce_finished
 from .groups import hold_group, holding_group
@@ -92,6 +93,8 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
         with transaction.atomic():
             if transition.revives:
                 _hold_group_of(job_id, workspace_id, reopen=reopen)
+                # A finished job's final report may be read from its row, which this clears.
+                keep_report(job_id)
             n = (
                 scoped_jobs(workspace_id)
                 .filter(transition.allowed, id=job_id)

@@ -16,8 +16,8 @@ from django.db.models.functions import Now
 
 from jobqueue import claimrule, states
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
-from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
+from jobqueue.timeline import MESSAGE_CHARS, row_says_report
 
 from .artifacts import publish
 from .checkpoints import checkpoints_for
@@ -146,8 +146,10 @@ class OrmBackend:
             extra = {"retry": True, "requeued": job.status == states.QUEUED} if retry else {}
             if message and kind == JobEvent.STATUS_REPORTED:
                 extra["message"] = message[:MESSAGE_CHARS]
-            event(job.id, kind, attempt=job.attempt, actor=actor, claim_id=claim_id,
-                  status=status, has_result=result is not None, **extra).save()
+            if not (kind == JobEvent.STATUS_REPORTED and not retry
+                    and row_says_report(job, actor, message, result)):
+                event(job.id, kind, attempt=job.attempt, actor=actor, claim_id=claim_id,
+                      status=status, has_result=result is not None, **extra).save()
             if job.status in states.TERMINAL:
                 write_outbox([(job.id, job.workspace_id, job.status)])
                 if job.has_dependents:

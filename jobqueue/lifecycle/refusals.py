@@ -52,7 +52,9 @@ class JobFacts:
     result: object = None
     external_id: str | None = None
     # This claim's terminal report was taken (a status_reported event): read only for a
-    # retryable failure's repeat, whose job is queued again rather than terminal.
+    # retryable failure's repeat, whose job is queued again rather than terminal (a
+    # retryable failure's report is always stored, never read from the job row:
+    # jobqueue/timeline.py).
     reported: bool = False
     live_deadline_passed: bool = False  # the live claim's deadline has passed
     # A clock ended the attempt of the claim asked about: its deadline passed while it is

@@ -4,6 +4,7 @@ and service_run(idle_run_id=) -> (counts, run id, idle), which the loop calls (l
 result object that carries them).
 
     reaper.py           the reaper: one sweep (reap_claims), recorded in reaper_run
+    schedules.py        fires the due cron schedules, each fire time once (fire_schedules)
     group_watcher.py    marks finished groups, writes group.finished deliveries (watch_groups)
     webhooks.py         the webhook sender: signing, retries, outbound safety (send_webhooks)
     pruner.py           retention: deletes finished jobs past their status's retention

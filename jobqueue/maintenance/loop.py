@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 
 from django.db import close_old_connections
 
-from . import artifact_cleaner, group_watcher, pruner, reaper, run_records, webhooks
+from . import artifact_cleaner, group_watcher, pruner, reaper, run_records, schedules, webhooks
 
 log = logging.getLogger("jobqueue.maintenance")
-# The group watcher goes before the sender, so that a pass sends what it wrote.
-SERVICES = (reaper, group_watcher, webhooks, pruner, artifact_cleaner)
+# The group watcher goes before the sender, so that a pass sends what it wrote; schedules go
+# right after the reaper, so that a fire is as close to its time as the pass allows.
+SERVICES = (reaper, schedules, group_watcher, webhooks, pruner, artifact_cleaner)
 MAX_BACKOFF_SECONDS = 60.0
 
 

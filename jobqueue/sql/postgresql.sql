@@ -64,9 +64,10 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -114,9 +115,10 @@ WITH locked AS MATERIALIZED (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -167,13 +169,16 @@ SELECT pg_advisory_xact_lock(hashtextextended(
 -- an earlier set (a job requeued after a success); an ended job gets one webhook outbox row
 -- per endpoint of its workspace that wants job.finished (lifecycle/finished.py; events `[]`:
 -- all), its body fixed here: jobqueue_finished_payload (migration 0014) of the job as done
--- returns it, as lifecycle/finished.py writes it. A producer waiting for the job (job.watched,
+-- returns it, as lifecycle/finished.py writes it. The report's status_reported event is
+-- written only when the job row cannot say it (jobqueue/timeline.py, which reads it from the
+-- row): another actor than the job's agent, or a message or result the report did not give
+-- and the job keeps from before. A producer waiting for the job (job.watched,
 -- set before its wait's first check) is told by a NOTIFY on the channel
 -- jobqueue.wakeups.CHANNEL, delivered on commit, only then:
 -- a NOTIFY serializes commits cluster-wide (15-30 % of the core cycle at 16 workers when
 -- every report sent one). A job that others depend on (job.has_dependents, false for a
 -- plain job, which pays nothing more) settles them in the same statement:
--- jobqueue_settle_dependents (migration 0020) queues the dependents whose parents have all
+-- jobqueue_settle_dependents (migration 0021) queues the dependents whose parents have all
 -- succeeded, or cancels them (dependency_failed) down the graph when it ended otherwise.
 -- The CTEs run because the final SELECT counts them.
 WITH done AS (
@@ -195,9 +200,10 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -211,6 +217,9 @@ WITH done AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
     FROM done
+    WHERE NOT (%(actor)s::varchar = 'agent:' || done.job_agent_id::text
+               AND (%(message)s IS NOT NULL OR done.message = '')
+               AND (%(result)s::jsonb IS NOT NULL OR done.result IS NULL))
 ), hook AS (
     INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
     SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))
@@ -263,9 +272,10 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -315,9 +325,10 @@ WITH done AS (
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
         job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
-        job.idempotency_key, job.unique_key, job.debounce_until, job.idempotency_fingerprint,
-        job.last_claim_id, job.has_parents, job.has_dependents, job.created_at,
-        job.started_at, job.completed_at, job.updated_at
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
@@ -337,7 +348,8 @@ SELECT done.* FROM done
 -- plain acknowledgement binds three arrays): unnest pads them. So may %(retries)s (no report
 -- asks a retry); a true one is a retryable failure, with job_fail_or_retry_if_running's
 -- backoff. An event's message is cut at %(message_chars)s characters
--- (jobqueue.history.MESSAGE_CHARS). Answers (id, status, completed_at, workspace_id, the
+-- (jobqueue.timeline.MESSAGE_CHARS), and written only where the job row cannot say it, as
+-- job_set_state_if_running's (a retry's always). Answers (id, status, completed_at, workspace_id, the
 -- number of claim rows deleted) per job it ended.
 WITH req AS (
     SELECT * FROM unnest(%(jobs)s::uuid[], %(claims)s::uuid[], %(statuses)s::text[],
@@ -401,6 +413,10 @@ WITH req AS (
                    left(req.message, %(message_chars)s)) ELSE '{}'::jsonb END,
            STATEMENT_TIMESTAMP()
     FROM done JOIN req ON req.job_id = done.id
+    WHERE req.retry IS TRUE
+       OR NOT (%(actor)s::varchar = 'agent:' || done.job_agent_id::text
+               AND (req.message IS NOT NULL OR done.message = '')
+               AND (req.result IS NOT NULL OR done.result IS NULL))
 ), hook AS (
     INSERT INTO webhook_delivery (id, endpoint_id, job_id, payload)
     SELECT gen_random_uuid(), e.id, done.id, jobqueue_finished_payload(to_jsonb(done))
@@ -615,7 +631,7 @@ ORDER BY t.n
 -- name: job_settle_dependents
 -- Settle the dependents of the jobs %(jobs)s that a transition other than a report just
 -- ended with %(statuses)s (paired), in its transaction: jobqueue_settle_dependents (migration
--- 0020) for each of them that has dependents, in job_id order. The report statements call
+-- 0021) for each of them that has dependents, in job_id order. The report statements call
 -- the function themselves.
 SELECT jobqueue_settle_dependents(r.id, r.status)
 FROM unnest(%(jobs)s::uuid[], %(statuses)s::text[]) AS r(id, status)

@@ -386,20 +386,20 @@ class Stack:
 
 
 def audit(job_ids=None) -> dict:
-    """Replay job_event per job (in id order) and check fencing: every accepted agent write
+    """Replay each job's timeline (its events in time order, an agent's final report read
+    from the job row: jobqueue/timeline.py) and check fencing: every accepted agent write
     (status_reported, progress_reported, released) and every reap carries the claim that was
     current at that point. Returns counts and the list of violations."""
-    from jobqueue import states
+    from jobqueue import states, timeline
     from jobqueue.models import Job, JobEvent
 
-    events = JobEvent.objects.order_by("id")
-    if job_ids is not None:
-        events = events.filter(job_id__in=list(job_ids))
+    scope = Job.objects.all() if job_ids is None else Job.objects.filter(id__in=list(job_ids))
+    events = (ev for job in scope for ev in timeline.events(job, 1_000_000))
     current: dict = {}
     terminal = Counter()
     violations = []
     kinds = Counter()
-    for ev in events.only("id", "job_id", "kind", "claim_id", "detail", "attempt"):
+    for ev in events:
         kinds[ev.kind] += 1
         job = ev.job_id
         if ev.kind == JobEvent.CLAIMED:

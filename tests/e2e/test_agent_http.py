@@ -22,6 +22,7 @@ from jobqueue_client.runner import Agent, AgentOptions
 
 from jobqueue import lifecycle, states
 from jobqueue.models import Job, JobEvent
+from tests.utils import timeline_events
 
 from .harness import audit, pid_alive, wait_for
 
@@ -249,8 +250,7 @@ def test_reports_that_wait_together_go_in_one_batch_report(stack, make_agent, ma
     assert sorted(sent) == sorted(str(j.id) for j in jobs)  # each job reported once
     assert set(Job.objects.values_list("status", flat=True)) == {states.SUCCESSFUL}
     for job in jobs:
-        assert JobEvent.objects.filter(job_id=job.id,
-                                       kind=JobEvent.STATUS_REPORTED).count() == 1
+        assert len(timeline_events(job.id, JobEvent.STATUS_REPORTED)) == 1
     assert audit([j.id for j in jobs])["violations"] == []
 
 
@@ -270,8 +270,7 @@ def test_a_lost_batch_report_response_is_retried(
     reconciled = caplog.text.count("reconciled=True")
     assert reconciled >= 1 and len(shim.paths(CLAIM_STATE, method="GET")) == reconciled
     for job in jobs:
-        assert JobEvent.objects.filter(job_id=job.id,
-                                       kind=JobEvent.STATUS_REPORTED).count() == 1
+        assert len(timeline_events(job.id, JobEvent.STATUS_REPORTED)) == 1
     assert set(Job.objects.values_list("status", flat=True)) == {states.SUCCESSFUL}
     assert audit([j.id for j in jobs])["violations"] == []
 
@@ -311,7 +310,7 @@ def test_lost_report_response_and_5xx_are_retried(stack, make_agent, make_jobs, 
     assert (job.status, job.attempt, job.result["agent"]) == (states.SUCCESSFUL, 1, "inproc")
     assert len(shim.paths(STATUS, method="PUT")) == 1
     assert len(shim.paths(CLAIM_STATE, method="GET")) == 1
-    assert JobEvent.objects.filter(job_id=job.id, kind=JobEvent.STATUS_REPORTED).count() == 1
+    assert len(timeline_events(job.id, JobEvent.STATUS_REPORTED)) == 1
     assert f"event=heartbeat_retry job={job.id} attempt=1 code=server_error status=503" \
         in caplog.text
     assert f"event=reported job={job.id} attempt=1 status=successful reconciled=True" \
@@ -349,7 +348,7 @@ def test_job_outcomes_and_cancellation(stack, make_agent, make_jobs):
     [ended] = JobEvent.objects.filter(job_id=slow.id, kind=JobEvent.STATUS_REPORTED)
     assert (ended.detail["retry"], ended.detail["requeued"]) == (True, False)
     assert jobs[cancel.id].status == states.CANCELLED
-    assert not JobEvent.objects.filter(job_id=cancel.id, kind=JobEvent.STATUS_REPORTED).exists()
+    assert not timeline_events(cancel.id, JobEvent.STATUS_REPORTED)
     assert f"event=lease_lost job={cancel.id} attempt=1 code=job_cancelled" in a.output()
     assert jobs[bad.id].status == states.FAILURE
     assert "command must be a non-empty list" in jobs[bad.id].message

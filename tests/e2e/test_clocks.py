@@ -7,6 +7,7 @@ import pytest
 
 from jobqueue import lifecycle, states
 from jobqueue.models import Job, JobEvent
+from tests.utils import timeline_events
 
 from .harness import audit, wait_for
 
@@ -43,8 +44,8 @@ def test_an_overrunning_child_is_stopped_and_the_job_retried_by_another_agent(
     job = wait_for(finished, 60, "the job to end", on_fail=stack.logs)
     assert job.status == states.SUCCESSFUL and job.attempt == 2
     assert job.result["agent"] == "B" and job.result["attempt"] == 2
-    events = list(JobEvent.objects.filter(job_id=job.id).exclude(kind=JobEvent.CREATED)
-                  .exclude(kind=JobEvent.STALE_WRITE_REFUSED).order_by("id"))
+    events = [e for e in timeline_events(job.id)
+              if e.kind not in (JobEvent.CREATED, JobEvent.STALE_WRITE_REFUSED)]
     assert [(e.kind, e.attempt) for e in events] == [
         (JobEvent.CLAIMED, 1), (JobEvent.TIMED_OUT, 1), (JobEvent.CLAIMED, 2),
         (JobEvent.STATUS_REPORTED, 2),

@@ -8,6 +8,7 @@ import pytest
 
 from jobqueue import lifecycle, states
 from jobqueue.models import Job, JobClaim, JobEvent, ReaperRun
+from tests.utils import timeline_events
 
 from .harness import audit, pid_alive, wait_for
 
@@ -25,8 +26,9 @@ def wait_terminal(job, stack, timeout=60):
 
 
 def timeline(job):
-    return list(JobEvent.objects.filter(job_id=job.id).exclude(kind=JobEvent.CREATED)
-                .order_by("id").values_list("kind", "attempt"))
+    """The job's timeline as its readers see it (an agent's final report is read from the
+    job row: jobqueue/timeline.py), without its creation."""
+    return [(e.kind, e.attempt) for e in timeline_events(job.id) if e.kind != JobEvent.CREATED]
 
 
 def assert_fenced(job_ids):
@@ -105,8 +107,8 @@ def test_stopped_agent_is_refused_after_its_job_was_reclaimed(stack, make_agent,
     assert {(e.claim_id, e.detail["operation"], e.detail["code"]) for e in refused} == {
         (first_claim, "heartbeat", "job_finished")
     }
-    assert not JobEvent.objects.filter(job_id=job.id, kind=JobEvent.STATUS_REPORTED,
-                                       claim_id=first_claim).exists()
+    assert not [e for e in timeline_events(job.id, JobEvent.STATUS_REPORTED)
+                if e.claim_id == first_claim]
     ends = [r for r in stack.executions() if r["what"] == "end"]
     assert [(r["attempt"], r["agent"]) for r in ends] == [(2, "B")]
     assert_fenced([job.id])

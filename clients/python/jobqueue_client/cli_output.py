@@ -286,6 +286,35 @@ def group_text(group: dict) -> str:
     ]) + "\n" + "\n".join(f"  {name.ljust(12)} {counts[name]}" for name in names)
 
 
+def schedule_text(schedule: dict) -> str:
+    """A schedule for people: its cron in its time zone, its next fires, its last one."""
+    job = schedule.get("job") or {}
+    fires = schedule.get("fires") or {}
+    shown = {k: v for k, v in job.items() if k not in ("job_agent_id", "dispatch_context_keys")}
+    return _rows([
+        ("id", schedule.get("id")),
+        ("name", schedule.get("name")),
+        ("cron", f"{schedule.get('cron')}  ({schedule.get('timezone')})"),
+        ("overlap", schedule.get("overlap")),
+        ("catchup_window", f"{schedule.get('catchup_window_seconds')} s"),
+        ("paused", f"yes, since {schedule.get('paused_at')}" if schedule.get("paused") else "no"),
+        ("next_fires", "\n".join(schedule.get("next_fire_times") or [])),
+        ("last_fire_at", schedule.get("last_fire_at")),
+        ("last_job_id", schedule.get("last_job_id")),
+        ("fires", ", ".join(f"{k} {fires[k]}" for k in ("fired", "skipped", "missed")
+                            if k in fires)),
+        ("job_agent_id", job.get("job_agent_id")),
+        ("job", _compact(shown) if shown else None),
+        ("context_keys", ", ".join(job.get("dispatch_context_keys") or [])),
+    ])
+
+
+def schedules_table(schedules: list[dict]) -> str:
+    return table(["ID", "NAME", "CRON", "TIMEZONE", "PAUSED", "NEXT_FIRE"],
+                 [[s["id"], s["name"], s["cron"], s["timezone"], "yes" if s["paused"] else "no",
+                   (s.get("next_fire_times") or [None])[0]] for s in schedules])
+
+
 def artifacts_table(artifacts: list[dict]) -> str:
     return table(["NAME", "SIZE", "SHA256", "CONTENT_TYPE", "ATTEMPT"],
                  [[a["name"], a["size"], a["sha256"], a.get("content_type"), a.get("attempt")]

@@ -152,7 +152,8 @@ def _timestamp(value: dt.datetime | str) -> str:
 
 class ProducerClient(ApiClient):
     """The producer's view of the API: create jobs, look at them and wait for their end,
-    cancel, requeue and dispatch them, follow groups, read logs and download artifacts."""
+    cancel, requeue and dispatch them, follow groups, read logs and download artifacts, and
+    manage cron schedules."""
 
     error_from_response = staticmethod(producer_error_from_response)
 
@@ -396,6 +397,76 @@ class ProducerClient(ApiClient):
         (GroupCancelled). Returns how many jobs this call cancelled (0 on a repeat)."""
         body = self._post(f"groups/{_segment(name)}/cancel", _reason(reason))
         return int(body["cancelled"])
+
+    # -- schedules --
+
+    def create_schedule(self, name: str, cron: str, job: dict, *, timezone: str | None = None,
+                        overlap: str | None = None,
+                        catchup_window_seconds: int | None = None,
+                        paused: bool | None = None) -> dict:
+        """POST schedules: a cron schedule; maintenance creates `job` (the body of POST jobs,
+        with its job_agent_id) at each fire time of `cron` in `timezone` (IANA, default UTC).
+        `overlap`: skip (default; nothing while its previous job is live), buffer_one
+        (nothing while one of its jobs waits unclaimed) or allow. `catchup_window_seconds`
+        (0 to 604800, default 60): how late a fire time missed while maintenance was down is
+        still made up. Returns the schedule with its `next_fire_times`. Sent once (a retry
+        would meet the first as a name already taken: InvalidRequest naming `name`)."""
+        body: dict[str, Any] = {"name": name, "cron": cron, "job": dict(job)}
+        optional = {"timezone": timezone, "overlap": overlap,
+                    "catchup_window_seconds": catchup_window_seconds, "paused": paused}
+        body.update({k: v for k, v in optional.items() if v is not None})
+        return self._json(self._request("POST", "schedules", json=body))
+
+    def get_schedule(self, schedule_id: str) -> dict:
+        """GET schedules/{id}: the schedule, its `next_fire_times` (the next 5, UTC), its last
+        fire and job, its fires by outcome. Its job shows dispatch_context_keys only."""
+        return self._get(f"schedules/{_segment(schedule_id)}")
+
+    def list_schedules(self, *, page_size: int | None = None,
+                       limit: int | None = None) -> Iterator[dict]:
+        """GET schedules: every schedule of the workspace (or the first `limit`), newest
+        first, page after page."""
+        cursor, given = None, 0
+        while True:
+            params: dict[str, Any] = {}
+            if cursor is not None:
+                params["cursor"] = cursor
+            if page_size is not None:
+                params["page_size"] = int(page_size)
+            page = self._get("schedules", params=params)
+            for schedule in page.get("results", []):
+                if limit is not None and given >= limit:
+                    return
+                given += 1
+                yield schedule
+            cursor = httpx.URL(page["next"]).params.get("cursor") if page.get("next") else None
+            if not cursor or (limit is not None and given >= limit):
+                return
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> dict:
+        """PATCH schedules/{id}: change `name`, `cron`, `timezone`, `job` (a whole POST jobs
+        body), `overlap`, `catchup_window_seconds` or `paused`. A new cron or time zone, and
+        a resume, fire next at the first fire time after now. Returns the schedule."""
+        return self._json(self._safe_request("PATCH", f"schedules/{_segment(schedule_id)}",
+                                             json=changes))
+
+    def pause_schedule(self, schedule_id: str) -> dict:
+        """PATCH schedules/{id} {"paused": true}: it fires nothing until resumed."""
+        return self.update_schedule(schedule_id, paused=True)
+
+    def resume_schedule(self, schedule_id: str) -> dict:
+        """PATCH schedules/{id} {"paused": false}: it fires again from its next fire time
+        after now (what it would have fired while paused is not made up)."""
+        return self.update_schedule(schedule_id, paused=False)
+
+    def trigger_schedule(self, schedule_id: str) -> dict:
+        """POST schedules/{id}/trigger: fire now, paused or not, whatever its overlap: the
+        job (with `deduplicated`), which counts as the schedule's latest. Sent once."""
+        return self._json(self._request("POST", f"schedules/{_segment(schedule_id)}/trigger"))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """DELETE schedules/{id}: the schedule and its fires' records; its jobs stay."""
+        self._request("DELETE", f"schedules/{_segment(schedule_id)}")
 
     # -- outputs --
 

@@ -54,6 +54,13 @@ from .producer_commands import (
     cmd_list,
     cmd_logs,
     cmd_requeue,
+    cmd_schedule_create,
+    cmd_schedule_delete,
+    cmd_schedule_get,
+    cmd_schedule_list,
+    cmd_schedule_pause,
+    cmd_schedule_resume,
+    cmd_schedule_trigger,
     cmd_wait,
 )
 
@@ -65,7 +72,7 @@ exit status:
   0  done (with --wait, `jobs wait`, `jobs logs --follow`: the job ended successful)
   1  the job ended, but not successful (failure, cancelled, expired)
   2  usage: a bad option or argument, a missing setting, or a field the server refused
-  3  not found: no such job, group or artifact in the workspace
+  3  not found: no such job, group, artifact or schedule in the workspace
   4  the API key was refused, or may not do this
   5  no answer from the server, a server error, or throttled
   6  conflict: the job's or group's state does not allow it
@@ -185,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
                         help="print the version (of jobqueue-client) and exit")
-    nouns = parser.add_subparsers(dest="noun", metavar="{jobs,groups,flows}", required=True)
+    nouns = parser.add_subparsers(dest="noun", metavar="{jobs,groups,schedules,flows}",
+                                  required=True)
 
     def command(group, name, handler, help_, *, description=None):
         sub = group.add_parser(name, parents=[common], help=help_,
@@ -356,7 +364,74 @@ def build_parser() -> argparse.ArgumentParser:
     fcreate.add_argument("file", metavar="FILE|-", help="the flow, a JSON object (- for stdin)")
     gcancel.add_argument("--reason", metavar="TEXT",
                          help="why (up to 500 characters; kept on each job's timeline)")
+    _schedule_commands(nouns, command)
     return parser
+
+
+def _schedule_commands(nouns, command) -> None:
+    schedules = nouns.add_parser(
+        "schedules", help="cron schedules: the server creates their jobs at each fire time",
+        description="Schedules: maintenance creates the schedule's job at each fire time of "
+                    "its cron, in its time zone.")
+    verbs = schedules.add_subparsers(
+        dest="verb", required=True,
+        metavar="{create,list,get,pause,resume,trigger,delete}")
+    create = command(verbs, "create", cmd_schedule_create,
+                     "create a cron schedule of jobs for a job agent",
+                     description="Create a cron schedule: at each fire time the server "
+                                 "creates the job these options describe. Prints the schedule "
+                                 "with its next fire times.")
+    create.add_argument("--name", required=True, metavar="NAME",
+                        help="the schedule's name (unique in the workspace)")
+    create.add_argument("--cron", required=True, metavar="EXPR",
+                        help='five fields, minute hour day-of-month month day-of-week, e.g. '
+                             '"30 2 * * *"')
+    create.add_argument("--timezone", metavar="TZ",
+                        help="the IANA time zone of the cron, e.g. Europe/Berlin (default UTC)")
+    create.add_argument("--overlap", choices=["skip", "buffer_one", "allow"],
+                        help="skip (default): no job while the previous one is live; "
+                             "buffer_one: no job while one waits unclaimed; allow: always")
+    create.add_argument("--catchup-window-seconds", type=_non_negative_int, metavar="S",
+                        help="make up a fire time missed while maintenance was down if it is "
+                             "at most S seconds late (default 60; at most 604800)")
+    create.add_argument("--paused", action="store_true", help="create it paused")
+    create.add_argument("--agent", metavar="ID", default=os.environ.get("JOBQUEUE_AGENT"),
+                        help="the id of the job agent that runs its jobs [JOBQUEUE_AGENT]")
+    create.add_argument("--config", metavar="FILE|-|JSON",
+                        help="the jobs' job_agent_config, a JSON object: a file, - for stdin, "
+                             "or the object itself")
+    create.add_argument("--context", metavar="FILE|-",
+                        help="the jobs' dispatch_context, a JSON object, from a file or - for "
+                             "stdin (never from the command line: it may hold secrets)")
+    create.add_argument("--priority", type=_int, metavar="N", help="the jobs' priority")
+    create.add_argument("--max-attempts", type=_positive_int, metavar="N",
+                        help="the jobs' attempts (default: the agent's)")
+    create.add_argument("--max-runtime-seconds", type=_positive_int, metavar="S",
+                        help="how long one attempt of a job may run")
+    create.add_argument("--group", metavar="NAME", help="the group the jobs join")
+    create.add_argument("--unique-key", metavar="KEY",
+                        help="the jobs' unique key: no job while one with KEY is live")
+    create.add_argument("-q", "--quiet", action="store_true",
+                        help="print only the schedule's id (without --json)")
+    create.add_argument("command", nargs="*", metavar="-- COMMAND",
+                        help="the command the jobs run (after --), put in the config as "
+                             "\"command\"")
+
+    list_ = command(verbs, "list", cmd_schedule_list, "list schedules, newest first")
+    many = list_.add_mutually_exclusive_group()
+    many.add_argument("--limit", type=_positive_int, metavar="N", default=DEFAULT_LIST_LIMIT,
+                      help=f"at most N schedules (default {DEFAULT_LIST_LIMIT})")
+    many.add_argument("--all", action="store_true", help="every schedule")
+    for name, handler, help_ in (
+            ("get", cmd_schedule_get, "show a schedule: its next fire times, its last fire"),
+            ("pause", cmd_schedule_pause, "pause a schedule: it fires nothing until resumed"),
+            ("resume", cmd_schedule_resume, "resume a schedule, from its next fire time after "
+                                            "now"),
+            ("trigger", cmd_schedule_trigger, "fire a schedule now (paused or not) and print "
+                                              "its job"),
+            ("delete", cmd_schedule_delete, "delete a schedule (its jobs stay)")):
+        sub = command(verbs, name, handler, help_)
+        sub.add_argument("id", metavar="ID", help="the schedule's id")
 
 
 def settings_from(args: argparse.Namespace, env=os.environ) -> Settings:
@@ -381,6 +456,8 @@ def _subject(args) -> str:
     """What a command is about, for its error messages."""
     if getattr(args, "name", None) and args.noun == "groups":
         return f"group {args.name!r}"
+    if args.noun == "schedules":
+        return f"schedule {args.id}" if getattr(args, "id", None) else "the schedule"
     if getattr(args, "id", None):
         return f"job {args.id}"
     if getattr(args, "verb", None) == "create":

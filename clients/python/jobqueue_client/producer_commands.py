@@ -27,6 +27,8 @@ from .cli_output import (
     job_text,
     jobs_header,
     log_document,
+    schedule_text,
+    schedules_table,
 )
 from .producer import TERMINAL_STATUSES, LogChunk, ProducerClient, WaitTimeout
 
@@ -298,3 +300,91 @@ def cmd_group_cancel(client, args, out) -> int:
                  "takes no new jobs")
     return EXIT_OK
 
+
+
+# --- schedules --------------------------------------------------------------------------------
+
+
+def cmd_schedule_create(client, args, out) -> int:
+    if not args.agent:
+        raise UsageError("schedules create: set --agent ID (or JOBQUEUE_AGENT): the job agent "
+                         "that runs its jobs")
+    if args.config == "-" and args.context == "-":
+        raise UsageError("schedules create: only one of --config and --context can read "
+                         "stdin (-)")
+    job: dict = {"job_agent_id": args.agent}
+    config = read_object(args.config, "--config", inline=True) if args.config else None
+    if args.command:
+        if config is not None and "command" in config:
+            raise UsageError("schedules create: give the command either in --config or after "
+                             "--, not both")
+        config = {**(config or {}), "command": args.command}
+    if config is not None:
+        job["job_agent_config"] = config
+    if args.context:
+        job["dispatch_context"] = read_object(args.context, "--context")
+    for field in ("priority", "max_attempts", "max_runtime_seconds", "group", "unique_key"):
+        if getattr(args, field) is not None:
+            job[field] = getattr(args, field)
+    schedule = client.create_schedule(
+        args.name, args.cron, job, timezone=args.timezone, overlap=args.overlap,
+        catchup_window_seconds=args.catchup_window_seconds, paused=args.paused or None)
+    return _show_schedule(schedule, args, out)
+
+
+def _show_schedule(schedule: dict, args, out) -> int:
+    if out.machine:
+        out.document(schedule)
+    elif getattr(args, "quiet", False):
+        out.text(schedule["id"])
+    else:
+        out.text(schedule_text(schedule))
+    return EXIT_OK
+
+
+def cmd_schedule_list(client, args, out) -> int:
+    limit = None if args.all else args.limit
+    page_size = MAX_PAGE_SIZE if limit is None else min(MAX_PAGE_SIZE, limit + 1)
+    found = list(client.list_schedules(page_size=page_size,
+                                       limit=None if limit is None else limit + 1))
+    more = limit is not None and len(found) > limit
+    found = found[:limit] if limit is not None else found
+    if out.machine:
+        out.document(found)
+    elif found:
+        out.text(schedules_table(found))
+    else:
+        out.note("no schedules")
+    if more:
+        out.note(f"(the newest {limit}; --limit N or --all for more)")
+    return EXIT_OK
+
+
+def cmd_schedule_get(client, args, out) -> int:
+    return _show_schedule(client.get_schedule(args.id), args, out)
+
+
+def cmd_schedule_pause(client, args, out) -> int:
+    return _show_schedule(client.pause_schedule(args.id), args, out)
+
+
+def cmd_schedule_resume(client, args, out) -> int:
+    return _show_schedule(client.resume_schedule(args.id), args, out)
+
+
+def cmd_schedule_trigger(client, args, out) -> int:
+    job = client.trigger_schedule(args.id)
+    if job.get("deduplicated"):
+        out.note(f"a live job with the schedule's unique key answered: {job['id']} "
+                 f"({job['status']}); no job created")
+    show_job(job, args, out)
+    return EXIT_OK
+
+
+def cmd_schedule_delete(client, args, out) -> int:
+    client.delete_schedule(args.id)
+    if out.machine:
+        out.document({"id": args.id, "deleted": True})
+    else:
+        out.text(f"schedule {args.id} deleted (its jobs stay)")
+    return EXIT_OK

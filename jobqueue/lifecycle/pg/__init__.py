@@ -12,9 +12,9 @@ import functools
 import json
 
 from jobqueue import states
-from jobqueue.history import MESSAGE_CHARS
 from jobqueue.models import JobEvent
 from jobqueue.sql import postgresql as sql
+from jobqueue.timeline import MESSAGE_CHARS
 
 from ..clocks import backoff_settings
 from .cursor import HotCursor
@@ -96,7 +96,7 @@ class PostgresBackend:
 
     def settle_dependents(self, ended) -> None:
         """Settle the dependents of the jobs `ended` [(job_id, status)] that have any, in
-        the caller's transaction: jobqueue_settle_dependents (migration 0020) for each."""
+        the caller's transaction: jobqueue_settle_dependents (migration 0021) for each."""
         self._one(sql.job_settle_dependents, {"jobs": [job_id for job_id, _ in ended],
                                               "statuses": [status for _, status in ended]})
 

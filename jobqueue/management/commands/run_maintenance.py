@@ -10,9 +10,9 @@ from jobqueue.management.command_base import stop_on_signals
 
 class Command(BaseCommand):
     help = (
-        "Run every maintenance service (the reaper, the group watcher, the webhook sender, the "
-        "pruner, the artifact cleaner) once, or with --loop each whenever it is due (its own "
-        "interval, or --interval for all) until SIGTERM or SIGINT."
+        "Run every maintenance service (the reaper, the schedules, the group watcher, the "
+        "webhook sender, the pruner, the artifact cleaner) once, or with --loop each whenever "
+        "it is due (its own interval, or --interval for all) until SIGTERM or SIGINT."
     )
 
     def add_arguments(self, parser):

@@ -24,7 +24,7 @@ def rows(html):
 
 def test_services_that_never_ran(op_client):
     got = rows(op_client.get(reverse("admin:jobqueue_job_recovery")).content.decode())
-    assert set(got) == {"reaper", "group_watcher", "webhooks", "pruner",
+    assert set(got) == {"reaper", "schedules", "group_watcher", "webhooks", "pruner",
                         "artifact_cleaner"}
     assert got["reaper"][:2] == ["never", "never ran"]
     assert got["pruner"][:2] == ["never", "never ran"]

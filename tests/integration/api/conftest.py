@@ -13,6 +13,7 @@ from django.test import Client
 
 from agents import credentials, health
 from jobqueue import lifecycle
+from jobqueue.lifecycle.schedules import create_schedule
 from tests.factories import JobAgentFactory, JobFactory, WorkspaceFactory
 
 _open_callers: list = []
@@ -155,14 +156,17 @@ def live_world(live_server, transactional_db):
 
 @pytest.fixture
 def target(world):
-    """A claimed job, a grouped job, and the ids of a request that reaches them: the path's
-    and the body's (test_no_echo, test_strict_bodies)."""
+    """A claimed job, a grouped job, a schedule, and the ids of a request that reaches them:
+    the path's and the body's (test_no_echo, test_strict_bodies)."""
     job = JobFactory(job_agent=world.agent)
     grant = lifecycle.claim_job(world.agent, job.id)
     lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-x")
+    schedule = create_schedule(workspace=world.workspace, name="nightly", cron_expr="30 2 * * *",
+                               job_agent=world.agent, job={})
     return {
         "path": {"workspace_id": world.workspace.id, "agent_id": world.agent.id,
-                 "job_id": job.id, "group": "run-x", "key": "charge-card"},
+                 "job_id": job.id, "group": "run-x", "key": "charge-card",
+                 "schedule_id": schedule.id},
         "ids": {"claim_id": str(grant.claim_id), "job_id": str(job.id),
                 "job_agent_id": str(world.agent.id)},
     }

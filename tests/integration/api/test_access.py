@@ -11,6 +11,7 @@ import pytest
 from agents import credentials
 from agents.models import AgentToken
 from jobqueue import lifecycle
+from jobqueue.lifecycle import schedules
 from jobqueue.maintenance import webhooks
 from jobqueue.models import (
     Job,
@@ -21,6 +22,8 @@ from jobqueue.models import (
     JobEvent,
     JobGroup,
     JobLog,
+    Schedule,
+    ScheduleFire,
     WebhookEndpoint,
 )
 from tests.factories import JobFactory
@@ -30,7 +33,8 @@ pytestmark = pytest.mark.django_db
 UNUSED_CLAIM = "00000000-0000-4000-8000-000000000000"
 
 
-def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run"):
+def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run",
+              schedule_id="s"):
     """(name, method, path, body) for every endpoint, aimed at the given objects."""
     return [
         ("poll", "GET", f"job-agents/{agent_id}/jobs", None),
@@ -71,6 +75,13 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run")
         ("create_webhook", "POST", "webhooks", {"url": "http://127.0.0.1:9/intruder"}),
         ("delete_webhook", "DELETE", f"webhooks/{webhook_id}", None),
         ("webhook_deliveries", "GET", f"webhooks/{webhook_id}/deliveries", None),
+        ("list_schedules", "GET", "schedules", None),
+        ("create_schedule", "POST", "schedules",
+         {"name": "intruder", "cron": "* * * * *", "job": {"job_agent_id": str(agent_id)}}),
+        ("get_schedule", "GET", f"schedules/{schedule_id}", None),
+        ("update_schedule", "PATCH", f"schedules/{schedule_id}", {"paused": True}),
+        ("trigger_schedule", "POST", f"schedules/{schedule_id}/trigger", None),
+        ("delete_schedule", "DELETE", f"schedules/{schedule_id}", None),
     ]
 
 
@@ -80,12 +91,17 @@ AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "releas
                    "commit_effect"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
 NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "create_flow", "list_agents", "create_agent",
-                     "list_webhooks", "create_webhook"}
-# The workspace's own webhooks: only its key, an agent token gets 403 (it names no agent or job).
-WEBHOOK_OBJECTS = {"delete_webhook", "webhook_deliveries"}
+                     "list_webhooks", "create_webhook", "list_schedules", "create_schedule"}
+# The workspace's own webhooks and schedules: only its key, an agent token gets 403 (they
+# name no agent or job).
+WEBHOOK_OBJECTS = {"delete_webhook", "webhook_deliveries", "get_schedule", "update_schedule",
+                   "trigger_schedule", "delete_schedule"}
 # A group belongs to the workspace, not to an agent: an agent token gets 403 on any group.
 GROUP_ENDPOINTS = {"get_group", "cancel_group"}
 CREATES = {"create_agent", "create_webhook"}
+# A body naming another workspace's object: 400 naming the field, nothing created.
+BODY_REFERENCES = {"create_job": "job_agent_id", "create_schedule": "job",
+                   "create_flow": "jobs[0].job_agent_id"}
 
 
 def _claimed(agent, group):
@@ -106,6 +122,8 @@ def _snapshot():
         sorted(JobLog.objects.values_list("job_id", "attempt", "length")),
         sorted(JobArtifact.objects.values_list("job_id", "name", "state", "published_at")),
         sorted(JobEffect.objects.values_list("job_id", "key", "attempt", "committed_at")),
+        sorted(Schedule.objects.values_list("id", "name", "paused_at", "last_job_id")),
+        ScheduleFire.objects.count(),
         sorted(JobDependency.objects.values_list("child_id", "parent_id")),
         sorted(Job.objects.values_list("id", "has_dependents")),
     )
@@ -130,12 +148,18 @@ def targets(world):
     token_a = AgentToken.objects.filter(job_agent=world.agent).first()
     hook_a, _ = webhooks.create_endpoint(world.workspace.id, "http://127.0.0.1:9/a")
     hook_y, _ = webhooks.create_endpoint(world.other_workspace.id, "http://127.0.0.1:9/y")
+    sched_a = schedules.create_schedule(workspace=world.workspace, name="a",
+                                        cron_expr="* * * * *", job_agent=world.agent, job={})
+    sched_y = schedules.create_schedule(workspace=world.other_workspace, name="y",
+                                        cron_expr="* * * * *",
+                                        job_agent=world.other_workspace_agent, job={})
     return {
         "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id, hook_a.id,
-                       "run-b"),
+                       "run-b", sched_a.id),
         "y": endpoints(world.other_workspace_agent.id, job_y.id, claim_y, token_y.id,
-                       hook_y.id, "run-y"),
-        "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id, hook_a.id, "run-a"),
+                       hook_y.id, "run-y", sched_y.id),
+        "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id, hook_a.id, "run-a",
+                       sched_a.id),
     }
 
 
@@ -171,10 +195,8 @@ def test_workspace_key_cannot_reach_another_workspace(world, targets, name):
     # Its own workspace in the path, the other workspace's objects: 404 (or, for a reference
     # in the body, 400), and list endpoints show nothing of the other workspace.
     r = _call(producer, method, path, body)
-    if name == "create_job":
-        assert r.status_code == 400 and "job_agent_id" in r.json()["fields"]
-    elif name == "create_flow":
-        assert r.status_code == 400 and "jobs[0].job_agent_id" in r.json()["fields"]
+    if name in BODY_REFERENCES:
+        assert r.status_code == 400 and BODY_REFERENCES[name] in r.json()["fields"], r.content
     elif name in NO_OBJECT_IN_PATH:
         assert r.status_code in (200, 201)
         assert str(targets["y"][0][2].split("/")[1]) not in r.content.decode()

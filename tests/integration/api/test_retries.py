@@ -6,6 +6,7 @@ import pytest
 from jobqueue import lifecycle
 from jobqueue.models import Job, JobEvent
 from tests.factories import JobFactory
+from tests.utils import events_of_kind
 
 from .answers import api_error, parse_ts
 
@@ -101,7 +102,7 @@ def test_batch_report_takes_retry(world):
     bad = agent.post(f"job-agents/{world.agent.id}/reports", json={"reports": [
         {**body["reports"][1], "retry": True}]})
     api_error(bad, 400, "validation_error")
-    assert JobEvent.objects.filter(kind=JobEvent.STATUS_REPORTED).count() == 2
+    assert len(events_of_kind(JobEvent.STATUS_REPORTED)) == 2
 
 
 def test_job_detail_shows_each_attempt(world):

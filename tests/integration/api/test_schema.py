@@ -16,6 +16,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from jobqueue import lifecycle
+from jobqueue.lifecycle import schedules
 from tests.factories import JobFactory
 
 from .conftest import make_world
@@ -42,6 +43,8 @@ def api_target(live_server, transactional_db, settings):
     world = make_world(base_url=live_server.url)
     job = JobFactory(job_agent=world.agent, dispatch_context={"secret": "hidden"})
     lifecycle.create_job(workspace=world.workspace, job_agent=world.agent, group="run-1")
+    schedule = schedules.create_schedule(workspace=world.workspace, name="nightly",
+                                         cron_expr="30 2 * * *", job_agent=world.agent, job={})
     return {
         "world": world,
         "paths": {
@@ -49,6 +52,7 @@ def api_target(live_server, transactional_db, settings):
             "agent_id": str(world.agent.id),
             "job_id": str(job.id),
             "group": "run-1",
+            "schedule_id": str(schedule.id),
         },
     }
 
@@ -72,6 +76,9 @@ def _drive(live_server, api_target, mode, checks):
                     case.path_parameters[name] = value
             if isinstance(case.body, dict) and "job_agent_id" in case.body:
                 case.body["job_agent_id"] = api_target["paths"]["agent_id"]
+            job = case.body.get("job") if isinstance(case.body, dict) else None
+            if isinstance(job, dict) and "job_agent_id" in job:  # a schedule's job
+                job["job_agent_id"] = api_target["paths"]["agent_id"]
             if isinstance(case.body, dict) and isinstance(case.body.get("jobs"), list):
                 for job in case.body["jobs"]:  # a flow's jobs (POST flows)
                     if isinstance(job, dict) and "job_agent_id" in job:
@@ -123,7 +130,8 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "jobs/{job_id}/artifacts", "jobs/{job_id}/artifacts/{name}",
         "job-agents/{agent_id}/pause", "job-agents/{agent_id}/resume", "flows",
         "jobs/{job_id}/effects", "jobs/{job_id}/effects/{key}",
-        "jobs/{job_id}/effects/{key}/begin",
+        "jobs/{job_id}/effects/{key}/begin", "schedules", "schedules/{schedule_id}",
+        "schedules/{schedule_id}/trigger",
     ]:
         assert base + path in paths, path
     # The public version (no credential needed; tests/integration/ops/test_versions.py) and

@@ -14,7 +14,7 @@ from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import Conflict, InvalidInput
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, WorkspaceFactory
-from tests.utils import final_state_is_consistent, run_threads
+from tests.utils import events_of_kind, final_state_is_consistent, run_threads, timeline_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,10 +41,10 @@ def snapshot(ids):
 
 
 def events(kind, ids=None):
-    qs = JobEvent.objects.filter(kind=kind)
-    if ids is not None:
-        qs = qs.filter(job_id__in=ids)
-    return list(qs.order_by("id"))
+    """The events of `kind` on the jobs' timelines (an agent's final report is read from
+    the job row: jobqueue/timeline.py), by time."""
+    found = events_of_kind(kind, **({} if ids is None else {"id__in": ids}))
+    return sorted(found, key=lambda e: (e.created_at, str(e.job_id)))
 
 
 def test_ends_every_current_claim_at_once_and_keeps_order():
@@ -285,7 +285,7 @@ def test_race_batch_reports_against_each_other_reapers_cancels_and_heartbeats():
                     assert r.code in {"job_finished", "job_cancelled", "claim_superseded"}
     for job in Job.objects.filter(id__in=list(by_job)):
         assert job.status in states.TERMINAL  # max_attempts=1: a reaped job is expired
-        ends = [e for e in JobEvent.objects.filter(job_id=job.id)
+        ends = [e for e in timeline_events(job.id)
                 if e.kind in (JobEvent.STATUS_REPORTED, JobEvent.REAPED, JobEvent.EXPIRED,
                               JobEvent.CANCELLED)]
         assert len(ends) == 1, (job.status, [e.kind for e in ends])

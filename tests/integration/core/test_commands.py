@@ -58,7 +58,8 @@ def test_every_option_of_create_job_agent_has_help():
 def test_run_maintenance_help_names_every_service():
     from jobqueue.maintenance.loop import SERVICES
 
-    said = {"reaper": "the reaper", "group_watcher": "the group watcher",
+    said = {"reaper": "the reaper", "schedules": "the schedules",
+            "group_watcher": "the group watcher",
             "webhooks": "the webhook sender", "pruner": "the pruner",
             "artifact_cleaner": "the artifact cleaner"}
     assert set(said) == {service.SERVICE for service in SERVICES}

@@ -2,7 +2,7 @@
 connection: parents that end at once release their child exactly once, a parent failing
 while another succeeds never queues it, and a dependent created while its parent ends is
 settled by that end (or sees it). jobqueue_settle_dependents locks the children before it
-reads their parents (migration 0020); the create locks the parents (hold_parents)."""
+reads their parents (migration 0021); the create locks the parents (hold_parents)."""
 
 import pytest
 

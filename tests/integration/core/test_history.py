@@ -6,7 +6,7 @@ import datetime as dt
 import pytest
 from django.db.models import F
 
-from jobqueue import history, lifecycle, states
+from jobqueue import history, lifecycle, states, timeline
 from jobqueue.db import NowPlusSeconds
 from jobqueue.models import Job, JobClaim
 from tests.factories import JobAgentFactory
@@ -19,14 +19,14 @@ def run(agent, job):
 
 
 def outcomes(job):
-    return [(a.number, a.outcome, a.message) for a in history.attempts(job.id)]
+    return [(a.number, a.outcome, a.message) for a in history.attempts(Job.objects.get(id=job.id))]
 
 
 def test_every_way_an_attempt_ends_is_its_outcome():
     agent = JobAgentFactory(max_attempts=20)
     job, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
                                   max_runtime_seconds=30)
-    assert history.attempts(job.id) == []
+    assert history.attempts(Job.objects.get(id=job.id)) == []
     g = run(agent, job)  # 1: a retryable failure
     lifecycle.report_status(job.id, g.claim_id, states.FAILURE, message="x" * 300, retry=True)
     Job.objects.filter(id=job.id).update(available_at=NowPlusSeconds(-1))
@@ -48,7 +48,7 @@ def test_every_way_an_attempt_ends_is_its_outcome():
     lifecycle.requeue_job(job.id)  # a requeue of a finished job ends no attempt
     g = run(agent, job)  # 7: still running
     assert outcomes(job) == [
-        (1, "retrying", "x" * history.MESSAGE_CHARS),
+        (1, "retrying", "x" * timeline.MESSAGE_CHARS),
         (2, "released", "shutting down"),
         (3, "reaped", "The lease expired."),
         (4, "timed_out", "max_runtime_seconds passed."),
@@ -56,7 +56,7 @@ def test_every_way_an_attempt_ends_is_its_outcome():
         (6, "successful", "done"),
         (7, None, ""),
     ]
-    attempts = history.attempts(job.id)
+    attempts = history.attempts(Job.objects.get(id=job.id))
     assert attempts[-1].ended_at is None and attempts[-1].claimed_by == f"agent:{agent.id}"
     assert all(a.ended_at >= a.claimed_at for a in attempts[:-1])
 
@@ -98,10 +98,12 @@ def test_each_final_end(end, outcome):
 
 def test_attempts_are_never_written_on_the_hot_path(django_assert_max_num_queries):
     """Deriving attempts adds no write (a claim and a report stay one statement each on
-    PostgreSQL: test_pg_fastpath), and reading them is one query."""
+    PostgreSQL: test_pg_fastpath), and reading them is two queries: the events, and for a
+    finished job whether a stored event ended its last claim (jobqueue/timeline.py)."""
     agent = JobAgentFactory()
     job, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent)
     g = run(agent, job)
-    lifecycle.report_status(job.id, g.claim_id, states.SUCCESSFUL)
-    with django_assert_max_num_queries(1):
-        assert [a.outcome for a in history.attempts(job.id)] == ["successful"]
+    lifecycle.report_status(job.id, g.claim_id, states.SUCCESSFUL, job_agent_id=agent.id)
+    job = Job.objects.get(id=job.id)
+    with django_assert_max_num_queries(2):
+        assert [a.outcome for a in history.attempts(job)] == ["successful"]

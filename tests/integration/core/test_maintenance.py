@@ -68,13 +68,13 @@ def test_one_pass_runs_every_service_and_records_each(capsys):
     stuck, old = expired_claim(agent), old_finished(agent)
     call_command("run_maintenance", "--json")
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [line["service"] for line in lines] == ["reaper", "group_watcher", "webhooks",
-                                                   "pruner", "artifact_cleaner"]
-    assert (lines[0]["requeued"], lines[3]["jobs"]) == (1, 1)
+    assert [line["service"] for line in lines] == ["reaper", "schedules", "group_watcher",
+                                                   "webhooks", "pruner", "artifact_cleaner"]
+    assert (lines[0]["requeued"], lines[4]["jobs"]) == (1, 1)
     assert Job.objects.get(id=stuck).status == states.QUEUED
     assert not Job.objects.filter(id=old).exists()
     assert ReaperRun.objects.get(id=lines[0]["run_id"]).requeued == 1
-    assert MaintenanceRun.objects.get(id=lines[3]["run_id"]).counts["jobs"] == 1
+    assert MaintenanceRun.objects.get(id=lines[4]["run_id"]).counts["jobs"] == 1
     call_command("run_maintenance")
     out = capsys.readouterr().out
     assert "reaper: requeued 0, expired 0, batches 0" in out and "pruner: jobs 0" in out
@@ -201,8 +201,8 @@ def test_two_loops_at_once_reap_and_prune_everything_once_and_stop_on_sigterm():
     for code, out, err in results:
         assert code == 0, err
         assert "maintenance stopped" in err and "failed" not in err
-        assert all(json.loads(line)["service"] in {"reaper", "group_watcher", "webhooks",
-                                                         "pruner", "artifact_cleaner"}
+        assert all(json.loads(line)["service"] in {"reaper", "schedules", "group_watcher",
+                                                   "webhooks", "pruner", "artifact_cleaner"}
                    for line in out.splitlines())
     reaped = Counter(JobEvent.objects.filter(kind=JobEvent.REAPED, job_id__in=stuck)
                      .values_list("job_id", flat=True))
@@ -243,7 +243,7 @@ def test_spawned_one_pass_exits_zero():
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert [json.loads(line)["service"] for line in out.splitlines()] == [
-        "reaper", "group_watcher", "webhooks", "pruner", "artifact_cleaner"]
+        "reaper", "schedules", "group_watcher", "webhooks", "pruner", "artifact_cleaner"]
 
 
 def test_send_webhooks_command(capsys):

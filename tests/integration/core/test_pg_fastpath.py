@@ -13,7 +13,7 @@ from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import ClaimSuperseded, Conflict, NotFound
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory
-from tests.utils import run_threads, statements_sent
+from tests.utils import events_of_kind, run_threads, statements_sent, timeline_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -163,7 +163,7 @@ def test_report_sets_fields_and_respects_scope():
         assert j.result == [1, "two", None] and j.completed_at is not None
     assert done.completed_at == stored.completed_at and done.updated_at == stored.updated_at
     assert not JobClaim.objects.filter(job_id=job.id).exists()
-    events = list(JobEvent.objects.filter(job_id=job.id).order_by("id"))
+    events = timeline_events(job.id)  # the report's is read from the job row
     assert [e.kind for e in events][-3:] == ["claimed", "progress_reported", "status_reported"]
     assert events[-1].detail == {"status": "successful", "has_result": True, "message": "ok"}
     assert events[-1].claim_id == grant.claim_id and events[-1].attempt == 1
@@ -224,8 +224,7 @@ def test_race_reports_against_reapers_exactly_one_wins_each_job():
     outcomes = run_threads(work, 3)[0]
     lifecycle.reap_expired_claims_once(1000)
     reaped = set(JobEvent.objects.filter(kind="reaped").values_list("job_id", flat=True))
-    reported = set(JobEvent.objects.filter(kind="status_reported").values_list("job_id",
-                                                                                 flat=True))
+    reported = {e.job_id for e in events_of_kind("status_reported")}
     statuses = dict(Job.objects.values_list("id", "status"))
     assert not JobClaim.objects.exists()
     for g in grants:
@@ -267,7 +266,7 @@ def test_race_reports_against_cancels_requeues_and_heartbeats():
     assert not JobClaim.objects.exists()
     for k, g in enumerate(grants):
         job = Job.objects.get(id=g.job.id)
-        kinds = list(JobEvent.objects.filter(job_id=g.job.id).values_list("kind", flat=True))
+        kinds = [e.kind for e in timeline_events(g.job.id)]
         if report_won[g.job.id]:
             # The report came first; the operator then acted on a finished job.
             assert kinds.count("status_reported") == 1

@@ -16,7 +16,7 @@ from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory
-from tests.utils import run_threads
+from tests.utils import run_threads, timeline_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,7 +102,7 @@ def test_racing_transitions_keep_invariants(first, second):
             assert outcomes.count("ok") == 1, outcomes
         if (first, second) == ("succeed", "succeed"):
             assert outcomes == ["ok", "ok"]  # the second is an identical retry
-            assert JobEvent.objects.filter(job=job, kind=JobEvent.STATUS_REPORTED).count() == 1
+            assert len(timeline_events(job.id, JobEvent.STATUS_REPORTED)) == 1
         if first == "succeed" and outcomes[0] == "ok" and second != "requeue":
             assert final.status == states.SUCCESSFUL
         if "heartbeat" == first and outcomes[0] == "ok" and outcomes[1] == "ok":

@@ -9,7 +9,7 @@ from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import ClaimSuperseded, InvalidInput, JobFinished
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
-from tests.utils import final_state_is_consistent, run_threads
+from tests.utils import final_state_is_consistent, run_threads, timeline_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,8 +38,7 @@ def waited(job) -> float:
 
 
 def reported(job):
-    return list(JobEvent.objects.filter(job=job, kind=JobEvent.STATUS_REPORTED)
-                .values_list("detail", flat=True))
+    return [e.detail for e in timeline_events(job.id, JobEvent.STATUS_REPORTED)]
 
 
 def test_retry_with_attempts_left_queues_after_the_backoff(backoff):
@@ -243,7 +242,7 @@ def test_retry_racing_the_reaper_one_or_the_other(backoff):
     assert reaped + taken == rounds
     for g in grants:
         job = Job.objects.get(id=g.job.id)
-        kinds = [e.kind for e in JobEvent.objects.filter(job=job).order_by("id")]
+        kinds = [e.kind for e in timeline_events(job.id)]
         assert job.status == states.QUEUED and job.attempt == 1
         assert (JobEvent.REAPED in kinds) != (JobEvent.STATUS_REPORTED in kinds)
     final_state_is_consistent()

@@ -16,7 +16,7 @@ from jobqueue.lifecycle import effects
 from jobqueue.lifecycle.backends import backend
 from jobqueue.models import Job
 from tests.factories import JobAgentFactory, JobFactory
-from tests.utils import statements_sent
+from tests.utils import statements_sent, timeline_events
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVICE = ("jobqueue", "agents", "ops", "config")
@@ -215,8 +215,8 @@ def test_sqlite_statements_write_the_time_as_django_stores_it():
 
 @pytest.mark.django_db
 def test_a_batch_event_keeps_as_much_of_the_message_as_a_single_one():
-    from jobqueue.history import MESSAGE_CHARS
     from jobqueue.models import JobEvent
+    from jobqueue.timeline import MESSAGE_CHARS
 
     agent = JobAgentFactory()
     JobFactory.create_batch(2, job_agent=agent)
@@ -225,8 +225,12 @@ def test_a_batch_event_keeps_as_much_of_the_message_as_a_single_one():
     lifecycle.report_status(one.job.id, one.claim_id, states.FAILURE, message=long)
     lifecycle.report_many(agent.id, [lifecycle.ReportItem(two.job.id, two.claim_id,
                                                           states.FAILURE, message=long)])
-    kept = [e.detail["message"] for e in JobEvent.objects.filter(kind=JobEvent.STATUS_REPORTED)]
+    # The single report (no agent named: stored) and the batch's (the agent's own: read from
+    # the job row, jobqueue/timeline.py) say the same.
+    kept = [e.detail["message"] for job in (one.job, two.job)
+            for e in timeline_events(job.id, JobEvent.STATUS_REPORTED)]
     assert kept == [long[:MESSAGE_CHARS]] * 2
+    assert JobEvent.objects.filter(kind=JobEvent.STATUS_REPORTED).count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

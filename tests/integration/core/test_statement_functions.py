@@ -12,7 +12,7 @@ from jobqueue import lifecycle, sql, states
 from jobqueue.lifecycle.pg import claim_statement, functions
 from jobqueue.models import JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory
-from tests.utils import statements_sent
+from tests.utils import statements_sent, timeline_events
 
 from .test_sql import _cycle
 
@@ -75,8 +75,7 @@ def test_an_unprepared_connection_calls_the_wrappers_and_gets_the_same_answers(u
     assert grant.claim_expires_at > grant.claimed_at
     assert (done.status, done.message, done.result) == (states.SUCCESSFUL, "ok", {"n": 1})
     assert not JobClaim.objects.filter(job_id=grant.job.id).exists()
-    kinds = list(JobEvent.objects.filter(job_id=grant.job.id).order_by("created_at", "id")
-                 .values_list("kind", "holder"))
+    kinds = [(e.kind, e.holder) for e in timeline_events(grant.job.id)]
     assert kinds[-2:] == [(JobEvent.CLAIMED, "h1"), (JobEvent.STATUS_REPORTED, "")]
     with connection.cursor() as cursor:  # nothing prepared: plans live in the functions
         cursor.execute("SELECT count(*) FROM pg_prepared_statements")

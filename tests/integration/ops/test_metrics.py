@@ -224,3 +224,35 @@ def test_a_batch_report_counts_every_report_it_applied_by_status(client):
             before, "jobqueue_reports_total", status=status)
 
     assert (moved("successful"), moved("retrying"), moved("failure")) == (2, 1, 0)
+
+
+def test_schedule_fires_are_counted_by_outcome_when_scraped(client):
+    import datetime as dt
+
+    from jobqueue.db import db_now
+    from jobqueue.lifecycle import schedules
+    from jobqueue.maintenance import schedules as service
+    from jobqueue.models import Schedule
+
+    agent = JobAgentFactory()
+    before = scrape(client)
+    schedule = schedules.create_schedule(workspace=agent.workspace, name="nightly",
+                                         cron_expr="* * * * *", job_agent=agent, job={},
+                                         catchup_window_seconds=0)
+    # Maintenance was down for three fire times: the older ones are missed, then a fire
+    # while the job of the latest is live is skipped.
+    first = db_now().replace(second=0, microsecond=0) - dt.timedelta(minutes=3)
+    Schedule.objects.filter(id=schedule.id).update(next_fire_at=first)
+    counts = service.run_once()
+    schedules.trigger_schedule(schedule.id, workspace_id=agent.workspace_id)
+    Schedule.objects.filter(id=schedule.id).update(next_fire_at=db_now())
+    counts["skipped"] += service.run_once()["skipped"]
+    after = scrape(client)
+
+    def moved(outcome):
+        return value(after, "jobqueue_schedule_fires_total", outcome=outcome) - value(
+            before, "jobqueue_schedule_fires_total", outcome=outcome)
+
+    assert moved("fired") == counts["fired"] + 1  # and the trigger
+    assert moved("missed") == counts["missed"] >= 2
+    assert moved("skipped") == counts["skipped"] >= 1

@@ -66,7 +66,7 @@ def _every_parser(parser):
 
 def test_every_option_and_command_has_help_text():
     parsers = list(_every_parser(producer_cli.build_parser()))
-    assert len(parsers) == 16  # jobqueue, jobs + 9 verbs, groups + 2 verbs, flows + 1 verb
+    assert len(parsers) == 24  # jobqueue, jobs + 9 verbs, groups + 2, schedules + 7, flows + 1
     for parser in parsers:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):  # its commands have help

@@ -123,7 +123,7 @@ def drop(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("jobqueue", "0019_job_debounce_until"),
+        ("jobqueue", "0020_schedules"),
     ]
 
     operations = [
