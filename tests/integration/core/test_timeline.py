@@ -140,7 +140,11 @@ def test_a_requeue_of_a_running_job_waits_for_an_effect_begin_without_a_deadlock
 
 
 def _lock_waiters() -> int:
+    """Sessions of the test database waiting for a lock, as they are now: inside a
+    transaction pg_stat_activity answers the snapshot of its first read, so each look clears
+    it (else a first look before the other thread waits sees no waiter, ever)."""
     with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                        " AND wait_event_type = 'Lock'")
         return cursor.fetchone()[0]
