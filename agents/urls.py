@@ -14,6 +14,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from .views import (
+    FlowViewSet,
     GroupViewSet,
     JobAgentViewSet,
     JobEffectViewSet,
@@ -63,6 +64,7 @@ router.register(W + "job-agents", JobAgentViewSet, basename="agent")
 router.register(W + "job-agents/<anyid:agent_id>/tokens", TokenViewSet, basename="agent-token")
 router.register(W + "jobs", JobViewSet, basename="job")
 router.register(W + "groups", GroupViewSet, basename="group")
+router.register(W + "flows", FlowViewSet, basename="flow")
 router.register(W + "webhooks", WebhookViewSet, basename="webhook")
 router.register(W + "schedules", ScheduleViewSet, basename="schedule")
 router.register(W + "jobs/<anyid:job_id>", JobOutputViewSet, basename="job-output")

@@ -171,6 +171,15 @@ class Job(models.Model):
     # schedule is deleted, and nothing on the claim or report path reads it.
     schedule_id = models.UUIDField(null=True, blank=True, editable=False)
     scheduled_for = models.DateTimeField(null=True, blank=True, editable=False)
+    # Dependencies (POST jobs depends_on, POST flows; docs/api.md "Dependencies and flows"),
+    # both false for a plain job, so that its claim and report pay nothing for them.
+    # has_parents: the job was created with dependencies (JobDependency rows with it as the
+    # child): it waits `pending` until they all succeed, and its claim carries `parents`.
+    # has_dependents: some job depends on this one (set under this row's lock when the
+    # dependent is created): the statements that end it settle its dependents
+    # (jobqueue_settle_dependents, migration 0021; lifecycle/dependencies.py).
+    has_parents = models.BooleanField(default=False, db_default=False, editable=False)
+    has_dependents = models.BooleanField(default=False, db_default=False, editable=False)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
     idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
     # The claim id of the latest claim. Kept on the job so that a retried terminal
@@ -276,6 +285,27 @@ class Job(models.Model):
         if self.retry_backoff_seconds is not None:
             return self.retry_backoff_seconds
         return jobqueue_settings()["RETRY_BACKOFF_SECONDS"]
+
+
+class JobDependency(models.Model):
+    """An edge of a job graph: `child` waits for `parent` to be successful (POST jobs
+    depends_on, POST flows). Both jobs are of one workspace. Written once, with the child;
+    never changed (whether the parent succeeded is the parent's status)."""
+
+    pk = models.CompositePrimaryKey("child_id", "parent_id")
+    child = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="parent_edges",
+                              db_index=False)
+    # Served by job_dependency_parent_idx: the dependents of a job that ends.
+    parent = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="child_edges",
+                               db_index=False)
+
+    class Meta:
+        db_table = "job_dependency"
+        verbose_name_plural = "job dependencies"
+        indexes = [models.Index(fields=["parent"], name="job_dependency_parent_idx")]
+
+    def __str__(self):
+        return f"{self.child_id} after {self.parent_id}"
 
 
 class JobGroup(models.Model):

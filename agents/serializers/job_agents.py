@@ -155,6 +155,15 @@ class ClaimedJobSerializer(JobSerializer):
         ref_name = "ClaimedJob"
 
 
+class ParentSerializer(serializers.Serializer):
+    job_id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=states.CHOICES)
+    result = serializers.JSONField(allow_null=True)
+
+    class Meta:
+        ref_name = "Parent"
+
+
 class ClaimInfoSerializer(serializers.Serializer):
     claim_id = serializers.UUIDField(
         help_text="Send it with every write about the job: it fences the service's record "
@@ -170,6 +179,10 @@ class ClaimInfoSerializer(serializers.Serializer):
     checkpoint = serializers.JSONField(
         allow_null=True, help_text="The latest checkpoint an earlier attempt saved (null: none)."
     )
+    parents = ParentSerializer(
+        many=True, help_text="The jobs this one depends on, each with its status and result "
+        "(the hand-off of a flow: an extract's result for its load); [] for a job without "
+        "dependencies (which costs its claim nothing).")
     fencing_token = serializers.SerializerMethodField(
         help_text="A compact JWS (EdDSA, Ed25519; `kid` in its header) of {iss, job_id, "
         "workspace_id, attempt, claim_id, iat, exp: the lease's end at claim time}, "

@@ -10,11 +10,13 @@ leaves it out (the detail shows its keys only).
 
 from __future__ import annotations
 
+import uuid
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobqueue import states
-from jobqueue.lifecycle import inputs
+from jobqueue.lifecycle import dependencies, inputs
 
 from .fields import (
     INT32_MAX,
@@ -78,9 +80,15 @@ class JobSummarySerializer(serializers.Serializer):
         allow_null=True, help_text="The schedule whose fire made the job (null: none).")
     scheduled_for = serializers.DateTimeField(
         allow_null=True, help_text="That fire's time (a trigger's: when it was asked).")
+    waiting_on = serializers.SerializerMethodField(
+        help_text="While the job waits for its dependencies (pending): the ids of those not "
+        "yet successful. [] otherwise.")
 
     class Meta:
         ref_name = "JobSummary"
+
+    def get_waiting_on(self, job) -> list[uuid.UUID]:
+        return dependencies.waiting_on(job)
 
 
 class JobSerializer(JobSummarySerializer):
@@ -93,9 +101,15 @@ class JobSerializer(JobSummarySerializer):
     message = serializers.CharField(
         allow_blank=True, help_text="At most JOBQUEUE_MAX_MESSAGE_BYTES (64 KiB) as UTF-8."
     )
+    depends_on = serializers.SerializerMethodField(
+        help_text="The jobs this one depends on (depends_on, or a flow's depends_on_refs); "
+        "[] for a job without dependencies.")
 
     class Meta:
         ref_name = "Job"
+
+    def get_depends_on(self, job) -> list[uuid.UUID]:
+        return [p["job_id"] for p in dependencies.parents(job)]
 
 
 class JobCreatedSerializer(JobSerializer):
@@ -200,7 +214,7 @@ class JobDetailSerializer(JobSerializer):
 JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", "group", "attempt",
                  "max_attempts", "priority", "available_at", "created_at", "started_at",
                  "completed_at", "updated_at", "idempotency_key", "unique_key", "schedule_id",
-                 "scheduled_for"]
+                 "scheduled_for", "has_parents"]
 JobPage = page_of(JobSummarySerializer, "JobPage")
 
 
@@ -292,9 +306,56 @@ class JobCreateInput(ApiInput):
         "job's first create. Stored on the job by the create that makes it; later creates' "
         "own values (or their absence) change nothing.",
     )
+    depends_on = serializers.ListField(
+        child=StrictUUIDField(), required=False, allow_null=True, allow_empty=False,
+        max_length=inputs.MAX_DEPENDENCIES,
+        help_text="1 to 100 jobs of the workspace (a repeated id counts once): the job waits "
+        "pending until they are all successful, then is queued; when one ends failure, "
+        "cancelled or expired, it ends cancelled (dependency_failed). Not with hold.",
+    )
 
     class Meta:
         ref_name = "JobCreate"
+
+
+class FlowJobInput(JobCreateInput):
+    """One job of a flow: POST jobs' fields (but hold and the unique-job ones), its ref, and
+    the earlier jobs of the flow it depends on."""
+
+    hold = None
+    unique_key = None
+    unique_states = None
+    on_conflict = None
+    debounce_seconds = None
+    debounce_max_seconds = None
+    ref = StrictCharField(
+        min_length=1, max_length=200, trim_whitespace=False,
+        help_text="The job's name in the flow (unique in it): the answer's key, and what "
+        "later jobs name in depends_on_refs.")
+    depends_on_refs = serializers.ListField(
+        child=StrictCharField(min_length=1, max_length=200, trim_whitespace=False),
+        required=False, default=list, max_length=inputs.MAX_DEPENDENCIES,
+        help_text="Refs of earlier jobs of the flow this one depends on (so no cycle can be "
+        "written); with depends_on, at most 100 in all.")
+
+    class Meta:
+        ref_name = "FlowJobCreate"
+
+
+class FlowCreateInput(ApiInput):
+    jobs = serializers.ListField(child=FlowJobInput(), min_length=1, max_length=1000)
+
+    class Meta:
+        ref_name = "FlowCreate"
+
+
+class FlowCreatedSerializer(serializers.Serializer):
+    jobs = serializers.DictField(
+        child=JobSerializer(),
+        help_text="The flow's jobs by ref, in the order sent.")
+
+    class Meta:
+        ref_name = "FlowCreated"
 
 
 # --- the claim holder: its claim's state, its writes --------------------------------------

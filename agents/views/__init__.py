@@ -6,6 +6,7 @@ the others need the key.
 """
 
 from .effects import JobEffectViewSet
+from .flows import FlowViewSet
 from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
@@ -14,5 +15,5 @@ from .schedules import ScheduleViewSet
 from .tokens import TokenViewSet
 from .webhooks import WebhookViewSet
 
-__all__ = ["GroupViewSet", "JobAgentViewSet", "JobEffectViewSet", "JobOutputViewSet", "JobViewSet",
-           "ScheduleViewSet", "TokenViewSet", "WebhookViewSet"]
+__all__ = ["FlowViewSet", "GroupViewSet", "JobAgentViewSet", "JobEffectViewSet",
+           "JobOutputViewSet", "JobViewSet", "ScheduleViewSet", "TokenViewSet", "WebhookViewSet"]

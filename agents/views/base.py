@@ -106,10 +106,13 @@ class ApiViewSet(ViewSet):
             return {"job_agent_id": self.principal.job_agent_id}
         return {"workspace_id": self.principal.workspace_id}
 
-    def paginated(self, paginator_class, queryset, serializer_class):
-        """One page of `queryset` in the paginator's order, rendered by `serializer_class`."""
+    def paginated(self, paginator_class, queryset, serializer_class, prepare=None):
+        """One page of `queryset` in the paginator's order, rendered by `serializer_class`
+        (after prepare(page), when given: what the page's rows share loaded at once)."""
         paginator = paginator_class()
         page = paginator.paginate_queryset(queryset, self.request, self)
+        if prepare is not None:
+            prepare(page)
         return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
     def validated(self, serializer_class, data=None):

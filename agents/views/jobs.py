@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from jobqueue import history, lifecycle, timeline
 from jobqueue.db import Now
+from jobqueue.lifecycle import dependencies
 from jobqueue.models import Job, JobAgent, JobClaim
 
 from ..pagination import NewestFirst
@@ -85,7 +86,8 @@ class JobViewSet(ApiViewSet):
         group = request.query_params.get("group")
         if group is not None:
             jobs = jobs.filter(group=group)
-        return self.paginated(NewestFirst, jobs.only(*JOB_LIST_ONLY), JobSummarySerializer)
+        return self.paginated(NewestFirst, jobs.only(*JOB_LIST_ONLY), JobSummarySerializer,
+                              prepare=dependencies.load_parents)
 
     @extend_schema(
         tags=PRODUCER_TAGS,
@@ -142,6 +144,7 @@ class JobViewSet(ApiViewSet):
             on_conflict=data.get("on_conflict"),
             debounce_seconds=data.get("debounce_seconds"),
             debounce_max_seconds=data.get("debounce_max_seconds"),
+            depends_on=data.get("depends_on"),
             actor=self.principal.actor,
         )
         return Response(

@@ -28,8 +28,8 @@ from django.utils.html import format_html, format_html_join
 from jobqueue import history, lifecycle, states, timeline
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
-from jobqueue.lifecycle import logs
-from jobqueue.models import Job, JobArtifact, JobEffect, JobEvent
+from jobqueue.lifecycle import dependencies, logs
+from jobqueue.models import Job, JobArtifact, JobDependency, JobEffect, JobEvent
 from jobqueue.redaction import redact_text, redact_value, secret_strings
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
@@ -128,6 +128,8 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         "external_id_display",
         "idempotency_key",
         "unique_key",
+        "dependencies_display",
+        "dependents_display",
         "message_display",
         "job_agent_config_display",
         "dispatch_context_keys",
@@ -310,6 +312,30 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
             format_html_join(
                 "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows),
         )
+
+    @admin.display(description="depends on")
+    def dependencies_display(self, obj):
+        """The jobs this one waits for (read-only), each with its status: those not yet
+        successful are what it waits on while pending."""
+        rows = [(reverse("admin:jobqueue_job_change", args=[p["job_id"]]), p["job_id"],
+                 p["status"], "waiting on it" if obj.status == states.PENDING
+                 and p["status"] != states.SUCCESSFUL else "")
+                for p in dependencies.parents(obj)]
+        if not rows:
+            return "No dependencies."
+        return format_html('<ul class="jq-dependencies">{}</ul>', format_html_join(
+            "", '<li><a href="{}">{}</a> {} <strong>{}</strong></li>', rows))
+
+    @admin.display(description="dependents")
+    def dependents_display(self, obj):
+        """The jobs that depend on this one (read-only), at most 100, each with its status."""
+        if not obj.has_dependents:
+            return "No dependents."
+        rows = [(reverse("admin:jobqueue_job_change", args=[child_id]), child_id, status)
+                for child_id, status in JobDependency.objects.filter(parent_id=obj.pk)
+                .order_by("child_id").values_list("child_id", "child__status")[:100]]
+        return format_html('<ul class="jq-dependents">{}</ul>', format_html_join(
+            "", '<li><a href="{}">{}</a> {}</li>', rows))
 
     @admin.display(description="effects")
     def effects_display(self, obj):

@@ -3,6 +3,7 @@
 One function per transition, each in the module that names it:
 
     create.py    create_job_agent, create_job, dispatch_job
+    flows.py     create_flow: a graph of jobs with their dependencies, in one transaction
     claim.py     claim_job (a named job), claim_next (the next ones, SKIP LOCKED, waiting
                  or not; claim_next_job / claim_next_jobs / claim_next_waiting are its
                  shorthands), wait_for_job_end (a producer's wait);
@@ -31,6 +32,8 @@ and what they share:
 
     inputs.py    typed input values (ClaimRef, ReportItem) and one validator per rule
     refusals.py  explain_refusal: why a write with a claim_id changed nothing (every path)
+    dependencies.py  what a job that ends does to its dependents (settle), a create's
+                 parents (hold_parents), the parents a claim and a job show
     finished.py  announce_finished: the webhook outbox rows (in the transition's transaction)
                  and jobqueue.signals.job_finished on commit, once per job a transition
                  ended (every path that ends jobs calls it)
@@ -74,6 +77,7 @@ from .claim import (
     wait_for_job_end,
 )
 from .create import create_job, create_job_agent, dispatch_job
+from .flows import FlowJob, create_flow
 from .groups import cancel_group, group_state, mark_finished_groups
 from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
 from .inputs import lease_seconds as validate_lease_seconds
@@ -107,6 +111,7 @@ __all__ = [
     "ClaimGrant",
     "GroupState",
     "ClaimRef",
+    "FlowJob",
     "HeartbeatOutcome",
     "HeartbeatResult",
     "ReapResult",
@@ -124,6 +129,7 @@ __all__ = [
     "claim_next_waiting",
     "claim_state",
     "count_expired_claims",
+    "create_flow",
     "create_job",
     "create_job_agent",
     "dispatch_job",

@@ -14,6 +14,8 @@ effects.py, groups.py, jobqueue.wakeups) are written once:
                                            finished_at), or None
     hold_claim(job_id, claim_id, job_agent_id, workspace_id)   hold the claim until commit if
                                            current (within its deadline): its attempt, or None
+    settle_dependents(ended)               settle the dependents of jobs a transition other
+                                           than a report ended (lifecycle/dependencies.py)
     notify(channel, payloads) / listener(hub)   wake-ups: NOTIFY/LISTEN, or the wake file
     now(), ping()                          the database's clock; a round trip
     reports_announce_ended                 whether the report statements wake the producers

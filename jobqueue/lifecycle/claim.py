@@ -19,7 +19,7 @@ from jobqueue.conf import jobqueue_settings
 from jobqueue.exceptions import AgentPaused, JobNotClaimable
 from jobqueue.models import CLAIM_ORDER, Job, JobAgent, JobClaim
 
-from . import inputs
+from . import dependencies, inputs
 from .backends import backend
 from .checkpoints import checkpoints_for
 from .clocks import attempt_deadline, lease_end
@@ -75,6 +75,7 @@ def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
                     for f in CLAIM_ORDER))[:limit]
     )
     saved = checkpoints_for(claim.job_id for claim in claims)
+    dependencies.load_parents([claim.job for claim in claims])
     return [
         ClaimGrant(
             job=claim.job,
@@ -86,6 +87,7 @@ def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
             heartbeat_interval_seconds=heartbeat_interval_for(claim.lease_seconds),
             server_time=claim.db_now,
             checkpoint=saved.get(claim.job_id),
+            parents=dependencies.parents(claim.job),
         )
         for claim in claims
     ]
@@ -95,6 +97,7 @@ def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
     """What a claim returns for jobs just claimed at the database time `now` (the lease
     capped at the attempt's deadline, as stored)."""
     interval = heartbeat_interval_for(lease)
+    dependencies.load_parents(jobs)  # no query unless a job has dependencies
     return [
         ClaimGrant(
             job=job,
@@ -106,6 +109,7 @@ def grants(jobs: list[Job], lease: int, now: dt.datetime) -> list[ClaimGrant]:
             heartbeat_interval_seconds=interval,
             server_time=now,
             checkpoint=getattr(job, "claim_checkpoint", None),
+            parents=dependencies.parents(job),
         )
         for job in jobs
     ]

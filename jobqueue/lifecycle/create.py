@@ -20,10 +20,11 @@ from jobqueue.exceptions import (
     NotFound,
     UniqueKeyConflict,
 )
-from jobqueue.models import Job, JobAgent, JobEvent
+from jobqueue.models import Job, JobAgent, JobDependency, JobEvent
 
-from . import inputs
+from . import dependencies, inputs
 from .backends import backend
+from .finished import announce_finished
 from .groups import hold_group, holding_group
 from .records import event, fetch_job, scoped_jobs
 from .results import JobCreated
@@ -99,6 +100,7 @@ def create_job(
     on_conflict: str | None = None,
     debounce_seconds: int | None = None,
     debounce_max_seconds: int | None = None,
+    depends_on=None,
     schedule_id=None,
     scheduled_for=None,
     actor: str = "",
@@ -112,6 +114,9 @@ def create_job(
     new one (created=False, deduplicated=True), replaced or debounced in place as the
     options say (_meet_live). `schedule_id` and `scheduled_for` are a schedule's fire's
     (lifecycle/schedules.py), never a producer's.
+    With `depends_on` (job ids of the workspace), the job waits pending until they all
+    succeed (lifecycle/dependencies.py): queued at once when they already have, cancelled
+    (dependency_failed) when one already ended otherwise.
     """
     if job_agent.workspace_id != workspace.id:
         raise NotFound("No such job agent.")
@@ -124,6 +129,10 @@ def create_job(
     expires_at = inputs.expires_at(expires_at)
     unique = inputs.uniqueness(unique_key, unique_states, on_conflict, debounce_seconds,
                                debounce_max_seconds)
+    parents = inputs.depends_on(depends_on)
+    if parents is not None and hold:
+        raise InvalidInput("A job with dependencies is queued by them: no hold.",
+                           field="depends_on")
     # Fields added later join the fingerprint only when given, so that a replay of a request
     # made before they existed still matches its job.
     later = {"retry_backoff_seconds": retry_backoff_seconds,
@@ -132,7 +141,8 @@ def create_job(
              "group": group, "unique_key": unique_key,
              "unique_states": None if unique_states is None else sorted(unique_states),
              "on_conflict": on_conflict, "debounce_seconds": debounce_seconds,
-             "debounce_max_seconds": debounce_max_seconds}
+             "debounce_max_seconds": debounce_max_seconds,
+             "depends_on": None if parents is None else sorted(str(p) for p in parents)}
     fingerprint = ""
     payload: dict = {}
     if inputs.idempotency_key(idempotency_key) is not None:
@@ -190,9 +200,21 @@ def create_job(
                     return
             if group is not None:
                 hold_group(workspace.id, group, create=True, reopen=reopen)
+            if parents is not None:
+                statuses = dependencies.hold_parents(workspace.id, parents, "depends_on")
+                job.status, job.message = dependencies.initial_state(statuses)
+                job.has_parents = True
+                if job.status == states.CANCELLED:
+                    job.completed_at = Now()
             job.save(force_insert=True)
-            event(job.id, JobEvent.CREATED, actor=actor, status=job.status).save()
-            if not hold:
+            if parents is not None:
+                JobDependency.objects.bulk_create(
+                    [JobDependency(child_id=job.id, parent_id=p) for p in parents])
+            event(job.id, JobEvent.CREATED, actor=actor, status=job.status,
+                  **({} if parents is None else {"depends_on": len(parents)})).save()
+            if job.status == states.CANCELLED:
+                announce_finished([(job.id, workspace.id, job.status)], actor=actor)
+            elif job.status == states.QUEUED:
                 wakeups.announce(wakeups.agent_key(job_agent.id), delay=delay_seconds or 0)
 
     try:
@@ -210,8 +232,8 @@ def create_job(
             # Its own first request, which raced it (the key's lock serialized them).
             return JobCreated(_idempotent_replay(live, fingerprint, payload), False)
         return JobCreated(live, False, deduplicated=True)
-    if delay_seconds or job.debounce_until is not None:
-        job.refresh_from_db(fields=["available_at", "debounce_until"])
+    if delay_seconds or job.debounce_until is not None or job.status == states.CANCELLED:
+        job.refresh_from_db(fields=["available_at", "debounce_until", "completed_at"])
     observe.emit("created", job_agent_id=job_agent.id)
     return JobCreated(job, True)
 
@@ -317,7 +339,9 @@ def dispatch_job(job_id, *, workspace_id=None, actor: str = "") -> Job:
     with transaction.atomic():
         n = (
             scoped_jobs(workspace_id)
-            .filter(id=job_id, status=states.PENDING)
+            # A job with dependencies is queued by them (lifecycle/dependencies.py), not by
+            # its producer.
+            .filter(id=job_id, status=states.PENDING, has_parents=False)
             .update(status=states.QUEUED, available_at=Now(), updated_at=Now())
         )
         if n == 1:
@@ -326,4 +350,6 @@ def dispatch_job(job_id, *, workspace_id=None, actor: str = "") -> Job:
             wakeups.announce(wakeups.agent_key(job.job_agent_id))
             return job
     job = fetch_job(job_id, workspace_id=workspace_id)
+    if job.status == states.PENDING:
+        raise InvalidTransition("This job waits for its dependencies: they queue it.")
     raise InvalidTransition(f"Only a pending job can be dispatched; this one is {job.status}.")

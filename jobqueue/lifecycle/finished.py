@@ -67,13 +67,18 @@ def finished_payload(job: Job) -> dict:
 
 def announce_finished(ended: Iterable[Ended], *, actor: str = "",
                       outbox_written: bool = False) -> None:
-    """Write the outbox rows (unless the caller's statement did) and send job_finished for
-    each (job_id, workspace_id, terminal status) once the current transaction commits."""
+    """Write the outbox rows and settle the jobs' dependents (unless the caller's statement
+    did both: lifecycle/dependencies.py) and send job_finished for each (job_id,
+    workspace_id, terminal status) once the current transaction commits."""
     ended = list(ended)
     if not ended:
         return
     if not outbox_written:
+        # A report's statement (or the ORM's report) settles the dependents itself.
+        from .dependencies import settle
+
         write_outbox(ended)
+        settle(ended)
     transaction.on_commit(lambda: _send(ended, actor))
 
 

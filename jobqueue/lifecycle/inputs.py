@@ -230,6 +230,22 @@ def uniqueness(key: str | None, unique_states=None, on_conflict: str | None = No
                       debounce_max_seconds)
 
 
+MAX_DEPENDENCIES = 100
+
+
+def depends_on(value, field: str = "depends_on") -> tuple[uuid.UUID, ...] | None:
+    """A create's parents: None (no dependencies), or 1 to MAX_DEPENDENCIES job ids, each
+    counted once (a repeated id is the same dependency), in the order first sent."""
+    if value is None:
+        return None
+    ids = [parse_uuid(v) for v in value]
+    if None in ids:
+        raise InvalidInput("Each dependency is a job id.", field=field)
+    if not 1 <= len(ids) <= MAX_DEPENDENCIES:
+        raise InvalidInput(f"From 1 to {MAX_DEPENDENCIES} dependencies.", field=field)
+    return tuple(dict.fromkeys(ids))
+
+
 MAX_GROUP_LENGTH = 200
 MAX_HOLDER_LENGTH = 200
 INT32_MAX = 2**31 - 1

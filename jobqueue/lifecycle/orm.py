@@ -22,6 +22,7 @@ from jobqueue.timeline import MESSAGE_CHARS, row_says_report
 from .artifacts import publish
 from .checkpoints import checkpoints_for
 from .clocks import attempt_deadline, lease_end, retry_fields, within_deadline
+from .dependencies import settle_many, settle_one
 from .finished import write_outbox
 from .records import event, scoped_jobs
 
@@ -151,7 +152,14 @@ class OrmBackend:
                       status=status, has_result=result is not None, **extra).save()
             if job.status in states.TERMINAL:
                 write_outbox([(job.id, job.workspace_id, job.status)])
+                if job.has_dependents:
+                    settle_one(job.id, job.status)
             return job
+
+    def settle_dependents(self, ended) -> None:
+        """Settle the dependents of the jobs `ended` [(job_id, status)] that have any, in
+        the caller's transaction (lifecycle/dependencies.py)."""
+        settle_many(ended)
 
     def report_many(self, items, job_agent_id, workspace_id, actor):
         """{job_id: (status, completed_at)} of the reports that their claims allowed, all in

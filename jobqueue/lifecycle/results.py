@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jobqueue.models import Job
 
@@ -42,6 +42,8 @@ class ClaimGrant:
     heartbeat_interval_seconds: int
     server_time: dt.datetime
     checkpoint: object = None  # what an earlier attempt saved (None: nothing)
+    # The job's dependencies, each {job_id, status, result} ([] for a job without any).
+    parents: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)

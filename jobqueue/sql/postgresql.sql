@@ -66,7 +66,8 @@ WITH locked AS MATERIALIZED (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
-        job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -116,7 +117,8 @@ WITH locked AS MATERIALIZED (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
-        job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -174,7 +176,11 @@ SELECT pg_advisory_xact_lock(hashtextextended(
 -- set before its wait's first check) is told by a NOTIFY on the channel
 -- jobqueue.wakeups.CHANNEL, delivered on commit, only then:
 -- a NOTIFY serializes commits cluster-wide (15-30 % of the core cycle at 16 workers when
--- every report sent one). The CTEs run because the final SELECT counts them.
+-- every report sent one). A job that others depend on (job.has_dependents, false for a
+-- plain job, which pays nothing more) settles them in the same statement:
+-- jobqueue_settle_dependents (migration 0021) queues the dependents whose parents have all
+-- succeeded, or cancels them (dependency_failed) down the graph when it ended otherwise.
+-- The CTEs run because the final SELECT counts them.
 WITH done AS (
     UPDATE job SET status = %(status)s, completed_at = STATEMENT_TIMESTAMP(),
         message = COALESCE(%(message)s, job.message),
@@ -196,7 +202,8 @@ WITH done AS (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
-        job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -222,9 +229,13 @@ WITH done AS (
 ), notified AS (
     SELECT pg_notify('jobqueue_wake', 'j:' || done.id::text) FROM done
     WHERE done.watched
+), settled AS (
+    SELECT jobqueue_settle_dependents(done.id, done.status) FROM done
+    WHERE done.has_dependents AND done.status <> 'queued'
 )
 SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted
 FROM done CROSS JOIN (SELECT count(*) FROM notified) AS n
+    CROSS JOIN (SELECT count(*) FROM settled) AS s
 
 
 -- name: job_fail_or_retry_if_running
@@ -263,7 +274,8 @@ WITH done AS (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
-        job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -283,9 +295,13 @@ WITH done AS (
 ), notified AS (
     SELECT pg_notify('jobqueue_wake', 'j:' || done.id::text) FROM done
     WHERE done.watched
+), settled AS (
+    SELECT jobqueue_settle_dependents(done.id, done.status) FROM done
+    WHERE done.has_dependents AND done.status <> 'queued'
 )
 SELECT done.*, (SELECT count(*) FROM gone) AS claims_deleted
 FROM done CROSS JOIN (SELECT count(*) FROM notified) AS n
+    CROSS JOIN (SELECT count(*) FROM settled) AS s
 
 
 -- name: job_set_progress_if_running
@@ -311,7 +327,8 @@ WITH done AS (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
-        job.created_at, job.started_at, job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.created_at, job.started_at,
+        job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()
@@ -376,7 +393,7 @@ WITH req AS (
     RETURNING job.id, job.status, job.completed_at, job.attempt, job.last_claim_id,
         job.workspace_id, job.watched, job.job_agent_id, job.job_agent_config, job.result,
         job.message, job.external_id, job.max_attempts, job.priority, job.idempotency_key,
-        job.available_at, job.created_at, job.started_at, job.updated_at
+        job.available_at, job.created_at, job.started_at, job.updated_at, job.has_dependents
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = done.id AND c.claim_id = done.last_claim_id
@@ -409,9 +426,13 @@ WITH req AS (
 ), notified AS (
     SELECT pg_notify('jobqueue_wake', 'j:' || done.id::text) FROM done
     WHERE done.watched
+), settled AS (
+    SELECT jobqueue_settle_dependents(done.id, done.status) FROM done
+    WHERE done.has_dependents AND done.status <> 'queued'
 )
 SELECT done.id, done.status, done.completed_at, done.workspace_id, (SELECT count(*) FROM gone)
 FROM done CROSS JOIN (SELECT count(*) FROM notified) AS n
+    CROSS JOIN (SELECT count(*) FROM settled) AS s
 
 
 -- name: claim_extend_if_current
@@ -605,3 +626,15 @@ WHERE p.pronamespace = current_schema()::regnamespace
 SELECT format_type(t.oid, t.mod)
 FROM unnest(%(oids)s::oid[], %(mods)s::integer[]) WITH ORDINALITY AS t(oid, mod, n)
 ORDER BY t.n
+
+
+-- name: job_settle_dependents
+-- Settle the dependents of the jobs %(jobs)s that a transition other than a report just
+-- ended with %(statuses)s (paired), in its transaction: jobqueue_settle_dependents (migration
+-- 0021) for each of them that has dependents, in job_id order. The report statements call
+-- the function themselves.
+SELECT jobqueue_settle_dependents(r.id, r.status)
+FROM unnest(%(jobs)s::uuid[], %(statuses)s::text[]) AS r(id, status)
+JOIN job ON job.id = r.id
+WHERE job.has_dependents
+ORDER BY r.id

@@ -339,6 +339,37 @@ def test_unique_jobs_through_the_client(world):
     assert Job.objects.filter(unique_key="nightly").count() == 2
 
 
+def test_dependencies_and_flows_through_the_client(world):
+    """Seed 002's extract -> load as a flow: the load waits, its claim reads the extract's
+    result; a failed extract cancels its load (dependency_failed)."""
+    agent, producer, worker = world
+    made = producer.create_flow([
+        {"ref": "extract", "job_agent_id": str(agent.id), "dispatch_context": {"k": "e"}},
+        {"ref": "load", "job_agent_id": str(agent.id), "depends_on_refs": ["extract"]}])
+    assert list(made) == ["extract", "load"]
+    assert made["load"]["status"] == "pending"
+    assert made["load"]["waiting_on"] == [made["extract"]["id"]]
+    extract = worker.claim_next()
+    assert extract.job_id == made["extract"]["id"] and extract.parents == []
+    worker.report(extract.job_id, extract.claim_id, "successful", result={"rows": 9})
+    load = worker.claim_next()
+    assert load.job_id == made["load"]["id"]
+    assert load.parents == [{"job_id": extract.job_id, "status": "successful",
+                             "result": {"rows": 9}}]
+    worker.report(load.job_id, load.claim_id, "successful")
+    parent = producer.create_job(agent.id)
+    child = producer.create_job(agent.id, depends_on=[parent["id"]])
+    assert child["status"] == "pending" and child["depends_on"] == [parent["id"]]
+    producer.cancel(parent["id"])
+    child = producer.get(child["id"])
+    assert child["status"] == "cancelled"
+    assert child["message"] == f"dependency_failed: {parent['id']}"
+    with pytest.raises(InvalidRequest) as bad:
+        producer.create_flow([{"ref": "a", "job_agent_id": str(agent.id),
+                               "depends_on_refs": ["b"]}])
+    assert bad.value.status == 400 and "jobs[0].depends_on_refs" in bad.value.fields
+
+
 def test_list_follows_the_cursor_across_pages(world):
     agent, producer, worker = world
     ids = [producer.create_job(agent.id, external_id=f"n{i}")["id"] for i in range(7)]

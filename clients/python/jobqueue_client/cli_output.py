@@ -221,6 +221,8 @@ def job_text(job: dict, *, events: bool = False) -> str:
         ("external_id", job.get("external_id")),
         ("idempotency_key", job.get("idempotency_key")),
         ("unique_key", job.get("unique_key")),
+        ("depends_on", ", ".join(job.get("depends_on") or []) or None),
+        ("waiting_on", ", ".join(job.get("waiting_on") or []) or None),
         ("max_runtime", f"{job['max_runtime_seconds']} s"
          if job.get("max_runtime_seconds") else None),
         ("expires_at", job.get("expires_at")),

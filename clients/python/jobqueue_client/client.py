@@ -83,6 +83,9 @@ class Claim:
     # The claim's signed fencing token (a compact JWS), for outside resources to verify
     # offline (fencing.verify_fencing_token; None from a server that sends none).
     fencing_token: str | None = field(default=None, repr=False)
+    # The jobs this one depends on, each {"job_id", "status", "result"} (their results: an
+    # extract's for its load); [] for a job without dependencies (or an older server).
+    parents: list = field(default_factory=list, repr=False)
 
     @property
     def job_id(self) -> str:
@@ -108,6 +111,7 @@ class Claim:
             server_time=parse_time(claim.get("server_time") or claim["claim_expires_at"]),
             checkpoint=claim.get("checkpoint"),
             fencing_token=claim.get("fencing_token"),
+            parents=list(claim.get("parents") or []),
         )
 
     def __repr__(self) -> str:  # never print dispatch_context

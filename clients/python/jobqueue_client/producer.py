@@ -201,7 +201,8 @@ class ProducerClient(ApiClient):
                    hold: bool = False, idempotency_key: str | None = None,
                    unique_key: str | None = None, unique_states: list[str] | None = None,
                    on_conflict: str | None = None, debounce_seconds: int | None = None,
-                   debounce_max_seconds: int | None = None) -> dict:
+                   debounce_max_seconds: int | None = None,
+                   depends_on: list[str] | None = None) -> dict:
         """POST jobs: create a job for `job_agent_id` (queued; `pending` with hold=True, see
         dispatch()). Returns the job (never its dispatch_context) with `deduplicated`. Fields
         left None are not sent, so the server's defaults apply (and, with an Idempotency-Key,
@@ -218,6 +219,11 @@ class ProducerClient(ApiClient):
         last start before its expires_at. A replace or a debounce that meets a live job of
         another job agent raises UniqueKeyConflict and changes nothing.
 
+        With `depends_on` (1 to 100 job ids of the workspace), the job waits pending
+        (`waiting_on`) until they are all successful, then is queued; it ends cancelled
+        (message "dependency_failed: <id>") when one ends otherwise. Its claim carries
+        `claim["parents"]`: each parent's job_id, status and result.
+
         With `idempotency_key`, a replay with the same fields returns the first job, so a
         lost answer is sent again; the same key with other fields raises
         IdempotencyKeyReused. Without one, the request is sent once. Raises GroupCancelled
@@ -233,6 +239,7 @@ class ProducerClient(ApiClient):
             "unique_states": None if unique_states is None else list(unique_states),
             "on_conflict": on_conflict, "debounce_seconds": debounce_seconds,
             "debounce_max_seconds": debounce_max_seconds,
+            "depends_on": None if depends_on is None else [str(j) for j in depends_on],
         }
         body.update({k: v for k, v in optional.items() if v is not None})
         if hold:
@@ -241,6 +248,17 @@ class ProducerClient(ApiClient):
             return self._json(self._request("POST", "jobs", json=body))
         return self._json(self._safe_request("POST", "jobs", json=body,
                                              headers={"Idempotency-Key": idempotency_key}))
+
+    def create_flow(self, jobs: list[dict]) -> dict:
+        """POST flows: create a graph of jobs at once, all or nothing. Each of `jobs` is a
+        dict of create_job's body fields (job_agent_id, dispatch_context, group, …; not hold
+        or the unique-job ones) with a `ref` (unique in the flow) and optionally
+        `depends_on_refs` (refs of earlier jobs of the list) and `depends_on` (ids of
+        existing jobs). Returns {ref: job} in the order sent. Raises InvalidRequest (400)
+        for a bad flow: its `fields` name the job, e.g. "jobs[1].depends_on_refs". Sent
+        once (a flow takes no Idempotency-Key)."""
+        body = {"jobs": [dict(job) for job in jobs]}
+        return self._json(self._request("POST", "flows", json=body))["jobs"]
 
     def get(self, job_id: str, *, wait_seconds: int | None = None) -> dict:
         """GET jobs/{job_id}: the job with its claim state (`claim`), `attempts` and timeline

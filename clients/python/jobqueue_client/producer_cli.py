@@ -8,6 +8,7 @@
     jobqueue jobs logs ID [--attempt N] [--follow]
     jobqueue jobs artifacts ID [--download DIR [--name NAME ...]]
     jobqueue groups get|cancel NAME
+    jobqueue flows create FILE|-
 
 The connection comes from JOBQUEUE_URL (else JOBQUEUE_SERVER, the agent's name for it),
 JOBQUEUE_WORKSPACE and JOBQUEUE_API_KEY, or from --url, --workspace and --api-key (which may
@@ -46,6 +47,7 @@ from .producer_commands import (
     cmd_cancel,
     cmd_create,
     cmd_dispatch,
+    cmd_flow_create,
     cmd_get,
     cmd_group_cancel,
     cmd_group_get,
@@ -164,6 +166,13 @@ def _int(text: str) -> int:
 UNIQUE_STATES = ("pending", "queued", "in_progress")
 
 
+def _ids(text: str) -> list[str]:
+    ids = [part.strip() for part in text.split(",") if part.strip()]
+    if not ids:
+        raise argparse.ArgumentTypeError("give at least one job id")
+    return ids
+
+
 def _unique_states(text: str) -> list[str]:
     states = [s.strip() for s in text.split(",")]
     if not all(s in UNIQUE_STATES for s in states):
@@ -183,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
                         help="print the version (of jobqueue-client) and exit")
-    nouns = parser.add_subparsers(dest="noun", metavar="{jobs,groups,schedules}",
+    nouns = parser.add_subparsers(dest="noun", metavar="{jobs,groups,schedules,flows}",
                                   required=True)
 
     def command(group, name, handler, help_, *, description=None):
@@ -256,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --debounce-seconds: push no later than S seconds after the "
                              "job's first create (the cap that create gave the job holds, "
                              "whatever later creates send)")
+    create.add_argument("--depends-on", type=_ids, metavar="ID[,ID]",
+                        help="wait (pending) until these jobs of the workspace are all "
+                             "successful (1 to 100); cancelled if one ends otherwise")
     create.add_argument("--wait", action="store_true",
                         help="wait until the job ends; exit 0 if successful, 1 if not")
     create.add_argument("--timeout", type=_non_negative_float, metavar="S",
@@ -339,6 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
     gcancel = command(gverbs, "cancel", cmd_group_cancel,
                       "cancel every live job of a group; the group takes no new jobs")
     gcancel.add_argument("name", metavar="NAME", help="the group's name")
+
+    flows = nouns.add_parser("flows", help="create a graph of jobs at once",
+                             description="Flows: jobs that depend on earlier ones.")
+    fverbs = flows.add_subparsers(dest="verb", required=True, metavar="{create}")
+    fcreate = command(fverbs, "create", cmd_flow_create,
+                      "create a flow: every job of a JSON file at once, all or nothing",
+                      description='Create every job of FILE ({"jobs": [{"ref": "extract", '
+                                  '"job_agent_id": ID, …}, {"ref": "load", …, '
+                                  '"depends_on_refs": ["extract"]}]}) in one transaction. '
+                                  "Prints each job's ref, id and status.")
+    fcreate.add_argument("file", metavar="FILE|-", help="the flow, a JSON object (- for stdin)")
     gcancel.add_argument("--reason", metavar="TEXT",
                          help="why (up to 500 characters; kept on each job's timeline)")
     _schedule_commands(nouns, command)

@@ -85,7 +85,7 @@ def cmd_create(client: ProducerClient, args, out: Output) -> int:
         idempotency_key=args.idempotency_key, unique_key=args.unique_key,
         unique_states=args.unique_states, on_conflict=args.on_conflict,
         debounce_seconds=args.debounce_seconds,
-        debounce_max_seconds=args.debounce_max_seconds)
+        debounce_max_seconds=args.debounce_max_seconds, depends_on=args.depends_on)
     if job.get("deduplicated"):
         out.note(f"a live job with that unique key answered: {job['id']} ({job['status']}); "
                  "no job created")
@@ -265,6 +265,20 @@ def cmd_artifacts(client, args, out) -> int:
         out.document(saved)
     elif not saved:
         out.note(f"job {args.id} has no published artifacts: nothing saved")
+    return EXIT_OK
+
+
+def cmd_flow_create(client, args, out) -> int:
+    flow = read_object(args.file, "FILE")
+    jobs = flow.get("jobs")
+    if not isinstance(jobs, list):
+        raise UsageError('flows create: FILE must hold {"jobs": [{"ref": …, "job_agent_id": '
+                         '…, "depends_on_refs": […]}, …]}')
+    made = client.create_flow(jobs)
+    if out.machine:
+        out.document({"jobs": made})
+    else:
+        out.text("\n".join(f"{ref}  {job['id']}  {job['status']}" for ref, job in made.items()))
     return EXIT_OK
 
 

@@ -94,6 +94,12 @@ class PostgresBackend:
         commits; None: no such group."""
         return self._one(sql.group_hold, {"workspace": workspace_id, "name": name})
 
+    def settle_dependents(self, ended) -> None:
+        """Settle the dependents of the jobs `ended` [(job_id, status)] that have any, in
+        the caller's transaction: jobqueue_settle_dependents (migration 0021) for each."""
+        self._one(sql.job_settle_dependents, {"jobs": [job_id for job_id, _ in ended],
+                                              "statuses": [status for _, status in ended]})
+
     def notify(self, channel: str, payloads: list[str]) -> None:
         """Send the wake-ups, delivered to every listener when the transaction commits."""
         self._one(sql.wake_notify, {"channel": channel, "payloads": payloads})

@@ -254,3 +254,18 @@ def test_job_page_shows_the_unique_key_and_a_replace_without_the_context(op_clie
     assert "secret" not in html
     listing = op_client.get(reverse("admin:jobqueue_job_changelist")).content.decode()
     assert "secret" not in listing
+
+
+def test_job_page_shows_dependencies_and_dependents_read_only(op_client, agent):
+    from jobqueue import lifecycle
+
+    parent, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent)
+    child, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
+                                    depends_on=[parent.id])
+    html = op_client.get(reverse("admin:jobqueue_job_change", args=[child.pk])).content.decode()
+    assert "Depends on" in html and str(parent.id) in html and "waiting on it" in html
+    html = op_client.get(reverse("admin:jobqueue_job_change", args=[parent.pk])).content.decode()
+    assert "Dependents" in html and str(child.id) in html and "No dependencies." in html
+    plain, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent)
+    html = op_client.get(reverse("admin:jobqueue_job_change", args=[plain.pk])).content.decode()
+    assert "No dependencies." in html and "No dependents." in html

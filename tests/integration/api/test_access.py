@@ -17,6 +17,7 @@ from jobqueue.models import (
     Job,
     JobAgent,
     JobArtifact,
+    JobDependency,
     JobEffect,
     JobEvent,
     JobGroup,
@@ -55,6 +56,8 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run",
         ("claim_state", "GET", f"jobs/{job_id}/claims/{claim_id}", None),
         ("list_jobs", "GET", "jobs", None),
         ("create_job", "POST", "jobs", {"job_agent_id": str(agent_id)}),
+        ("create_flow", "POST", "flows", {"jobs": [
+            {"ref": "a", "job_agent_id": str(agent_id), "depends_on": [str(job_id)]}]}),
         ("get_job", "GET", f"jobs/{job_id}", None),
         ("cancel", "POST", f"jobs/{job_id}/cancel", None),
         ("requeue", "POST", f"jobs/{job_id}/requeue", None),
@@ -87,8 +90,8 @@ AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "releas
                    "claim_state", "append_log", "read_log", "upload_artifact", "begin_effect",
                    "commit_effect"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
-NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "list_agents", "create_agent", "list_webhooks",
-                     "create_webhook", "list_schedules", "create_schedule"}
+NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "create_flow", "list_agents", "create_agent",
+                     "list_webhooks", "create_webhook", "list_schedules", "create_schedule"}
 # The workspace's own webhooks and schedules: only its key, an agent token gets 403 (they
 # name no agent or job).
 WEBHOOK_OBJECTS = {"delete_webhook", "webhook_deliveries", "get_schedule", "update_schedule",
@@ -97,7 +100,8 @@ WEBHOOK_OBJECTS = {"delete_webhook", "webhook_deliveries", "get_schedule", "upda
 GROUP_ENDPOINTS = {"get_group", "cancel_group"}
 CREATES = {"create_agent", "create_webhook"}
 # A body naming another workspace's object: 400 naming the field, nothing created.
-BODY_REFERENCES = {"create_job": "job_agent_id", "create_schedule": "job"}
+BODY_REFERENCES = {"create_job": "job_agent_id", "create_schedule": "job",
+                   "create_flow": "jobs[0].job_agent_id"}
 
 
 def _claimed(agent, group):
@@ -120,6 +124,8 @@ def _snapshot():
         sorted(JobEffect.objects.values_list("job_id", "key", "attempt", "committed_at")),
         sorted(Schedule.objects.values_list("id", "name", "paused_at", "last_job_id")),
         ScheduleFire.objects.count(),
+        sorted(JobDependency.objects.values_list("child_id", "parent_id")),
+        sorted(Job.objects.values_list("id", "has_dependents")),
     )
 
 
@@ -199,6 +205,28 @@ def test_workspace_key_cannot_reach_another_workspace(world, targets, name):
         assert r.status_code == 404 and r.json()["code"] == "not_found", (name, r.content)
     if name not in CREATES:
         assert _snapshot() == before
+
+
+@pytest.mark.parametrize("endpoint", ["jobs", "flows"])
+def test_another_workspaces_job_as_a_dependency_is_an_unknown_one(world, targets, endpoint):
+    """Another workspace's job in depends_on (or a flow's) is the same 400 as an id that
+    names no job, naming the field, and nothing is created or marked."""
+    import uuid
+
+    foreign = targets["y"][1][2].split("/")[3]  # the other workspace's claimed job
+    answers = []
+    for parent in (foreign, str(uuid.uuid4())):
+        job = {"job_agent_id": str(world.agent.id), "depends_on": [parent]}
+        body = job if endpoint == "jobs" else {"jobs": [{"ref": "a", **job}]}
+        before = _snapshot()
+        r = world.producer().post(endpoint, json=body)
+        assert _snapshot() == before
+        answers.append((r.status_code, r.json()))
+    assert answers[0] == answers[1]
+    status, body = answers[0]
+    field = "depends_on" if endpoint == "jobs" else "jobs[0].depends_on"
+    assert status == 400 and body["code"] == "validation_error"
+    assert list(body["fields"]) == [field]
 
 
 def test_the_key_may_drive_its_own_agents(world, targets):

@@ -79,6 +79,10 @@ def _drive(live_server, api_target, mode, checks):
             job = case.body.get("job") if isinstance(case.body, dict) else None
             if isinstance(job, dict) and "job_agent_id" in job:  # a schedule's job
                 job["job_agent_id"] = api_target["paths"]["agent_id"]
+            if isinstance(case.body, dict) and isinstance(case.body.get("jobs"), list):
+                for job in case.body["jobs"]:  # a flow's jobs (POST flows)
+                    if isinstance(job, dict) and "job_agent_id" in job:
+                        job["job_agent_id"] = api_target["paths"]["agent_id"]
             case.call_and_validate(headers=headers, checks=checks)
 
         check()
@@ -124,7 +128,7 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "jobs/{job_id}/claims/{claim_id}", "webhooks", "webhooks/{webhook_id}",
         "webhooks/{webhook_id}/deliveries", "jobs/{job_id}/log",
         "jobs/{job_id}/artifacts", "jobs/{job_id}/artifacts/{name}",
-        "job-agents/{agent_id}/pause", "job-agents/{agent_id}/resume",
+        "job-agents/{agent_id}/pause", "job-agents/{agent_id}/resume", "flows",
         "jobs/{job_id}/effects", "jobs/{job_id}/effects/{key}",
         "jobs/{job_id}/effects/{key}/begin", "schedules", "schedules/{schedule_id}",
         "schedules/{schedule_id}/trigger",

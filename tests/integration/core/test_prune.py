@@ -221,3 +221,23 @@ def test_pruning_racing_requeues_and_claims_never_deletes_a_live_job():
         kinds = list(JobEvent.objects.filter(job_id=job_id).values_list("kind", flat=True))
         assert JobEvent.REQUEUED in kinds and JobEvent.CLAIMED in kinds
     assert not JobEvent.objects.exclude(job_id__in=Job.objects.values("id")).exists()
+
+
+def test_pruning_a_parent_deletes_its_edges_and_keeps_its_waiting_dependent():
+    """A job's dependency edges go with it (either end); a dependent still waiting on
+    another parent keeps waiting, and is released by that one alone."""
+    from jobqueue.models import JobDependency
+
+    agent = JobAgentFactory()
+    old_parent = lifecycle.create_job(workspace=agent.workspace, job_agent=agent).job
+    other = lifecycle.create_job(workspace=agent.workspace, job_agent=agent).job
+    child = lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
+                                 depends_on=[old_parent.id, other.id]).job
+    grant = lifecycle.claim_job(agent, old_parent.id)
+    lifecycle.report_status(old_parent.id, grant.claim_id, states.SUCCESSFUL)
+    Job.objects.filter(id=old_parent.id).update(completed_at=NowPlusSeconds(-15 * DAY))
+    assert pruner.run_once().jobs == 1
+    assert list(JobDependency.objects.values_list("parent_id", flat=True)) == [other.id]
+    grant = lifecycle.claim_job(agent, other.id)
+    lifecycle.report_status(other.id, grant.claim_id, states.SUCCESSFUL)
+    assert Job.objects.get(id=child.id).status == states.QUEUED

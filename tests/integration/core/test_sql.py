@@ -66,7 +66,8 @@ def test_no_sql_is_written_in_python():
 def _cycle(agent):
     """Every hand-run path once: creates with a unique key, claims (next, batch, keyed,
     named), heartbeats (single, batch, with a checkpoint), an effect begun and committed,
-    reports (progress, final, retry, batch), a group, wake-ups and the clock."""
+    reports (progress, final, retry, batch), a group, a dependency cancelled by an operator,
+    wake-ups and the clock."""
     ws = agent.workspace
     jobs = [lifecycle.create_job(workspace=ws, job_agent=agent, dispatch_context={"n": i},
                                  group=f"g{i % 2}")[0].id
@@ -92,6 +93,17 @@ def _cycle(agent):
         lifecycle.ReportItem(g.job.id, g.claim_id, states.SUCCESSFUL) for g in batch + big[1:]])
     lifecycle.report_status(big[0].job.id, big[0].claim_id, states.SUCCESSFUL)
     lifecycle.wait_for_job_end(jobs[0], 0)
+    # A job with a dependent, ended by an operator: its dependents settled by name.
+    parent = lifecycle.create_job(workspace=ws, job_agent=agent)[0]
+    lifecycle.create_job(workspace=ws, job_agent=agent, depends_on=[parent.id])
+    lifecycle.cancel_job(parent.id)
+    # And one ended by its report: the report statement settles it (its child queued).
+    parent = lifecycle.create_job(workspace=ws, job_agent=agent)[0]
+    child = lifecycle.create_job(workspace=ws, job_agent=agent, depends_on=[parent.id])[0]
+    done = lifecycle.claim_job(agent, parent.id)
+    lifecycle.report_status(parent.id, done.claim_id, states.SUCCESSFUL)
+    child.refresh_from_db()
+    assert child.status == states.QUEUED
     db_now()
     backend().ping()
 

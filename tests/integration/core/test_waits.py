@@ -116,7 +116,24 @@ def _dispatch(agent):
     return job, lambda: lifecycle.dispatch_job(job.id)
 
 
-@pytest.mark.parametrize("transition", [_release, _reap, _requeue, _dispatch])
+def _parent_succeeds(agent, batch=False):
+    """The child (this agent's) of a job of another agent, queued by its parent's success
+    (lifecycle/dependencies.py)."""
+    parent, grant = claimed_job(job_agent=JobAgentFactory(workspace=agent.workspace))
+    job, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
+                                  depends_on=[parent.id])
+    if batch:
+        return job, lambda: lifecycle.report_many(parent.job_agent_id, [
+            lifecycle.ReportItem(parent.id, grant.claim_id, states.SUCCESSFUL)])
+    return job, lambda: lifecycle.report_status(parent.id, grant.claim_id, states.SUCCESSFUL)
+
+
+def _parent_succeeds_in_a_batch(agent):
+    return _parent_succeeds(agent, batch=True)
+
+
+@pytest.mark.parametrize("transition", [_release, _reap, _requeue, _dispatch, _parent_succeeds,
+                                        _parent_succeeds_in_a_batch])
 def test_every_way_a_job_becomes_claimable_wakes_a_waiter(pool, transition):
     agent = fresh(JobAgentFactory())
     job, make_claimable = transition(agent)

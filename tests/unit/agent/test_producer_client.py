@@ -276,3 +276,20 @@ def test_a_body_cut_short_is_a_transport_error_and_leaves_no_file(tmp_path):
                                  transport=httpx.MockTransport(answer(404)))
     with pytest.raises(api.TransportError, match="ReadError"):
         client.download_artifact("j1", "a.bin", tmp_path / "a.bin")
+
+
+def test_create_sends_its_dependencies_and_a_flow_is_sent_once():
+    client, server = make((201, {**JOB, "status": "pending"}))
+    client.create_job("ag", depends_on=["p1", "p2"])
+    assert server.bodies() == [{"job_agent_id": "ag", "depends_on": ["p1", "p2"]}]
+    jobs = {"extract": {**JOB, "id": "e"}, "load": {**JOB, "id": "l", "status": "pending"}}
+    flow = [{"ref": "extract", "job_agent_id": "ag"},
+            {"ref": "load", "job_agent_id": "ag", "depends_on_refs": ["extract"]}]
+    client, server = make((201, {"jobs": jobs}))
+    assert client.create_flow(flow) == jobs
+    assert server.bodies() == [{"jobs": flow}]
+    assert server.seen[0].url.path.endswith("/workspaces/ws/flows")
+    client, server = make(httpx.ReadError("lost"))
+    with pytest.raises(api.TransportError):
+        client.create_flow(flow)
+    assert len(server.seen) == 1  # a lost answer might have created it: not repeated

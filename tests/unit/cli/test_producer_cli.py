@@ -66,7 +66,7 @@ def _every_parser(parser):
 
 def test_every_option_and_command_has_help_text():
     parsers = list(_every_parser(producer_cli.build_parser()))
-    assert len(parsers) == 22  # jobqueue, jobs + 9 verbs, groups + 2 verbs, schedules + 7
+    assert len(parsers) == 24  # jobqueue, jobs + 9 verbs, groups + 2, schedules + 7, flows + 1
     for parser in parsers:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):  # its commands have help
@@ -147,6 +147,8 @@ def test_a_url_that_is_not_http_is_a_usage_error(env, capsys):
      "a comma-separated list of: pending, queued, in_progress"),
     (["jobs", "create", "--agent", "ag", "--on-conflict", "merge"], "invalid choice: 'merge'"),
     (["jobs", "create", "--agent", "ag", "--debounce-seconds", "0"], "must be at least 1"),
+    (["jobs", "create", "--agent", "ag", "--depends-on", ","], "give at least one job id"),
+    (["flows"], "the following arguments are required"),
     (["jobs", "list", "--status", "done"], "invalid choice: 'done'"),
     (["jobs", "list", "--limit", "5", "--all"], "not allowed with argument --limit"),
     (["jobs", "logs", "j1", "--interval", "0"], "must be positive"),
@@ -639,3 +641,37 @@ def test_a_reader_that_went_away_ends_the_command_quietly(env, monkeypatch, tmp_
         monkeypatch.setattr(producer_cli.sys, "stdout", stdout)
         code, _ = run(["jobs", "get", "j1"], BrokenPipeError(32, "Broken pipe"))
     assert code == 0
+
+
+def test_create_sends_its_dependencies(env, capsys):
+    code, server = run(["jobs", "create", "--agent", "ag", "--depends-on", "p1, p2"],
+                       (201, job(status="pending", depends_on=["p1", "p2"],
+                                 waiting_on=["p2"])))
+    assert code == 0
+    assert server.body() == {"job_agent_id": "ag", "depends_on": ["p1", "p2"]}
+    out = capsys.readouterr().out
+    assert "depends_on" in out and "waiting_on" in out and "p1, p2" in out
+
+
+def test_flows_create_reads_a_file_or_stdin(env, capsys, tmp_path, monkeypatch):
+    import io
+
+    flow = {"jobs": [{"ref": "extract", "job_agent_id": "ag"},
+                     {"ref": "load", "job_agent_id": "ag", "depends_on_refs": ["extract"]}]}
+    made = {"extract": job(id="e1"), "load": job(id="l1", status="pending")}
+    path = tmp_path / "flow.json"
+    path.write_text(json.dumps(flow))
+    code, server = run(["flows", "create", path], (201, {"jobs": made}))
+    assert code == 0 and server.body() == flow
+    assert capsys.readouterr().out.splitlines() == ["extract  e1  queued", "load  l1  pending"]
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(flow)))
+    code, _ = run(["--json", "flows", "create", "-"], (201, {"jobs": made}))
+    assert code == 0 and json.loads(capsys.readouterr().out) == {"jobs": made}
+
+
+def test_flows_create_wants_a_list_of_jobs(env, capsys, tmp_path):
+    path = tmp_path / "flow.json"
+    path.write_text('{"jobs": {}}')
+    code, server = run(["flows", "create", path])
+    assert code == 2 and not server.seen
+    assert "FILE must hold" in capsys.readouterr().err
