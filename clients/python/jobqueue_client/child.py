@@ -231,7 +231,11 @@ class _Tail:
                 with self._lock:
                     self._chunks.append(data)
                     self._size += len(data)
-                    while self._size > OUTPUT_BUFFER_BYTES and len(self._chunks) > 1:
+                    # Drop the oldest chunk only while the rest still fills the buffer: a
+                    # full-size read followed by a short last one must not leave the short
+                    # one alone (a tail shorter than OUTPUT_TAIL_CHARS).
+                    while (len(self._chunks) > 1
+                           and self._size - len(self._chunks[0]) >= OUTPUT_BUFFER_BYTES):
                         self._size -= len(self._chunks.popleft())
 
     def text(self) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from jobqueue_client import cli
 from jobqueue_client.backoff import Backoff
-from jobqueue_client.child import OUTPUT_TAIL_CHARS, run_child
+from jobqueue_client.child import OUTPUT_BUFFER_BYTES, OUTPUT_TAIL_CHARS, run_child
 from jobqueue_client.jobspec import ConfigError, JobSpec, parse_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -259,6 +259,37 @@ def test_output_beyond_the_buffer_keeps_only_its_tail():
     assert outcome.succeeded
     assert len(outcome.output_tail) == OUTPUT_TAIL_CHARS
     assert outcome.output_tail.endswith("00001999\nEND\n")
+
+
+@pytest.mark.parametrize("reads", [
+    [OUTPUT_BUFFER_BYTES, 100],  # a full-size read, then a short last one
+    [OUTPUT_BUFFER_BYTES + 10, 3539],
+    [1000] * 200,
+    [10],
+])
+def test_the_output_buffer_always_keeps_the_whole_tail(reads):
+    """However the pipe's reads fall, the buffer keeps the last OUTPUT_BUFFER_BYTES (or all
+    there was): an eviction never leaves a short last read alone."""
+    import io
+
+    from jobqueue_client.child import _Tail
+
+    data = b"".join(bytes([65 + i % 26]) * n for i, n in enumerate(reads))
+
+    class Pipe(io.BytesIO):
+        def __init__(self):
+            super().__init__()
+            self.reads = list(reads)
+
+        def read1(self, _size=-1):
+            return b"" if not self.reads else bytes(
+                data[sum(reads[:len(reads) - len(self.reads)]):][:self.reads.pop(0)])
+
+    tail = _Tail()
+    tail.drain(Pipe())
+    kept = tail.text().encode()
+    assert data.endswith(kept) and len(kept) >= min(len(data), OUTPUT_BUFFER_BYTES)
+    assert len(kept) <= OUTPUT_BUFFER_BYTES + max(reads)
 
 
 def test_a_result_file_over_the_cap_makes_the_job_fail(monkeypatch):
