@@ -133,3 +133,24 @@ def test_the_admin_timeline_shows_the_report_on_the_page_its_time_falls_in(world
     oldest_link = re.search(r'href="\?timeline_before=(\d+)">older', body).group(1)
     oldest, body = page(f"?timeline_before={oldest_link}")
     assert "message=fine" not in oldest and "older</a>" not in body
+
+
+def test_the_admin_page_of_a_job_its_agent_finished_shows_the_report(world, admin_client,
+                                                                     claimed):
+    job, claim = claimed
+    lifecycle.report_status(job.id, claim, "failure", message="it broke",
+                            job_agent_id=world.agent.id)
+    body = admin_client.get(reverse("admin:jobqueue_job_change", args=[job.id])).content
+    table = body.decode().split('class="jq-timeline"', 1)[1].split("</table>", 1)[0]
+    assert "status reported" in table and "message=it broke" in table
+    assert "2 of 2 events" in body.decode()  # the claim's, and the report read from the row
+
+
+def test_a_schedule_fire_names_its_schedule_time_and_outcome():
+    from jobqueue.models import ScheduleFire
+
+    fire = ScheduleFire(schedule_id="00000000-0000-4000-8000-000000000001",
+                        fire_time=dt.datetime(2026, 1, 2, 3, 4, tzinfo=dt.UTC),
+                        outcome=ScheduleFire.MISSED)
+    assert str(fire) == ("00000000-0000-4000-8000-000000000001 2026-01-02 03:04:00+00:00 "
+                         "missed")
