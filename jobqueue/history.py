@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .models import Job, JobEvent
-from .timeline import derived_report
+from .timeline import UNREAD, derived_report
 
 MAX_ATTEMPTS_SHOWN = 100
 
@@ -74,12 +74,13 @@ def _message(kind: str, detail: dict) -> str:
     return str(detail.get("message") or detail.get("reason") or "")
 
 
-def attempts(job: Job) -> list[Attempt]:
-    """The job's attempts, oldest first (the last MAX_ATTEMPTS_SHOWN)."""
+def attempts(job: Job, report=UNREAD) -> list[Attempt]:
+    """The job's attempts, oldest first (the last MAX_ATTEMPTS_SHOWN); `report`:
+    timeline.derived_report(job) if the caller has it."""
     rows = list(JobEvent.objects.filter(job_id=job.id, kind__in=KINDS).order_by("id")
                 .values_list("kind", "attempt", "claim_id", "created_at", "detail", "actor",
                              "holder"))
-    derived = derived_report(job)
+    derived = derived_report(job) if report is UNREAD else report
     if derived is not None:  # the last word: it ends the last claim
         rows.append((derived.kind, derived.attempt, derived.claim_id, derived.created_at,
                      derived.detail, derived.actor, ""))

@@ -72,10 +72,16 @@ def derived_report(job: Job) -> JobEvent | None:
     return None if ended else report_event(job)
 
 
-def events(job: Job, limit: int) -> list[JobEvent]:
-    """The job's newest `limit` events, oldest first, the derived report among them."""
+# "Not read yet": a caller that shows both the events and the attempts reads the derived
+# report once (derived_report) and hands it to both.
+UNREAD = object()
+
+
+def events(job: Job, limit: int, report=UNREAD) -> list[JobEvent]:
+    """The job's newest `limit` events, oldest first, the derived report among them
+    (`report`: derived_report(job) if the caller has it)."""
     stored = list(job.events.order_by("-id")[:limit])[::-1]
-    return merged(stored, derived_report(job))[-limit:]
+    return merged(stored, derived_report(job) if report is UNREAD else report)[-limit:]
 
 
 def merged(stored: list[JobEvent], derived: JobEvent | None) -> list[JobEvent]:

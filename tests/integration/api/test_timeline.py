@@ -154,3 +154,18 @@ def test_a_schedule_fire_names_its_schedule_time_and_outcome():
                         outcome=ScheduleFire.MISSED)
     assert str(fire) == ("00000000-0000-4000-8000-000000000001 2026-01-02 03:04:00+00:00 "
                          "missed")
+
+
+def test_the_job_page_reads_whether_a_stored_event_ended_the_claim_once(world, claimed):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    job, claim = claimed
+    lifecycle.report_status(job.id, claim, "successful", job_agent_id=world.agent.id)
+    with CaptureQueriesContext(connection) as seen:
+        body = _detail(world, job.id)
+    assert body["events"][-1]["kind"] == "status_reported"
+    assert body["attempts"][-1]["outcome"] == "successful"
+    endings = [q["sql"] for q in seen.captured_queries
+               if '"job_event"."claim_id" =' in q["sql"]]
+    assert len(endings) == 1, endings  # one look, for both the events and the attempts
