@@ -6,16 +6,16 @@ themselves (jobqueue/sql/postgresql.sql, as the backend runs them: claim-next + 
 and a claim of 10 + one batch report) on one connection, in the project's database, under
 variants that each change the schema or cut a part of a statement, and reads the WAL they
 write the way benchmarks.wal does (pg_waldump's records naming this database, per job, after
-a warm-up drain and a CHECKPOINT). A variant is a what-if, not a design: cutting the
-`claimed` and `status_reported` events from the statements is the upper bound of deriving
-them (what a derivation would save on the hot path; the readers are not part of it).
+a warm-up drain and a CHECKPOINT). A variant is a what-if, not a design.
+
+Since the `claimed` and `status_reported` events are read from the job row (jobqueue/
+timeline.py), the shipped statements write no event for a job of this drain; the variants
+that cut them (`no_events`) are gone with them.
 
     as shipped           the statements and the schema of this checkout
-    no_events            the claim's `claimed` and the report's `status_reported` events
-                         not written (the derivation's bound)
-    no_events_indexes    and job_workspace_status_idx partial on live jobs (a finished
-                         job's version leaves it), the plain job_agent_id index dropped
-    no_events_indexes_gate  and no FOR SHARE gate on the agent row (its row lock)
+    indexes              job_workspace_status_idx partial on live jobs (a finished job's
+                         version leaves it), the plain job_agent_id index dropped
+    indexes_gate         and no FOR SHARE gate on the agent row (its row lock)
 """
 
 from __future__ import annotations
@@ -59,10 +59,7 @@ def statements(variant: str) -> dict:
 
     out = {"claim1": claim_statement(1), f"claim{BATCH}": claim_statement(BATCH),
            "report": sql.job_set_state_if_running, "report_many": sql.job_set_state_if_running_many}
-    if variant != "as shipped":
-        out = {name: cut_cte(text, "events" if name != "report" else "event")
-               for name, text in out.items()}
-    if variant == "no_events_indexes_gate":
+    if variant == "indexes_gate":
         out = {name: cut_gate(text) if name.startswith("claim") else text
                for name, text in out.items()}
     return out
@@ -70,16 +67,14 @@ def statements(variant: str) -> dict:
 
 VARIANTS = {
     "as shipped": [],
-    "no_events": [],
-    "no_events_indexes": _DROP_INDEXES,
-    "no_events_indexes_gate": _DROP_INDEXES,
+    "indexes": _DROP_INDEXES,
+    "indexes_gate": _DROP_INDEXES,
 }
 
 
 def _drain(cur, texts, path, agent, n):
     claim_params = {"agent": agent, "limit": 1 if path == "single" else BATCH, "lease": 60,
-                    "kind": "claimed", "actor": f"agent:{agent}",
-                    "detail": json.dumps({"lease_seconds": 60}), "holder": "", "key": None}
+                    "kind": "claimed", "actor": f"agent:{agent}", "holder": "", "key": None}
     done = 0
     while done < n:
         if path == "single":

@@ -206,7 +206,7 @@ def raw_cte(agent_id: str, sql_file: str) -> None:
     agent = uuid.UUID(agent_id)
     actor = f"agent:{agent}"
     claim_params = {"agent": agent, "actor": actor, "limit": 1, "lease": 60, "kind": "claimed",
-                    "detail": '{"lease_seconds": 60}', "holder": "", "key": None}
+                    "holder": "", "key": None}
     report_params = {"agent": agent, "workspace": None, "actor": actor,
                      "kind": "status_reported", "status": "successful", "message": None,
                      "result": None, "external_id": None,

@@ -13,11 +13,11 @@ claim (the same claim_id) closes it with its outcome:
     cancelled        cancelled (an operator cancelled it while it ran)
     requeued         superseded (an operator requeued it while it ran)
 
-An attempt still running has no `ended_at` and no outcome. An agent's final report may be
-read from the job row rather than stored (jobqueue/timeline.py); it closes the last attempt
-the same way. Cost: one indexed query of the job's events of these kinds (job_event's job_id
-index), and for a finished job the timeline's one query of its last claim's ending, on the
-job's page only.
+An attempt still running has no `ended_at` and no outcome. The latest claim's `claimed`
+and an agent's final report may be read from the job row rather than stored
+(jobqueue/timeline.py): they open and close the last attempt the same way. Cost: one indexed
+query of the job's events of these kinds (job_event's job_id index), in time order, and the
+timeline's one query of its last claim's stored events, on the job's page only.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .models import Job, JobEvent
-from .timeline import UNREAD, derived_report
+from .timeline import TIME_ORDER, UNREAD, merged, said
 
 MAX_ATTEMPTS_SHOWN = 100
 
@@ -74,19 +74,18 @@ def _message(kind: str, detail: dict) -> str:
     return str(detail.get("message") or detail.get("reason") or "")
 
 
-def attempts(job: Job, report=UNREAD) -> list[Attempt]:
-    """The job's attempts, oldest first (the last MAX_ATTEMPTS_SHOWN); `report`:
-    timeline.derived_report(job) if the caller has it."""
-    rows = list(JobEvent.objects.filter(job_id=job.id, kind__in=KINDS).order_by("id")
-                .values_list("kind", "attempt", "claim_id", "created_at", "detail", "actor",
-                             "holder"))
-    derived = derived_report(job) if report is UNREAD else report
-    if derived is not None:  # the last word: it ends the last claim
-        rows.append((derived.kind, derived.attempt, derived.claim_id, derived.created_at,
-                     derived.detail, derived.actor, ""))
+def attempts(job: Job, derived=UNREAD) -> list[Attempt]:
+    """The job's attempts, oldest first (the last MAX_ATTEMPTS_SHOWN); `derived`:
+    timeline.said(job) if the caller has it."""
+    stored = list(JobEvent.objects.filter(job_id=job.id, kind__in=KINDS).order_by(*TIME_ORDER)
+                  .only("id", "kind", "attempt", "claim_id", "created_at", "detail", "actor",
+                        "holder"))
+    rows = merged(stored, said(job) if derived is UNREAD else derived)
     out: list[Attempt] = []
     live: dict = {}
-    for kind, number, claim_id, at, detail, actor, holder in rows:
+    for e in rows:
+        kind, number, claim_id, at, detail, actor, holder = (
+            e.kind, e.attempt, e.claim_id, e.created_at, e.detail, e.actor, e.holder)
         if kind == JobEvent.CLAIMED:
             live[claim_id] = attempt = Attempt(number, at, actor, holder=holder or "")
             out.append(attempt)

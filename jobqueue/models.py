@@ -185,6 +185,15 @@ class Job(models.Model):
     # The claim id of the latest claim. Kept on the job so that a retried terminal
     # report with the claim that finished it can be recognised; never shown to anyone.
     last_claim_id = models.UUIDField(null=True, blank=True, editable=False)
+    # The latest claim's lease and holder, as its claim asked: with last_claim_id, attempt,
+    # started_at and job_agent_id they are that claim's `claimed` event, which no claim
+    # stores (jobqueue/timeline.py, derived_claimed). The next claim writes the event row of
+    # the claim it replaces, and an operator's transition that clears last_claim_id writes it
+    # first. None: that claim's event is stored (a claim made before migration 0022), or no
+    # claim. claim_holder is None for an empty holder (no bytes in the row).
+    # A plain integer (no CHECK): adding a checked column scans the table under its lock.
+    claim_lease_seconds = models.IntegerField(null=True, blank=True, editable=False)
+    claim_holder = models.CharField(max_length=200, null=True, blank=True, editable=False)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)

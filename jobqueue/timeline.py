@@ -1,30 +1,37 @@
-"""A job's timeline: its stored events (job_event) and the one event read from the job row.
+"""A job's timeline: its stored events (job_event) and the events read from the job row.
 
-An agent's final report (`status_reported` of a successful, failure or cancelled report
-without `retry`, by the job's own agent) is not written as an event row when the job row
-already says all of it: the report's UPDATE leaves the job with that status, `completed_at`
-(the event's time: the same statement's), `attempt`, `last_claim_id` (the event's claim),
-`message` and `result`. So the report writes nothing to job_event, its indexes and the
-foreign-key lock they take on the job (#26: about a sixth of a job's WAL), and every reader
-of the timeline reads the event from the row instead (`derived_report`). The report writes
-the event row after all when the row cannot say it exactly (jobqueue/sql/postgresql.sql,
-job_set_state_if_running; lifecycle/orm.py): a report by another actor (a workspace key on
-the agent's path), or one that leaves the job a `message` or a `result` it did not carry
-(an earlier progress report's or attempt's, kept by COALESCE).
+Two events are not written as rows when the job row says all of them (#26: each about a
+sixth of a job's WAL, with its indexes and the foreign-key lock it takes on the job):
 
-The row says it only while it is the job's last word: a job whose `last_claim_id` is that
-claim and that no stored event ended (ENDINGS with that claim_id: a cancel, a reap, a
-release, a clock, an operator's mark-failed or requeue all write theirs). The one transition
-that moves such a job on, an operator's requeue of the finished job (it clears
-`last_claim_id`), first writes the event row (`keep_report`, under the job's row lock).
+- *The latest claim's `claimed`.* The claim writes the job's `last_claim_id` (the event's
+  claim), `attempt`, `started_at` (the event's time: the same statement's), and the lease and
+  holder it asked for (`claim_lease_seconds`, `claim_holder`); the actor is the job's agent,
+  the only one that claims it (`derived_claimed`). The row says it until the next claim
+  replaces those values: that claim writes the replaced claim's event row first, from the
+  values it read under the row lock (jobqueue/sql/postgresql.sql, the `kept` CTE; lifecycle/
+  orm.py), and so does an operator's transition that clears `last_claim_id` (`keep_said`).
+  A job claimed before migration 0022 has `claim_lease_seconds` NULL: its event is stored.
+- *An agent's final report* (`status_reported` of a successful, failure or cancelled report
+  without `retry`, by the job's own agent): the report's UPDATE leaves the job with that
+  status, `completed_at` (the event's time), `attempt`, `last_claim_id`, `message` and
+  `result`. The report writes the event row after all when the row cannot say it exactly
+  (jobqueue/sql/postgresql.sql, job_set_state_if_running; lifecycle/orm.py): a report by
+  another actor (a workspace key on the agent's path), or one that leaves the job a `message`
+  or a `result` it did not carry (an earlier progress report's or attempt's, kept by
+  COALESCE). The row says it only while it is the job's last word: no stored event ended
+  that claim (ENDINGS with its claim_id: a cancel, a reap, a release, a clock, an operator's
+  mark-failed or requeue all write theirs).
 
-What it does not do: a reader runs its queries (the job, its stored events, whether a stored
-event ended the last claim) as separate statements, so a requeue committed between them can
-leave the report out of that one answer (never twice: the stored events are read first). A
-kept report gets the id of its writing, so an id-ordered page shows it after any refused
-write recorded between the report and the requeue. The admin's timeline pages by event id
-and places the report by its time, assuming times rise with ids (events a transaction
-writes carry its start time; a page boundary between two such can show the report twice).
+Every reader (the API's `events` and `attempts`, the admin's timeline and attempts, a log's
+grace period, the Recovery page's charts) reads them with `said`: one indexed query, the
+stored events of the job's last claim. Events are in time order (`created_at`, then id): an
+event row written later than its time (a replaced claim's, a kept report) has a later id.
+
+What it does not do: a reader runs its queries (the job, its stored events, the last claim's
+stored events) as separate statements, so a claim or a requeue committed between them can
+leave an event out of that one answer (never twice: the stored events are read first). The
+admin's timeline pages by event id and places each derived or late-written event by its
+time, on the page whose ids it falls among; an event written late can show on a newer page.
 """
 
 from __future__ import annotations
@@ -61,48 +68,107 @@ def report_event(job: Job) -> JobEvent:
                     detail=detail, created_at=job.completed_at, holder="", count=1)
 
 
+def claimed_event(job: Job) -> JobEvent:
+    """The `claimed` event of the job's latest claim, as its row says it (unsaved): what the
+    claim statement would have written."""
+    return JobEvent(job_id=job.id, kind=JobEvent.CLAIMED, attempt=job.attempt,
+                    actor=agent_actor(job.job_agent_id), claim_id=job.last_claim_id,
+                    detail={"lease_seconds": job.claim_lease_seconds},
+                    created_at=job.started_at, holder=job.claim_holder or "", count=1)
+
+
+def says_claimed(job: Job) -> bool:
+    """Whether the row holds its latest claim's values (the event may be stored all the
+    same: `said` asks)."""
+    return job.last_claim_id is not None and job.claim_lease_seconds is not None
+
+
+def replaced_claimed(job: Job) -> JobEvent:
+    """The event row a claim writes for the claim it replaces (`job`: the row as read under
+    the lock, before the claim's update)."""
+    return claimed_event(job)
+
+
+def said(job: Job) -> list[JobEvent]:
+    """The events the job row says and no row stores (unsaved, oldest first): its latest
+    claim's `claimed`, its agent's final report. At most one indexed query (the stored
+    events of the latest claim), none for a job never claimed."""
+    if job.last_claim_id is None:
+        return []
+    finished = job.status in states.TERMINAL
+    if not (finished or says_claimed(job)):
+        return []
+    stored = set(JobEvent.objects.filter(job_id=job.id, claim_id=job.last_claim_id)
+                 .values_list("kind", flat=True).distinct())
+    out = []
+    if says_claimed(job) and JobEvent.CLAIMED not in stored:
+        out.append(claimed_event(job))
+    if finished and not stored.intersection(ENDINGS):
+        out.append(report_event(job))
+    return out
+
+
 def derived_report(job: Job) -> JobEvent | None:
     """The job's final report read from its row (unsaved), or None when the row does not
     hold one: the job is not finished, no claim finished it, or a stored event ended that
-    claim. One indexed query, only for a finished job."""
-    if job.status not in states.TERMINAL or job.last_claim_id is None:
-        return None
-    ended = JobEvent.objects.filter(job_id=job.id, claim_id=job.last_claim_id,
-                                    kind__in=ENDINGS).exists()
-    return None if ended else report_event(job)
+    claim."""
+    return next((e for e in said(job) if e.kind == JobEvent.STATUS_REPORTED), None)
 
 
-# "Not read yet": a caller that shows both the events and the attempts reads the derived
-# report once (derived_report) and hands it to both.
+# "Not read yet": a caller that shows both the events and the attempts reads what the row
+# says once (`said`) and hands it to both.
 UNREAD = object()
 
-
-def events(job: Job, limit: int, report=UNREAD) -> list[JobEvent]:
-    """The job's newest `limit` events, oldest first, the derived report among them
-    (`report`: derived_report(job) if the caller has it)."""
-    stored = list(job.events.order_by("-id")[:limit])[::-1]
-    return merged(stored, derived_report(job) if report is UNREAD else report)[-limit:]
+TIME_ORDER = ("created_at", "id")
 
 
-def merged(stored: list[JobEvent], derived: JobEvent | None) -> list[JobEvent]:
-    """`stored` (oldest first) with `derived` placed by its time: after every stored event
-    of the same time or earlier (it is its statement's last word)."""
-    if derived is None:
-        return stored
-    at = next((i for i, e in enumerate(stored) if e.created_at > derived.created_at),
-              len(stored))
-    return [*stored[:at], derived, *stored[at:]]
+def events(job: Job, limit: int, derived=UNREAD) -> list[JobEvent]:
+    """The job's newest `limit` events in time order, those the row says among them
+    (`derived`: said(job) if the caller has it)."""
+    stored = list(job.events.order_by("-created_at", "-id")[:limit])[::-1]
+    return merged(stored, said(job) if derived is UNREAD else derived)[-limit:]
 
 
-def keep_report(job_id) -> None:
-    """Write the job's derived report as an event row, before a transition clears what it
-    is read from. The caller holds the job's row lock (select_for_update) inside its
-    transaction, so two such transitions never both write it."""
-    # FOR NO KEY UPDATE, as the requeue's own UPDATE takes: FOR UPDATE would also block the
-    # KEY SHARE lock a foreign-key check takes at commit (an effect's begin inserting its
+def merged(stored: list[JobEvent], derived: list[JobEvent]) -> list[JobEvent]:
+    """`stored` (in time order) with each of `derived` (in time order) placed by its time:
+    after every stored event of the same time or earlier (each is its statement's last
+    word)."""
+    out = list(stored)
+    for event in derived:
+        at = next((i for i, e in enumerate(out)
+                   if e.pk is not None and e.created_at > event.created_at), len(out))
+        # After a derived event placed before it (a claim and its report of one time).
+        while at < len(out) and out[at].pk is None:
+            at += 1
+        out.insert(at, event)
+    return out
+
+
+def keep_said(job_id) -> None:
+    """Write the events the job row says as event rows, before a transition clears what
+    they are read from. The caller is in a transaction; this takes the job's row lock, so two
+    such transitions never both write them."""
+    # FOR NO KEY UPDATE, as the transitions' own UPDATE takes: FOR UPDATE would also block
+    # the KEY SHARE lock a foreign-key check takes at commit (an effect's begin inserting its
     # row while holding the claim row the requeue waits for: a deadlock).
     job = Job.objects.select_for_update(no_key=True).filter(id=job_id).first()
     if job is not None:
-        event = derived_report(job)
-        if event is not None:
-            event.save()
+        events = said(job)
+        if events:
+            JobEvent.objects.bulk_create(events)
+
+
+def keep_claimed_many(jobs: list[Job]) -> None:
+    """The same for the latest claims' `claimed` of `jobs`, locked by the caller and read
+    with last_claim_id, attempt, started_at, job_agent_id and the claim columns (a group's
+    cancel, which ends no job by a report the row could say)."""
+    said_by = [job for job in jobs if says_claimed(job)]
+    if not said_by:
+        return
+    stored = set(JobEvent.objects.filter(kind=JobEvent.CLAIMED,
+                                         job_id__in=[job.id for job in said_by],
+                                         claim_id__in=[job.last_claim_id for job in said_by])
+                 .values_list("job_id", "claim_id"))
+    events = [claimed_event(job) for job in said_by if (job.id, job.last_claim_id) not in stored]
+    if events:
+        JobEvent.objects.bulk_create(events)

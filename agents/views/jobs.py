@@ -176,13 +176,13 @@ class JobViewSet(ApiViewSet):
         )
         if job is None:
             raise NotFound("No such job.")
-        report = timeline.derived_report(job)  # read once, for the events and the attempts
-        events = timeline.events(job, MAX_EVENTS, report)
+        derived = timeline.said(job)  # read once, for the events and the attempts
+        events = timeline.events(job, MAX_EVENTS, derived)
         context = {
             "db_now": job.db_now,
             "claim": JobClaim.objects.filter(job_id=job.id).first(),
             "events": events,
-            "attempts": history.attempts(job, report),
+            "attempts": history.attempts(job, derived),
         }
         return Response(JobDetailSerializer(job, context=context).data)
 

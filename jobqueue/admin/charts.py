@@ -5,8 +5,10 @@ time window and answers grouped rows (at most a bucket per quarter hour or hour 
 status), never one row per job or event. The finished jobs come from the jobs themselves
 (their status and `completed_at`, `job_finished_idx`): an agent's final report is read from
 the job row, not stored as an event (jobqueue/timeline.py). The depth comes from the job
-events (the `job_event_created_brin` index on PostgreSQL); an agent's report moves no job in
-or out of the queue, so the events it no longer stores change nothing there.
+events (the `job_event_created_brin` index on PostgreSQL) and, for the latest claims, whose
+`claimed` the job row says (jobqueue/timeline.py), from the jobs (their `started_at`); an
+agent's report moves no job in or out of the queue, so the events it no longer stores change
+nothing there.
 
 The queue's depth is read back from now: the queued jobs counted now, minus each later hour's
 net inflow (created queued, dispatched, released, reaped, requeued: in; claimed, cancelled or
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import ExtractMinute, Floor, TruncHour
 from django.utils.html import escape
@@ -87,6 +89,24 @@ def _queue_delta(kind: str, created_status, superseded) -> int:
     return 0 if _truthy(superseded) else -1
 
 
+def _claims_said(since: dt.datetime):
+    """[(hour, claims)]: the jobs' latest claims made since `since` that no event row
+    stores (their `claimed` is read from the job row, jobqueue/timeline.py), by hour. Such a
+    job is queued or in progress now, or finished since (job_finished_idx): a claim made in
+    the window finished no earlier."""
+    rows = (
+        Job.objects.filter(Q(status__in=[states.QUEUED, states.IN_PROGRESS])
+                           | Q(status__in=sorted(states.TERMINAL), completed_at__gte=since),
+                           started_at__gte=since, last_claim_id__isnull=False,
+                           claim_lease_seconds__isnull=False)
+        .annotate(hour=TruncHour("started_at"))
+        .values("hour")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return [(row["hour"], row["n"]) for row in rows]
+
+
 def queue_depth(now: dt.datetime, hours: int = DEPTH_HOURS) -> dict:
     """{"ends": [time, ...], "depth": [queued jobs at each time]}: the end of each of the
     last `hours` hours, the last one `now`, oldest first."""
@@ -110,6 +130,10 @@ def queue_depth(now: dt.datetime, hours: int = DEPTH_HOURS) -> dict:
         if i is not None:
             net[i] += row["n"] * _queue_delta(row["kind"], row["created_status"],
                                               row["superseded"])
+    for hour, n in _claims_said(starts[0]):
+        i = index.get(hour)
+        if i is not None:
+            net[i] -= n
     depth = [0] * hours
     level = Job.objects.filter(status=states.QUEUED).count()
     for i in range(hours - 1, -1, -1):

@@ -379,14 +379,14 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         page = events.filter(id__lt=before) if before else events
         page = list(page.order_by("-id")[: TIMELINE_PAGE_SIZE + 1])
         has_older = len(page) > TIMELINE_PAGE_SIZE
-        page = page[:TIMELINE_PAGE_SIZE][::-1]
-        derived = timeline.derived_report(obj)
-        if derived is not None:
-            # Read from the job row (jobqueue/timeline.py): on the page its time falls in.
-            total += 1
-            if _on_page(derived, page, events.filter(id__gte=before) if before else None,
-                        has_older):
-                page = timeline.merged(page, derived)
+        # In time order (an event row written late, jobqueue/timeline.py, has a later id).
+        page = sorted(page[:TIMELINE_PAGE_SIZE], key=lambda e: (e.created_at, e.id))
+        derived = timeline.said(obj)
+        total += len(derived)
+        # Read from the job row (jobqueue/timeline.py): each on the page its time falls in.
+        later = events.filter(id__gte=before) if before else None
+        page = timeline.merged(page, [e for e in derived
+                                      if _on_page(e, page, later, has_older)])
         rows = [
             (
                 f"{e.created_at:%Y-%m-%d %H:%M:%S.%f}"[:-3],
@@ -407,7 +407,8 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
             if after:
                 links.append({"href": f"?{TIMELINE_PARAM}={after[0]}", "label": "newer"})
         if has_older:
-            links.append({"href": f"?{TIMELINE_PARAM}={page[0].id}", "label": "older"})
+            oldest = min(e.id for e in page if e.pk is not None)
+            links.append({"href": f"?{TIMELINE_PARAM}={oldest}", "label": "older"})
         return render_to_string(TIMELINE_TEMPLATE, {
             "shown": len(page), "total": total, "links": links, "rows": rows,
         })
@@ -503,7 +504,7 @@ def _on_page(derived: JobEvent, page: list, newer, has_older: bool) -> bool:
         return False
     if newer is None:
         return True
-    first = newer.order_by("id").values_list("created_at", flat=True).first()
+    first = newer.order_by(*timeline.TIME_ORDER).values_list("created_at", flat=True).first()
     return first is None or derived.created_at < first
 
 

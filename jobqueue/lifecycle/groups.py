@@ -43,6 +43,7 @@ from jobqueue.conf import jobqueue_settings
 from jobqueue.db import db_now
 from jobqueue.exceptions import GroupCancelled, NotFound
 from jobqueue.models import Job, JobClaim, JobEvent, JobGroup
+from jobqueue.timeline import keep_claimed_many
 
 from .backends import backend
 from .finished import announce_finished, write_group_outbox
@@ -197,11 +198,15 @@ def _cancel_batch(workspace_id, name, size, actor, reason, *, skip_locked: bool)
             _live(workspace_id, name)
             .order_by("id")
             .select_for_update(skip_locked=skip_locked, no_key=True, of=("self",))
-            .values_list("id", "attempt")[:size]
+            .only("id", "attempt", "job_agent_id", "last_claim_id", "started_at",
+                  "claim_lease_seconds", "claim_holder")[:size]
         )
         if not rows:
             return 0
-        ids = [job_id for job_id, _ in rows]
+        ids = [job.id for job in rows]
+        # The latest claims' `claimed`, read from the rows until this clears last_claim_id
+        # (jobqueue/timeline.py).
+        keep_claimed_many(rows)
         # The rows are locked (PostgreSQL) or the database is write-locked (SQLite); the guard
         # still goes in the WHERE of the write.
         n = Job.objects.filter(id__in=ids, status__in=states.ACTIVE).update(
@@ -216,10 +221,10 @@ def _cancel_batch(workspace_id, name, size, actor, reason, *, skip_locked: bool)
             event(job_id, JobEvent.CANCELLED, attempt=attempt, actor=actor,
                   claim_id=claims.get(job_id), reason=reason,
                   superseded_claim=job_id in claims, group_cancelled=True)
-            for job_id, attempt in rows
+            for job_id, attempt in ((job.id, job.attempt) for job in rows)
         ])
         # The outbox rows and job_finished, as every path that ends a job (finished.py).
-        announce_finished([(job_id, workspace_id, states.CANCELLED) for job_id, _ in rows],
+        announce_finished([(job_id, workspace_id, states.CANCELLED) for job_id in ids],
                           actor=actor)
     for _ in range(n):
         observe.emit("cancelled")

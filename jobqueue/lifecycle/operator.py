@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from jobqueue import observe, states, wakeups
 from jobqueue.exceptions import InvalidTransition, JobFinished
 from jobqueue.models import Job, JobClaim, JobEvent
-from jobqueue.timeline import keep_report
+from jobqueue.timeline import keep_said
 
 from .finished import announce_finished
 from .groups import hold_group, holding_group
@@ -93,8 +93,9 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
         with transaction.atomic():
             if transition.revives:
                 _hold_group_of(job_id, workspace_id, reopen=reopen)
-                # A finished job's final report may be read from its row, which this clears.
-                keep_report(job_id)
+            # The latest claim's `claimed` and a finished job's final report may be read
+            # from its row (jobqueue/timeline.py), whose last_claim_id this clears.
+            keep_said(job_id)
             n = (
                 scoped_jobs(workspace_id)
                 .filter(transition.allowed, id=job_id)

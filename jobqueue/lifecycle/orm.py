@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from jobqueue import claimrule, states
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
-from jobqueue.timeline import MESSAGE_CHARS, row_says_report
+from jobqueue.timeline import MESSAGE_CHARS, replaced_claimed, row_says_report, says_claimed
 
 from .artifacts import publish
 from .checkpoints import checkpoints_for
@@ -86,21 +86,28 @@ class OrmBackend:
                 output_field=UUIDField(),
             )
         )
+        # The event rows of the claims these replace (the job row said them until now;
+        # jobqueue/timeline.py, derived_claimed), from the values read under the lock.
+        events = [replaced_claimed(job) for job in locked
+                  if says_claimed(job)]
         n = Job.objects.filter(id__in=list(claim_ids), status=states.QUEUED).update(
             status=states.IN_PROGRESS,
             attempt=F("attempt") + 1,
             last_claim_id=last_claim_id,
             started_at=now,
             updated_at=now,
+            claim_lease_seconds=lease,
+            claim_holder=holder or None,
         )
         if n != len(locked):  # pragma: no cover - impossible while the locks are held
             raise JobNotClaimable()
-        claims, events = [], []
+        claims = []
         for job in locked:
             job.status = states.IN_PROGRESS
             job.attempt += 1
             job.last_claim_id = claim_ids[job.id]
             job.started_at = job.updated_at = now
+            job.claim_lease_seconds, job.claim_holder = lease, holder or None
             deadline = attempt_deadline(job, now)
             claims.append(JobClaim(
                 job_id=job.id, job_agent_id=job_agent.id, claim_id=job.last_claim_id,
@@ -108,12 +115,9 @@ class OrmBackend:
                 claim_expires_at=lease_end(now, lease, deadline), deadline_at=deadline,
                 holder=holder, idempotency_key=idempotency_key,
             ))
-            claimed = event(job.id, JobEvent.CLAIMED, attempt=job.attempt, actor=actor,
-                            claim_id=job.last_claim_id, lease_seconds=lease)
-            claimed.holder = holder
-            events.append(claimed)
         JobClaim.objects.bulk_create(claims)
-        JobEvent.objects.bulk_create(events)
+        if events:
+            JobEvent.objects.bulk_create(events)
 
     def report(self, job_id, claim_id, status, actor, *, message, result, external_id,
                job_agent_id, workspace_id, retry=False):

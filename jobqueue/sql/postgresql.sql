@@ -40,10 +40,19 @@
 -- it and re-reads the row (READ COMMITTED re-checks a locked row's WHERE), so no claim hands
 -- out a job once a pause has committed. Then the guarded UPDATE (status still 'queued'), the
 -- claim rows (the lease, capped at the attempt's deadline: the earlier of the runtime limit
--- and expires_at; LEAST ignores a NULL) and the `claimed` events, all from the rows that
--- UPDATE returned; answered in claim order, each with the checkpoint an earlier attempt saved.
+-- and expires_at; LEAST ignores a NULL), all from the rows that UPDATE returned; answered in
+-- claim order, each with the checkpoint an earlier attempt saved.
+--
+-- The claim stores no `claimed` event: its lease and holder go on the job row
+-- (claim_lease_seconds, claim_holder), which with last_claim_id, attempt, started_at and
+-- job_agent_id says the event (jobqueue/timeline.py, derived_claimed). `kept` writes the
+-- event row of the claim this one replaces, from the values `locked` read before the UPDATE
+-- (the row lock keeps them current): the event of a job's earlier attempt is stored once
+-- its job is claimed again. None when that claim's event is stored already (a claim before
+-- migration 0022: claim_lease_seconds is NULL) or an operator's transition wrote it (it
+-- clears last_claim_id).
 WITH locked AS MATERIALIZED (
-    SELECT id FROM job
+    SELECT id, last_claim_id, attempt, started_at, claim_lease_seconds, claim_holder FROM job
     WHERE job_agent_id = %(agent)s
       AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
       AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
@@ -58,7 +67,8 @@ WITH locked AS MATERIALIZED (
 ), claimed AS (
     UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
         last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
-        updated_at = STATEMENT_TIMESTAMP()
+        updated_at = STATEMENT_TIMESTAMP(), claim_lease_seconds = %(lease)s::integer,
+        claim_holder = NULLIF(%(holder)s, '')
     FROM locked, gate WHERE job.id = locked.id AND job.status = 'queued'
     RETURNING job.id, job.workspace_id, job.job_agent_id, job.status, job.job_agent_config,
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
@@ -66,6 +76,7 @@ WITH locked AS MATERIALIZED (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.created_at, job.started_at,
         job.completed_at, job.updated_at
 ), claims AS (
@@ -79,11 +90,13 @@ WITH locked AS MATERIALIZED (
                  expires_at),
            %(holder)s, %(key)s
     FROM claimed
-), events AS (
+), kept AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at, holder)
-    SELECT id, %(kind)s, attempt, %(actor)s, last_claim_id, %(detail)s::jsonb,
-           STATEMENT_TIMESTAMP(), %(holder)s
-    FROM claimed
+    SELECT locked.id, %(kind)s, locked.attempt, %(actor)s, locked.last_claim_id,
+           jsonb_build_object('lease_seconds', locked.claim_lease_seconds), locked.started_at,
+           COALESCE(locked.claim_holder, '')
+    FROM locked JOIN claimed ON claimed.id = locked.id
+    WHERE locked.claim_lease_seconds IS NOT NULL AND locked.last_claim_id IS NOT NULL
 )
 SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
 FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
@@ -95,7 +108,7 @@ ORDER BY priority DESC, available_at, created_at
 -- agent's), and with %(expected)s only while the job's attempt still equals it (NULL: any
 -- attempt). Found by its primary key, so the optional condition changes no plan.
 WITH locked AS MATERIALIZED (
-    SELECT id FROM job
+    SELECT id, last_claim_id, attempt, started_at, claim_lease_seconds, claim_holder FROM job
     WHERE id = %(job)s AND job_agent_id = %(agent)s
       AND (%(expected)s::integer IS NULL OR attempt = %(expected)s::integer)
       AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
@@ -109,7 +122,8 @@ WITH locked AS MATERIALIZED (
 ), claimed AS (
     UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
         last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
-        updated_at = STATEMENT_TIMESTAMP()
+        updated_at = STATEMENT_TIMESTAMP(), claim_lease_seconds = %(lease)s::integer,
+        claim_holder = NULLIF(%(holder)s, '')
     FROM locked, gate WHERE job.id = locked.id AND job.status = 'queued'
     RETURNING job.id, job.workspace_id, job.job_agent_id, job.status, job.job_agent_config,
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
@@ -117,6 +131,7 @@ WITH locked AS MATERIALIZED (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.created_at, job.started_at,
         job.completed_at, job.updated_at
 ), claims AS (
@@ -130,11 +145,13 @@ WITH locked AS MATERIALIZED (
                  expires_at),
            %(holder)s, %(key)s
     FROM claimed
-), events AS (
+), kept AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at, holder)
-    SELECT id, %(kind)s, attempt, %(actor)s, last_claim_id, %(detail)s::jsonb,
-           STATEMENT_TIMESTAMP(), %(holder)s
-    FROM claimed
+    SELECT locked.id, %(kind)s, locked.attempt, %(actor)s, locked.last_claim_id,
+           jsonb_build_object('lease_seconds', locked.claim_lease_seconds), locked.started_at,
+           COALESCE(locked.claim_holder, '')
+    FROM locked JOIN claimed ON claimed.id = locked.id
+    WHERE locked.claim_lease_seconds IS NOT NULL AND locked.last_claim_id IS NOT NULL
 )
 SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
 FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
@@ -202,6 +219,7 @@ WITH done AS (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.created_at, job.started_at,
         job.completed_at, job.updated_at
 ), gone AS (
@@ -274,6 +292,7 @@ WITH done AS (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.created_at, job.started_at,
         job.completed_at, job.updated_at
 ), gone AS (
@@ -327,6 +346,7 @@ WITH done AS (
         job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.created_at, job.started_at,
         job.completed_at, job.updated_at
 ), event AS (

@@ -384,7 +384,7 @@ def test_drain_timeout_stops_and_releases_what_is_left(stack, make_agent, make_j
     assert not pid_alive(start["pid"])
     job.refresh_from_db()
     assert (job.status, job.attempt) == (states.QUEUED, 1)
-    claimed = JobEvent.objects.get(job_id=job.id, kind=JobEvent.CLAIMED)
+    (claimed,) = timeline_events(job.id, JobEvent.CLAIMED)
     released = JobEvent.objects.get(job_id=job.id, kind=JobEvent.RELEASED)
     assert released.claim_id == claimed.claim_id
     assert f"event=released job={job.id} attempt=1" in a.output()

@@ -118,9 +118,8 @@ class PostgresBackend:
             "agent": job_agent.id,
             "limit": limit,  # used by batches past LITERAL_LIMITS only
             "lease": lease,
-            "kind": JobEvent.CLAIMED,
+            "kind": JobEvent.CLAIMED,  # the replaced claim's event (the `kept` CTE)
             "actor": actor,
-            "detail": json.dumps({"lease_seconds": lease}),
             "holder": holder,
             "key": idempotency_key,
         }

@@ -6,6 +6,7 @@ import pytest
 
 from jobqueue.models import JobClaim, JobEvent
 from tests.factories import JobFactory
+from tests.utils import timeline_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,4 +37,4 @@ def test_ten_threads_claim_the_same_job(live_world):
     winner = next(body for status, body in results if status == 200)
     assert winner["job"]["dispatch_context"] == {"k": "v"}
     assert JobClaim.objects.filter(job_id=job.id).count() == 1
-    assert JobEvent.objects.filter(job_id=job.id, kind=JobEvent.CLAIMED).count() == 1
+    assert len(timeline_events(job.id, JobEvent.CLAIMED)) == 1

@@ -7,6 +7,7 @@ from django.urls import reverse
 from jobqueue import lifecycle
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobFactory
+from tests.utils import timeline_events
 
 pytestmark = pytest.mark.django_db
 
@@ -37,7 +38,7 @@ def test_the_holder_is_kept_for_operators_and_never_answered(world, how):
     assert r.status_code == 200
     claim = JobClaim.objects.get(job_id=job.id)
     assert claim.holder == HOLDER
-    event = JobEvent.objects.get(job_id=job.id, kind=JobEvent.CLAIMED)
+    (event,) = timeline_events(job.id, JobEvent.CLAIMED)  # the job row says it
     assert event.holder == HOLDER and HOLDER not in str(event.detail)
     _never_shown(world, job.id, r)
 
@@ -46,7 +47,7 @@ def test_without_a_holder_nothing_is_recorded(world):
     job = JobFactory(job_agent=world.agent)
     assert world.agent_caller().post(f"job-agents/{world.agent.id}/jobs/claim").status_code == 200
     assert JobClaim.objects.get(job_id=job.id).holder == ""
-    assert JobEvent.objects.get(job_id=job.id, kind=JobEvent.CLAIMED).holder == ""
+    assert timeline_events(job.id, JobEvent.CLAIMED)[0].holder == ""
 
 
 @pytest.mark.parametrize("holder", ["x" * 201, "tab\there", 42, ["a"]])

@@ -127,9 +127,11 @@ def test_the_admin_timeline_shows_the_report_on_the_page_its_time_falls_in(world
     assert "message=fine" not in newest and f"{TIMELINE_PAGE_SIZE} of 272 events" in body
     older = re.search(r'href="\?timeline_before=(\d+)">older', body).group(1)
     middle, body = page(f"?timeline_before={older}")
-    assert "message=fine" in middle and f"{TIMELINE_PAGE_SIZE + 1} of 272 events" in body
+    # The claim and the report, both read from the row, on the page their times fall in.
+    assert "message=fine" in middle and f"{TIMELINE_PAGE_SIZE + 2} of 272 events" in body
     at = middle.index("message=fine")
-    assert middle.rindex("n=149", 0, at) and middle.index("n=150", at)
+    claimed_at = middle.index("lease_seconds=")
+    assert middle.rindex("n=149", 0, claimed_at) < claimed_at < at < middle.index("n=150", at)
     oldest_link = re.search(r'href="\?timeline_before=(\d+)">older', body).group(1)
     oldest, body = page(f"?timeline_before={oldest_link}")
     assert "message=fine" not in oldest and "older</a>" not in body

@@ -9,7 +9,7 @@ from jobqueue import lifecycle, states
 from jobqueue.exceptions import InvalidInput
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory
-from tests.utils import run_threads
+from tests.utils import events_of_kind, run_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,7 +37,7 @@ def test_batch_claim_gives_each_job_its_own_claim_in_claim_order():
     assert len({g.claim_id for g in grants}) == 4
     assert all(g.lease_seconds == 40 and g.attempt == 1 for g in grants)
     assert_grants_match_database(grants)
-    claimed = JobEvent.objects.filter(kind=JobEvent.CLAIMED)
+    claimed = events_of_kind(JobEvent.CLAIMED)
     assert sorted((e.job_id, e.claim_id) for e in claimed) == sorted(
         (g.job.id, g.claim_id) for g in grants
     )
@@ -115,7 +115,7 @@ def test_race_batch_claims_hand_out_each_job_once():
     claims = dict(JobClaim.objects.values_list("job_id", "claim_id"))
     assert claims == dict(handed)
     assert set(Job.objects.values_list("attempt", flat=True)) == {1}
-    assert JobEvent.objects.filter(kind=JobEvent.CLAIMED).count() == total
+    assert len(events_of_kind(JobEvent.CLAIMED)) == total
 
 
 def test_race_batch_claims_against_cancels_and_single_claims():

@@ -7,7 +7,7 @@ import pytest
 from jobqueue import states
 from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
-from tests.utils import final_state_is_consistent
+from tests.utils import final_state_is_consistent, timeline_events
 
 pytestmark = pytest.mark.django_db
 
@@ -29,8 +29,7 @@ TRAITS = [
 def test_each_trait_reaches_its_state_through_the_lifecycle(trait, status, kinds):
     job = JobFactory(**trait)
     assert job.status == status and Job.objects.get(id=job.id).status == status
-    assert list(JobEvent.objects.filter(job_id=job.id).order_by("id")
-                .values_list("kind", flat=True)) == kinds
+    assert [e.kind for e in timeline_events(job.id)] == kinds
     assert JobClaim.objects.filter(job_id=job.id).exists() == (status == states.IN_PROGRESS)
     assert (job.completed_at is not None) == (status in states.TERMINAL)
     assert job.attempt == (1 if E.CLAIMED in kinds else 0)

@@ -7,7 +7,7 @@ from jobqueue import lifecycle, states
 from jobqueue.exceptions import JobNotClaimable
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory
-from tests.utils import run_threads
+from tests.utils import run_threads, timeline_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +32,7 @@ def test_named_claims_at_the_expected_attempt_hand_the_job_out_once():
     claim = JobClaim.objects.get(job_id=job.id)
     assert claim.claim_id == won[0] and claim.holder.startswith("host:")
     assert Job.objects.get(id=job.id).attempt == 1
-    assert JobEvent.objects.filter(job_id=job.id, kind=JobEvent.CLAIMED).count() == 1
+    assert len(timeline_events(job.id, JobEvent.CLAIMED)) == 1
 
 
 @pytest.mark.postgres_only

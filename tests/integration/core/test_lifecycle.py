@@ -23,12 +23,14 @@ from jobqueue.exceptions import (
 )
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, WorkspaceFactory, claimed_job
+from tests.utils import timeline_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def kinds(job):
-    return list(JobEvent.objects.filter(job=job).order_by("id").values_list("kind", flat=True))
+    """The job's timeline as readers see it: stored events and those the row says."""
+    return [e.kind for e in timeline_events(job.id)]
 
 
 def expire_claim(job, seconds_ago=1):

@@ -190,7 +190,7 @@ def test_claim_grant_matches_what_is_stored():
         assert (grant.claim_expires_at - grant.claimed_at).total_seconds() == 45
         assert grant.job.dispatch_context == {"secret": "s"} and grant.job.attempt == 1
         assert grant.heartbeat_interval_seconds == 15
-        event = JobEvent.objects.get(job_id=job.id, kind="claimed")
+        (event,) = timeline_events(job.id, "claimed")  # the job row says it
         assert event.claim_id == grant.claim_id and event.detail == {"lease_seconds": 45}
         assert "secret" not in str(event.detail)
 

@@ -55,7 +55,7 @@ def test_default_retention_per_status_deletes_jobs_with_their_rows_and_nothing_e
             finished(states.FAILURE, 31, agent), finished(states.EXPIRED, 31, agent)}
     kept = {finished(states.SUCCESSFUL, 13, agent), finished(states.CANCELLED, 13, agent),
             finished(states.FAILURE, 15, agent), finished(states.EXPIRED, 29, agent)} | alive()
-    assert JobEvent.objects.filter(job_id__in=gone).count() >= 8
+    assert JobEvent.objects.filter(job_id__in=gone).count() >= 4
 
     result = pruner.run_once()
     assert (result.jobs, result.by_status) == (4, {s: 1 for s in states.TERMINAL})
@@ -63,7 +63,7 @@ def test_default_retention_per_status_deletes_jobs_with_their_rows_and_nothing_e
                                      "expired": 30}
     assert set(Job.objects.values_list("id", flat=True)) == kept
     assert not JobEvent.objects.filter(job_id__in=gone).exists()
-    assert JobEvent.objects.filter(job_id__in=kept).count() >= len(kept)
+    assert JobEvent.objects.filter(job_id__in=kept).count() >= 4  # the kept jobs' endings
     assert JobClaim.objects.count() == 1  # the running job's claim
     assert pruner.run_once().jobs == 0
 

@@ -19,7 +19,7 @@ from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import Conflict, JobNotClaimable
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
-from tests.utils import run_threads, spawn, statements_sent
+from tests.utils import events_of_kind, run_threads, spawn, statements_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,9 +61,7 @@ def test_16_concurrent_claimers_drain_2000_jobs_each_exactly_once():
     assert sum(1 for got in results if got) > 1  # the work was really shared
     assert Job.objects.filter(status=states.SUCCESSFUL, attempt=1).count() == 2000
     assert JobClaim.objects.count() == 0
-    per_job = Counter(
-        JobEvent.objects.filter(kind=JobEvent.CLAIMED).values_list("job_id", flat=True)
-    )
+    per_job = Counter(e.job_id for e in events_of_kind(JobEvent.CLAIMED))
     assert set(per_job.values()) == {1}
 
 

@@ -5,9 +5,10 @@ import pytest
 from django.db import connection, transaction
 
 from jobqueue import lifecycle, states, timeline
+from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobFinished
 from jobqueue.lifecycle import effects
-from jobqueue.models import Job, JobEvent
+from jobqueue.models import Job, JobClaim, JobEvent
 from tests.factories import JobAgentFactory, JobFactory
 from tests.utils import run_threads, timeline_events, wait_for
 
@@ -147,3 +148,120 @@ def _lock_waiters() -> int:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                        " AND wait_event_type = 'Lock'")
         return cursor.fetchone()[0]
+
+
+# --- the latest claim's `claimed`, read from the job row ---------------------------------
+
+
+def _stored_claimed(job_id):
+    return list(JobEvent.objects.filter(job_id=job_id, kind=JobEvent.CLAIMED).order_by("id"))
+
+
+def _claimed_view(e):
+    return (e.attempt, e.claim_id, e.created_at, e.actor, e.holder, e.detail)
+
+
+def test_a_claim_stores_no_claimed_event_and_the_row_says_it():
+    agent = JobAgentFactory()
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id, holder="host-a:41")
+    assert not _stored_claimed(job.id)
+    row = Job.objects.get(id=job.id)
+    assert (row.claim_lease_seconds, row.claim_holder) == (agent.lease_seconds, "host-a:41")
+    (derived,) = timeline_events(job.id, JobEvent.CLAIMED)
+    assert derived.id is None
+    assert _claimed_view(derived) == (1, grant.claim_id, row.started_at, f"agent:{agent.id}",
+                                      "host-a:41", {"lease_seconds": agent.lease_seconds})
+    # An empty holder takes no bytes in the row and reads back as "".
+    other = JobFactory(job_agent=agent)
+    lifecycle.claim_job(agent, other.id)
+    assert Job.objects.get(id=other.id).claim_holder is None
+    assert timeline_events(other.id, JobEvent.CLAIMED)[0].holder == ""
+
+
+def test_the_next_claim_stores_the_claimed_event_of_the_claim_it_replaces():
+    agent = JobAgentFactory(max_attempts=3)
+    job = JobFactory(job_agent=agent)
+    first = lifecycle.claim_job(agent, job.id, holder="host-a:1")
+    before = Job.objects.get(id=job.id)
+    (said_then,) = timeline_events(job.id, JobEvent.CLAIMED)
+    lifecycle.report_status(job.id, first.claim_id, states.FAILURE, retry=True,
+                            job_agent_id=agent.id)
+    Job.objects.filter(id=job.id).update(available_at=before.started_at)  # no backoff wait
+    (second,) = lifecycle.claim_next(agent, 5, holder="host-b:2")  # the batch statement
+    (kept,) = _stored_claimed(job.id)
+    assert _claimed_view(kept) == _claimed_view(said_then)
+    assert kept.created_at == before.started_at
+    kinds = [(e.kind, e.attempt) for e in timeline_events(job.id)]
+    assert kinds[-3:] == [("claimed", 1), ("status_reported", 1), ("claimed", 2)]
+    (now_said,) = [e for e in timeline_events(job.id, JobEvent.CLAIMED) if e.id is None]
+    assert (now_said.claim_id, now_said.holder) == (second.claim_id, "host-b:2")
+    # The attempts read both: the first ended retrying, the second runs.
+    from jobqueue import history
+    attempts = history.attempts(Job.objects.get(id=job.id))
+    assert [(a.number, a.outcome, a.holder) for a in attempts] == [
+        (1, "retrying", "host-a:1"), (2, None, "host-b:2")]
+
+
+def test_a_reaped_claim_is_said_by_the_row_until_the_next_claim_by_id():
+    agent = JobAgentFactory(max_attempts=3)
+    job = JobFactory(job_agent=agent)
+    lifecycle.claim_job(agent, job.id)
+    JobClaim.objects.filter(job_id=job.id).update(claim_expires_at=NowPlusSeconds(-1))
+    lifecycle.reap_expired_claims_once(batch_size=10)
+    assert [e.kind for e in timeline_events(job.id)][-2:] == ["claimed", "reaped"]
+    assert not _stored_claimed(job.id)
+    lifecycle.claim_job(agent, job.id, expected_attempt=1)  # the named statement
+    assert len(_stored_claimed(job.id)) == 1
+    assert [(e.kind, e.attempt) for e in timeline_events(job.id)][-3:] == [
+        ("claimed", 1), ("reaped", 1), ("claimed", 2)]
+
+
+def test_operator_transitions_and_a_group_cancel_store_the_event_they_clear():
+    agent = JobAgentFactory()
+    running, requeued = JobFactory(job_agent=agent), JobFactory(job_agent=agent)
+    grouped, _ = lifecycle.create_job(workspace=agent.workspace, job_agent=agent, group="g")
+    for job in (running, requeued, grouped):
+        lifecycle.claim_job(agent, job.id)
+    lifecycle.cancel_job(running.id, actor="operator:olga")
+    grant = JobClaim.objects.get(job_id=requeued.id)
+    lifecycle.report_status(requeued.id, grant.claim_id, states.SUCCESSFUL,
+                            job_agent_id=agent.id)
+    lifecycle.requeue_job(requeued.id, actor="operator:olga")
+    lifecycle.cancel_group(agent.workspace_id, "g", actor="operator:olga")
+    for job in (running, requeued, grouped):
+        assert len(_stored_claimed(job.id)) == 1, job
+        assert Job.objects.get(id=job.id).last_claim_id is None
+        assert [e.kind for e in timeline_events(job.id)].count("claimed") == 1
+    assert [e.kind for e in timeline_events(requeued.id)][-3:] == [
+        "claimed", "status_reported", "requeued"]
+
+
+def test_a_claim_made_before_the_columns_is_never_doubled():
+    """A job claimed before migration 0022 stored its event and has no claim columns: the
+    row says nothing, and its next claim stores nothing for it."""
+    agent = JobAgentFactory(max_attempts=3)
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id)
+    with transaction.atomic():
+        timeline.keep_said(job.id)  # as the claim before 0022 stored it
+    Job.objects.filter(id=job.id).update(claim_lease_seconds=None, claim_holder=None)
+    assert [e.kind for e in timeline_events(job.id)].count("claimed") == 1
+    lifecycle.release_job(job.id, grant.claim_id, job_agent_id=agent.id)
+    lifecycle.claim_job(agent, job.id)
+    assert len(_stored_claimed(job.id)) == 1
+    assert [e.kind for e in timeline_events(job.id)].count("claimed") == 2
+
+
+@pytest.mark.postgres_only
+def test_racing_cancels_of_a_running_job_keep_its_claimed_once():
+    agent = JobAgentFactory()
+    (grant,) = _claimed(agent)
+
+    def work(_i, barrier):
+        barrier.wait()
+        return lifecycle.cancel_job(grant.job.id, actor="operator:a").status
+
+    assert run_threads(work, 4) == [states.CANCELLED] * 4
+    assert len(_stored_claimed(grant.job.id)) == 1
+    assert [e.kind for e in timeline_events(grant.job.id)].count("claimed") == 1
