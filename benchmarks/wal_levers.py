@@ -16,6 +16,8 @@ that cut them (`no_events`) are gone with them.
     indexes              job_workspace_status_idx partial on live jobs (a finished job's
                          version leaves it), the plain job_agent_id index dropped
     indexes_gate         and no FOR SHARE gate on the agent row (its row lock)
+    indexes_fk           the index changes, and no foreign key from job_claim to job (the
+                         KEY SHARE lock its check takes on the job row a claim just wrote)
 """
 
 from __future__ import annotations
@@ -65,10 +67,18 @@ def statements(variant: str) -> dict:
     return out
 
 
+_DROP_CLAIM_FK = (
+    "DO $$ DECLARE c text; BEGIN "
+    "SELECT conname INTO c FROM pg_constraint WHERE conrelid = 'job_claim'::regclass "
+    "AND confrelid = 'job'::regclass AND contype = 'f'; "
+    "EXECUTE format('ALTER TABLE job_claim DROP CONSTRAINT %%I', c); END $$"
+)
+
 VARIANTS = {
     "as shipped": [],
     "indexes": _DROP_INDEXES,
     "indexes_gate": _DROP_INDEXES,
+    "indexes_fk": [*_DROP_INDEXES, _DROP_CLAIM_FK],
 }
 
 

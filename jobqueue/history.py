@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .models import Job, JobEvent
-from .timeline import TIME_ORDER, UNREAD, merged, said
+from .timeline import TIME_ORDER, merged, said, stored_events
 
 MAX_ATTEMPTS_SHOWN = 100
 
@@ -74,26 +74,51 @@ def _message(kind: str, detail: dict) -> str:
     return str(detail.get("message") or detail.get("reason") or "")
 
 
-def attempts(job: Job, derived=UNREAD) -> list[Attempt]:
-    """The job's attempts, oldest first (the last MAX_ATTEMPTS_SHOWN); `derived`:
-    timeline.said(job) if the caller has it."""
-    stored = list(JobEvent.objects.filter(job_id=job.id, kind__in=KINDS).order_by(*TIME_ORDER)
-                  .only("id", "kind", "attempt", "claim_id", "created_at", "detail", "actor",
-                        "holder"))
-    rows = merged(stored, said(job) if derived is UNREAD else derived)
+def _stored(job: Job) -> list[JobEvent]:
+    return list(JobEvent.objects.filter(job_id=job.id, kind__in=KINDS).order_by(*TIME_ORDER)
+                .only("id", "kind", "attempt", "claim_id", "created_at", "detail", "actor",
+                      "holder"))
+
+
+def attempts(job: Job) -> list[Attempt]:
+    """The job's attempts, oldest first (the last MAX_ATTEMPTS_SHOWN). The stored events are
+    read first, then what the job row says (timeline.merged drops one stored meanwhile)."""
+    stored = _stored(job)
+    return _attempts(stored, said(job))
+
+
+def events_and_attempts(job: Job, limit: int) -> tuple[list[JobEvent], list[Attempt]]:
+    """timeline.events(job, limit) and attempts(job), reading what the job row says once,
+    after both reads of the stored events (the job's page: GET jobs/{id})."""
+    events, stored = stored_events(job, limit), _stored(job)
+    derived = said(job)
+    return merged(events, derived)[-limit:], _attempts(stored, derived)
+
+
+def _attempts(stored: list[JobEvent], derived: list[JobEvent]) -> list[Attempt]:
     out: list[Attempt] = []
     live: dict = {}
-    for e in rows:
-        kind, number, claim_id, at, detail, actor, holder = (
-            e.kind, e.attempt, e.claim_id, e.created_at, e.detail, e.actor, e.holder)
-        if kind == JobEvent.CLAIMED:
-            live[claim_id] = attempt = Attempt(number, at, actor, holder=holder or "")
+    early: dict = {}  # endings met before their claim (the same time: SQLite's milliseconds)
+    for e in merged(stored, derived):
+        if e.kind == JobEvent.CLAIMED:
+            attempt = Attempt(e.attempt, e.created_at, e.actor, holder=e.holder or "")
             out.append(attempt)
+            if e.claim_id in early:
+                _close(attempt, early.pop(e.claim_id))
+            else:
+                live[e.claim_id] = attempt
             continue
-        attempt = live.pop(claim_id, None) if claim_id is not None else None
-        if attempt is None:  # it did not end a claim (a cancel of a queued job, a refusal)
+        if e.claim_id is None:  # it did not end a claim (a cancel of a queued job)
             continue
-        detail = detail or {}
-        attempt.ended_at, attempt.outcome = at, _outcome(kind, detail)
-        attempt.message = _message(kind, detail)
+        attempt = live.pop(e.claim_id, None)
+        if attempt is None:
+            early[e.claim_id] = e
+        else:
+            _close(attempt, e)
     return out[-MAX_ATTEMPTS_SHOWN:]
+
+
+def _close(attempt: Attempt, ending: JobEvent) -> None:
+    detail = ending.detail or {}
+    attempt.ended_at, attempt.outcome = ending.created_at, _outcome(ending.kind, detail)
+    attempt.message = _message(ending.kind, detail)

@@ -187,7 +187,7 @@ class Job(models.Model):
     last_claim_id = models.UUIDField(null=True, blank=True, editable=False)
     # The latest claim's lease and holder, as its claim asked: with last_claim_id, attempt,
     # started_at and job_agent_id they are that claim's `claimed` event, which no claim
-    # stores (jobqueue/timeline.py, derived_claimed). The next claim writes the event row of
+    # stores (jobqueue/timeline.py, claimed_event). The next claim writes the event row of
     # the claim it replaces, and an operator's transition that clears last_claim_id writes it
     # first. None: that claim's event is stored (a claim made before migration 0022), or no
     # claim. claim_holder is None for an empty holder (no bytes in the row).

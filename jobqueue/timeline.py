@@ -6,7 +6,7 @@ sixth of a job's WAL, with its indexes and the foreign-key lock it takes on the 
 - *The latest claim's `claimed`.* The claim writes the job's `last_claim_id` (the event's
   claim), `attempt`, `started_at` (the event's time: the same statement's), and the lease and
   holder it asked for (`claim_lease_seconds`, `claim_holder`); the actor is the job's agent,
-  the only one that claims it (`derived_claimed`). The row says it until the next claim
+  the only one that claims it (`claimed_event`). The row says it until the next claim
   replaces those values: that claim writes the replaced claim's event row first, from the
   values it read under the row lock (jobqueue/sql/postgresql.sql, the `kept` CTE; lifecycle/
   orm.py), and so does an operator's transition that clears `last_claim_id` (`keep_said`).
@@ -29,9 +29,12 @@ event row written later than its time (a replaced claim's, a kept report) has a 
 
 What it does not do: a reader runs its queries (the job, its stored events, the last claim's
 stored events) as separate statements, so a claim or a requeue committed between them can
-leave an event out of that one answer (never twice: the stored events are read first). The
-admin's timeline pages by event id and places each derived or late-written event by its
-time, on the page whose ids it falls among; an event written late can show on a newer page.
+leave an event out of that one answer. Never twice: the stored events are read first, and
+`merged` drops a derived event that they hold after all. The admin's timeline pages by event
+id and places each derived or late-written event by its time, on the page whose ids it falls
+among; an event written late can show on a newer page. Two events of one time (SQLite keeps
+milliseconds) keep the order they were written in, or for a derived one come after the
+stored: the attempts (history.py) close a claim whichever of the two comes first.
 """
 
 from __future__ import annotations
@@ -83,12 +86,6 @@ def says_claimed(job: Job) -> bool:
     return job.last_claim_id is not None and job.claim_lease_seconds is not None
 
 
-def replaced_claimed(job: Job) -> JobEvent:
-    """The event row a claim writes for the claim it replaces (`job`: the row as read under
-    the lock, before the claim's update)."""
-    return claimed_event(job)
-
-
 def said(job: Job) -> list[JobEvent]:
     """The events the job row says and no row stores (unsaved, oldest first): its latest
     claim's `claimed`, its agent's final report. At most one indexed query (the stored
@@ -99,7 +96,7 @@ def said(job: Job) -> list[JobEvent]:
     if not (finished or says_claimed(job)):
         return []
     stored = set(JobEvent.objects.filter(job_id=job.id, claim_id=job.last_claim_id)
-                 .values_list("kind", flat=True).distinct())
+                 .order_by().values_list("kind", flat=True).distinct())
     out = []
     if says_claimed(job) and JobEvent.CLAIMED not in stored:
         out.append(claimed_event(job))
@@ -115,26 +112,50 @@ def derived_report(job: Job) -> JobEvent | None:
     return next((e for e in said(job) if e.kind == JobEvent.STATUS_REPORTED), None)
 
 
-# "Not read yet": a caller that shows both the events and the attempts reads what the row
-# says once (`said`) and hands it to both.
-UNREAD = object()
-
 TIME_ORDER = ("created_at", "id")
 
 
-def events(job: Job, limit: int, derived=UNREAD) -> list[JobEvent]:
-    """The job's newest `limit` events in time order, those the row says among them
-    (`derived`: said(job) if the caller has it)."""
-    stored = list(job.events.order_by("-created_at", "-id")[:limit])[::-1]
-    return merged(stored, said(job) if derived is UNREAD else derived)[-limit:]
+# The fields `said` reads: a caller whose job was loaded without one of them (a deferred
+# field loads on its own, later: a claim committed between the two reads mixes two claims)
+# reloads them in one query (`fresh`).
+SAID_FIELDS = ("id", "status", "job_agent_id", "attempt", "last_claim_id", "started_at",
+               "completed_at", "message", "result", "claim_lease_seconds", "claim_holder")
+
+
+def fresh(job_id) -> Job | None:
+    """The job's fields `said` reads, in one query."""
+    return Job.objects.only(*SAID_FIELDS).filter(id=job_id).first()
+
+
+def stored_events(job: Job, limit: int) -> list[JobEvent]:
+    """The job's newest `limit` stored events, in time order."""
+    return list(job.events.order_by("-created_at", "-id")[:limit])[::-1]
+
+
+def events(job: Job, limit: int) -> list[JobEvent]:
+    """The job's newest `limit` events in time order, those the row says among them. The
+    stored events are read first: an event stored after that (a claim storing the one it
+    replaces) is then still said by the row, or `merged` finds it stored; never twice."""
+    stored = stored_events(job, limit)
+    return merged(stored, said(job))[-limit:]
+
+
+def _stored_already(event: JobEvent, stored: list[JobEvent]) -> bool:
+    """Whether `stored` holds the derived `event` after all (a claim or a requeue committed
+    between the reader's queries stored it)."""
+    if event.kind == JobEvent.CLAIMED:
+        return any(e.kind == JobEvent.CLAIMED and e.claim_id == event.claim_id for e in stored)
+    return any(e.kind in ENDINGS and e.claim_id == event.claim_id for e in stored)
 
 
 def merged(stored: list[JobEvent], derived: list[JobEvent]) -> list[JobEvent]:
-    """`stored` (in time order) with each of `derived` (in time order) placed by its time:
-    after every stored event of the same time or earlier (each is its statement's last
-    word)."""
+    """`stored` (in time order) with each of `derived` (in time order) that it does not hold
+    placed by its time: after every stored event of the same time or earlier (each is its
+    statement's last word)."""
     out = list(stored)
     for event in derived:
+        if _stored_already(event, stored):
+            continue
         at = next((i for i, e in enumerate(out)
                    if e.pk is not None and e.created_at > event.created_at), len(out))
         # After a derived event placed before it (a claim and its report of one time).
@@ -144,31 +165,40 @@ def merged(stored: list[JobEvent], derived: list[JobEvent]) -> list[JobEvent]:
     return out
 
 
-def keep_said(job_id) -> None:
+def keep_said(jobs) -> None:
     """Write the events the job row says as event rows, before a transition clears what
-    they are read from. The caller is in a transaction; this takes the job's row lock, so two
-    such transitions never both write them."""
+    they are read from. `jobs`: the one job the transition may change (its id, its scope and
+    the transition's condition), so that nothing is locked or written for a job it will not
+    change. The caller is in a transaction; this takes the job's row lock, so two such
+    transitions never both write them."""
     # FOR NO KEY UPDATE, as the transitions' own UPDATE takes: FOR UPDATE would also block
     # the KEY SHARE lock a foreign-key check takes at commit (an effect's begin inserting its
     # row while holding the claim row the requeue waits for: a deadlock).
-    job = Job.objects.select_for_update(no_key=True).filter(id=job_id).first()
+    job = jobs.select_for_update(no_key=True).only(*SAID_FIELDS).first()
     if job is not None:
         events = said(job)
         if events:
             JobEvent.objects.bulk_create(events)
 
 
-def keep_claimed_many(jobs: list[Job]) -> None:
-    """The same for the latest claims' `claimed` of `jobs`, locked by the caller and read
-    with last_claim_id, attempt, started_at, job_agent_id and the claim columns (a group's
-    cancel, which ends no job by a report the row could say)."""
+def unstored_claimed(jobs: list[Job]) -> list[JobEvent]:
+    """The latest claims' `claimed` events (unsaved) that the rows of `jobs` say and no row
+    stores: what a transaction that replaces or clears those claims stores first. `jobs` are
+    locked by the caller and read with the fields `said` reads. One query, only when a row
+    says a claim (a job's first claim sends none)."""
     said_by = [job for job in jobs if says_claimed(job)]
     if not said_by:
-        return
+        return []
     stored = set(JobEvent.objects.filter(kind=JobEvent.CLAIMED,
                                          job_id__in=[job.id for job in said_by],
                                          claim_id__in=[job.last_claim_id for job in said_by])
-                 .values_list("job_id", "claim_id"))
-    events = [claimed_event(job) for job in said_by if (job.id, job.last_claim_id) not in stored]
+                 .order_by().values_list("job_id", "claim_id"))
+    return [claimed_event(job) for job in said_by if (job.id, job.last_claim_id) not in stored]
+
+
+def keep_claimed_many(jobs: list[Job]) -> None:
+    """Store unstored_claimed(jobs) (a group's cancel, which ends no job by a report the row
+    could say, clears their last_claim_id)."""
+    events = unstored_claimed(jobs)
     if events:
         JobEvent.objects.bulk_create(events)

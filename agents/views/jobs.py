@@ -11,7 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from jobqueue import history, lifecycle, timeline
+from jobqueue import history, lifecycle
 from jobqueue.db import Now
 from jobqueue.lifecycle import dependencies
 from jobqueue.models import Job, JobAgent, JobClaim
@@ -176,13 +176,13 @@ class JobViewSet(ApiViewSet):
         )
         if job is None:
             raise NotFound("No such job.")
-        derived = timeline.said(job)  # read once, for the events and the attempts
-        events = timeline.events(job, MAX_EVENTS, derived)
+        # The stored events first, then what the job row says, once (history.py).
+        events, attempts = history.events_and_attempts(job, MAX_EVENTS)
         context = {
             "db_now": job.db_now,
             "claim": JobClaim.objects.filter(job_id=job.id).first(),
             "events": events,
-            "attempts": history.attempts(job, derived),
+            "attempts": attempts,
         }
         return Response(JobDetailSerializer(job, context=context).data)
 

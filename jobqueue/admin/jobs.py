@@ -276,7 +276,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
              "running" if a.ended_at is None else f"{a.ended_at:%Y-%m-%d %H:%M:%S} UTC",
              a.outcome or "—", redact_text(a.message, secrets) or "—", a.claimed_by or "—",
              a.holder or "—")
-            for a in history.attempts(obj)
+            for a in history.attempts(timeline.fresh(obj.pk) or obj)
         ]
         if not rows:
             return "Never claimed."
@@ -381,7 +381,8 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         has_older = len(page) > TIMELINE_PAGE_SIZE
         # In time order (an event row written late, jobqueue/timeline.py, has a later id).
         page = sorted(page[:TIMELINE_PAGE_SIZE], key=lambda e: (e.created_at, e.id))
-        derived = timeline.said(obj)
+        # The fields it reads in one query (the change form's object defers last_claim_id).
+        derived = timeline.said(timeline.fresh(obj.pk) or obj)
         total += len(derived)
         # Read from the job row (jobqueue/timeline.py): each on the page its time falls in.
         later = events.filter(id__gte=before) if before else None

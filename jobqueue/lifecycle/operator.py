@@ -95,7 +95,7 @@ def apply(transition: Transition, job_id: uuid.UUID, *, actor: str = "", reason:
                 _hold_group_of(job_id, workspace_id, reopen=reopen)
             # The latest claim's `claimed` and a finished job's final report may be read
             # from its row (jobqueue/timeline.py), whose last_claim_id this clears.
-            keep_said(job_id)
+            keep_said(scoped_jobs(workspace_id).filter(transition.allowed, id=job_id))
             n = (
                 scoped_jobs(workspace_id)
                 .filter(transition.allowed, id=job_id)

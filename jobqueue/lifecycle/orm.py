@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from jobqueue import claimrule, states
 from jobqueue.exceptions import ClaimSuperseded, JobNotClaimable
 from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
-from jobqueue.timeline import MESSAGE_CHARS, replaced_claimed, row_says_report, says_claimed
+from jobqueue.timeline import MESSAGE_CHARS, row_says_report, unstored_claimed
 
 from .artifacts import publish
 from .checkpoints import checkpoints_for
@@ -87,9 +87,8 @@ class OrmBackend:
             )
         )
         # The event rows of the claims these replace (the job row said them until now;
-        # jobqueue/timeline.py, derived_claimed), from the values read under the lock.
-        events = [replaced_claimed(job) for job in locked
-                  if says_claimed(job)]
+        # jobqueue/timeline.py, claimed_event), from the values read under the lock.
+        events = unstored_claimed(locked)
         n = Job.objects.filter(id__in=list(claim_ids), status=states.QUEUED).update(
             status=states.IN_PROGRESS,
             attempt=F("attempt") + 1,

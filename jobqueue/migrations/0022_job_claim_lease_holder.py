@@ -1,4 +1,4 @@
-# The latest claim's lease and holder on the job (jobqueue/timeline.py, derived_claimed): with
+# The latest claim's lease and holder on the job (jobqueue/timeline.py, claimed_event): with
 # the columns the claim writes anyway they are its `claimed` event, which claims no longer
 # store (#26: a job's WAL). Both nullable, NULL for every job claimed before (whose events are
 # stored), no default, no CHECK and no index: adding them rewrites and scans nothing.

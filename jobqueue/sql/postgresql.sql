@@ -48,9 +48,11 @@
 -- job_agent_id says the event (jobqueue/timeline.py, derived_claimed). `kept` writes the
 -- event row of the claim this one replaces, from the values `locked` read before the UPDATE
 -- (the row lock keeps them current): the event of a job's earlier attempt is stored once
--- its job is claimed again. None when that claim's event is stored already (a claim before
--- migration 0022: claim_lease_seconds is NULL) or an operator's transition wrote it (it
--- clears last_claim_id).
+-- its job is claimed again. None when that claim's event is stored already: a claim before
+-- migration 0022 (claim_lease_seconds is NULL), an operator's transition (it clears
+-- last_claim_id), or a claim by an older release during a rolling upgrade (it stored its
+-- own and left the row's claim columns as they were: the NOT EXISTS, one probe of the
+-- job_id index, only for a job claimed before).
 WITH locked AS MATERIALIZED (
     SELECT id, last_claim_id, attempt, started_at, claim_lease_seconds, claim_holder FROM job
     WHERE job_agent_id = %(agent)s
@@ -97,6 +99,8 @@ WITH locked AS MATERIALIZED (
            COALESCE(locked.claim_holder, '')
     FROM locked JOIN claimed ON claimed.id = locked.id
     WHERE locked.claim_lease_seconds IS NOT NULL AND locked.last_claim_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM job_event e WHERE e.job_id = locked.id
+                      AND e.claim_id = locked.last_claim_id AND e.kind = %(kind)s::varchar)
 )
 SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
 FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
@@ -152,6 +156,8 @@ WITH locked AS MATERIALIZED (
            COALESCE(locked.claim_holder, '')
     FROM locked JOIN claimed ON claimed.id = locked.id
     WHERE locked.claim_lease_seconds IS NOT NULL AND locked.last_claim_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM job_event e WHERE e.job_id = locked.id
+                      AND e.claim_id = locked.last_claim_id AND e.kind = %(kind)s::varchar)
 )
 SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
 FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id

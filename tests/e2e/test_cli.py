@@ -209,6 +209,9 @@ def test_cancel_requeue_dispatch_and_wait_timeout(world, tmp_path):
     wait_for(lambda: Job.objects.get(id=job["id"]).attempt == 2, 60, "the second attempt",
              on_fail=jq.stack.logs)
     (tmp_path / "gate-2").touch()
+    # The first attempt's child, if the cancel's kill has not reached it yet, ends too (no
+    # shell loop outlives the test).
+    (tmp_path / "gate-1").touch()
     done = jq("jobs", "wait", job["id"], "--timeout", "120")
     assert done.returncode == 0, done.stdout + done.stderr + jq.stack.logs()
     assert shown(done.stdout)["attempt"] == "2 of 2"

@@ -244,7 +244,7 @@ def test_a_claim_made_before_the_columns_is_never_doubled():
     job = JobFactory(job_agent=agent)
     grant = lifecycle.claim_job(agent, job.id)
     with transaction.atomic():
-        timeline.keep_said(job.id)  # as the claim before 0022 stored it
+        timeline.keep_said(Job.objects.filter(id=job.id))  # as the claim before 0022 stored it
     Job.objects.filter(id=job.id).update(claim_lease_seconds=None, claim_holder=None)
     assert [e.kind for e in timeline_events(job.id)].count("claimed") == 1
     lifecycle.release_job(job.id, grant.claim_id, job_agent_id=agent.id)
@@ -265,3 +265,71 @@ def test_racing_cancels_of_a_running_job_keep_its_claimed_once():
     assert run_threads(work, 4) == [states.CANCELLED] * 4
     assert len(_stored_claimed(grant.job.id)) == 1
     assert [e.kind for e in timeline_events(grant.job.id)].count("claimed") == 1
+
+
+def test_an_event_stored_between_a_readers_queries_is_never_shown_twice():
+    """A reader that read what the row says before a claim stored it (the claim replacing
+    that claim committed between its queries) shows it once: merged drops it."""
+    agent = JobAgentFactory(max_attempts=3)
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id)
+    lifecycle.release_job(job.id, grant.claim_id, job_agent_id=agent.id)
+    before = Job.objects.get(id=job.id)
+    said_before = timeline.said(before)
+    assert [e.kind for e in said_before] == ["claimed"]
+    lifecycle.claim_job(agent, job.id)  # stores the first claim's event
+    stored_after = list(JobEvent.objects.filter(job_id=job.id).order_by(*timeline.TIME_ORDER))
+    shown = timeline.merged(stored_after, said_before)
+    assert [(e.kind, e.attempt) for e in shown].count(("claimed", 1)) == 1
+    # And a reader holding the old row reads nothing twice either.
+    assert [(e.kind, e.attempt) for e in timeline.events(before, 100)].count(("claimed", 1)) == 1
+
+
+def test_the_admin_reads_the_rows_claim_fields_in_one_query():
+    """The admin's change form defers last_claim_id: its attempts and timeline reload the
+    fields they read together, so an object read before a claim shows no mixed claim."""
+    from django.contrib.admin.sites import site
+
+    agent = JobAgentFactory(max_attempts=3)
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id)
+    lifecycle.release_job(job.id, grant.claim_id, job_agent_id=agent.id)
+    admin = site._registry[Job]
+    stale = Job.objects.defer("last_claim_id").get(id=job.id)  # as get_queryset loads it
+    second = lifecycle.claim_job(agent, job.id, holder="host-b:2")
+    html = admin.attempt_history(stale)
+    assert html.count("host-b:2") == 1 and html.count("released") == 1
+    assert str(second.claim_id) not in html
+    from jobqueue import history
+    assert [(a.number, a.outcome) for a in history.attempts(timeline.fresh(job.id))] == [
+        (1, "released"), (2, None)]
+
+
+def test_a_claim_whose_event_is_stored_already_is_not_stored_again():
+    """A row that says a claim whose event is stored all the same (a claim by an older
+    release, which stored it) makes the next claim store nothing more for it."""
+    agent = JobAgentFactory(max_attempts=3)
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id)
+    lifecycle.release_job(job.id, grant.claim_id, job_agent_id=agent.id)
+    with transaction.atomic():
+        timeline.keep_said(Job.objects.filter(id=job.id))  # stored, the row still says it
+    assert len(_stored_claimed(job.id)) == 1
+    lifecycle.claim_next(agent, 1)
+    assert len(_stored_claimed(job.id)) == 1
+    assert [e.kind for e in timeline_events(job.id)].count("claimed") == 2
+
+
+def test_an_ending_of_the_same_time_as_its_claim_closes_the_attempt():
+    """SQLite keeps milliseconds: a claim and its release can share a time, and the claim
+    read from the row then sorts after the stored release."""
+    from jobqueue import history
+
+    agent = JobAgentFactory(max_attempts=3)
+    job = JobFactory(job_agent=agent)
+    grant = lifecycle.claim_job(agent, job.id)
+    lifecycle.release_job(job.id, grant.claim_id, job_agent_id=agent.id, reason="bye")
+    started = Job.objects.get(id=job.id).started_at
+    JobEvent.objects.filter(job_id=job.id, kind=JobEvent.RELEASED).update(created_at=started)
+    assert [(a.number, a.outcome, a.message)
+            for a in history.attempts(Job.objects.get(id=job.id))] == [(1, "released", "bye")]
