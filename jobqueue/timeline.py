@@ -156,11 +156,10 @@ def merged(stored: list[JobEvent], derived: list[JobEvent]) -> list[JobEvent]:
     for event in derived:
         if _stored_already(event, stored):
             continue
+        # Before the first stored event of a later time: after a derived one placed before
+        # it too (a claim, then its report: their times never fall the other way).
         at = next((i for i, e in enumerate(out)
                    if e.pk is not None and e.created_at > event.created_at), len(out))
-        # After a derived event placed before it (a claim and its report of one time).
-        while at < len(out) and out[at].pk is None:
-            at += 1
         out.insert(at, event)
     return out
 
