@@ -218,10 +218,10 @@ def _cancel_batch(workspace_id, name, size, actor, reason, *, skip_locked: bool)
         if claims:
             JobClaim.objects.filter(job_id__in=list(claims)).delete()
         JobEvent.objects.bulk_create([
-            event(job_id, JobEvent.CANCELLED, attempt=attempt, actor=actor,
-                  claim_id=claims.get(job_id), reason=reason,
-                  superseded_claim=job_id in claims, group_cancelled=True)
-            for job_id, attempt in ((job.id, job.attempt) for job in rows)
+            event(job.id, JobEvent.CANCELLED, attempt=job.attempt, actor=actor,
+                  claim_id=claims.get(job.id), reason=reason,
+                  superseded_claim=job.id in claims, group_cancelled=True)
+            for job in rows
         ])
         # The outbox rows and job_finished, as every path that ends a job (finished.py).
         announce_finished([(job_id, workspace_id, states.CANCELLED) for job_id in ids],

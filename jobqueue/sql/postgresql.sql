@@ -45,7 +45,7 @@
 --
 -- The claim stores no `claimed` event: its lease and holder go on the job row
 -- (claim_lease_seconds, claim_holder), which with last_claim_id, attempt, started_at and
--- job_agent_id says the event (jobqueue/timeline.py, derived_claimed). `kept` writes the
+-- job_agent_id says the event (jobqueue/timeline.py, claimed_event). `kept` writes the
 -- event row of the claim this one replaces, from the values `locked` read before the UPDATE
 -- (the row lock keeps them current): the event of a job's earlier attempt is stored once
 -- its job is claimed again. None when that claim's event is stored already: a claim before

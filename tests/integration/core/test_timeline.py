@@ -120,7 +120,7 @@ def test_racing_requeues_of_a_finished_job_keep_its_report_once():
 
 @pytest.mark.postgres_only
 def test_a_requeue_of_a_running_job_waits_for_an_effect_begin_without_a_deadlock():
-    """keep_report locks the job row FOR NO KEY UPDATE, as the requeue's UPDATE does: FOR
+    """keep_said locks the job row FOR NO KEY UPDATE, as the requeue's UPDATE does: FOR
     UPDATE would block the KEY SHARE lock of the effect row's foreign-key check at the
     begin's commit, while the requeue waits for the claim row the begin holds."""
     agent = JobAgentFactory()
