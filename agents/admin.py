@@ -165,9 +165,16 @@ class AgentTokenAdmin(CredentialAdmin):
     issue = staticmethod(credentials.create_agent_token)
     revoke = staticmethod(credentials.revoke_agent_token)
     list_display = ["name", "masked", "job_agent", "workspace", "active", "created_at",
-                    "revoked_at"]
+                    "last_used_at", "revoked_at"]
     list_filter = [RevokedFilter, "job_agent__workspace", "job_agent"]
     list_select_related = ["job_agent__workspace"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*super().get_readonly_fields(request, obj), "last_used_at"]
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        return [*fields[:-1], "last_used_at", fields[-1]]  # before revoked_at
 
     @admin.display(description="workspace")
     def workspace(self, obj):
@@ -193,7 +200,7 @@ class AgentTokenInline(admin.TabularInline):
     """The agent's credentials, read-only: issue and revoke from the agent token admin."""
 
     model = AgentToken
-    fields = ["name", "masked_prefix", "created_at", "revoked_at"]
+    fields = ["name", "masked_prefix", "created_at", "last_used_at", "revoked_at"]
     readonly_fields = fields
     extra = 0
     max_num = 0
@@ -237,6 +244,7 @@ class JobAgentAdmin(admin.ModelAdmin):
         "workspace",
         "id",
         "claims_state",
+        "online",
         "last_seen",
         "in_flight",
         "expired_leases_last_day",
@@ -253,6 +261,7 @@ class JobAgentAdmin(admin.ModelAdmin):
         "type",
         "created_at",
         "claims_state",
+        "online",
         "last_seen",
         "in_flight",
         "expired_leases_last_day",
@@ -269,6 +278,7 @@ class JobAgentAdmin(admin.ModelAdmin):
             "max_runtime_seconds",
             "created_at",
             "claims_state",
+            "online",
             "last_seen",
             "in_flight",
             "expired_leases_last_day",
@@ -325,6 +335,11 @@ class JobAgentAdmin(admin.ModelAdmin):
         unchanged = len(agents) - changed
         note = f" ({unchanged} already {done})" if unchanged else ""
         self.message_user(request, f"{changed} job agent(s) {done}{note}.", messages.SUCCESS)
+
+    @admin.display(description="online", boolean=True, ordering="online")
+    def online(self, obj):
+        # Seen within JOBQUEUE_AGENT_ONLINE_SECONDS, by the database's clock (agents.health).
+        return bool(getattr(obj, "online", False))
 
     @admin.display(description="last seen", ordering="last_seen_at")
     def last_seen(self, obj):

@@ -69,11 +69,12 @@ class AgentTokenAuthentication(BaseAuthentication):
             raw = parts[1].decode("ascii")
         except UnicodeDecodeError as exc:
             raise AuthenticationFailed("Invalid or revoked agent token.") from exc
-        token = credentials.resolve_agent_token(raw)
+        token = credentials.resolve_agent_token(raw, presence_due=health.presence_due())
         if token is None:
             raise AuthenticationFailed("Invalid or revoked agent token.")
         agent = token.job_agent
-        health.note_agent_seen(agent.id)
+        if token.presence_due:
+            health.note_token_used(token.id, agent.id)
         principal = Principal(
             kind=KIND_AGENT_TOKEN,
             workspace_id=agent.workspace_id,

@@ -65,11 +65,12 @@ def issue_agent_token(job_agent, name: str = "default") -> str:
     return create_agent_token(job_agent, name)[1]
 
 
-def _resolve(model, kind: str, raw: str, related: str):
+def _resolve(model, kind: str, raw: str, related: str, **annotations):
     prefix = _split(raw, kind)
     if prefix is None:
         return None
-    row = model.objects.active().select_related(*related.split(",")).filter(prefix=prefix).first()
+    row = (model.objects.active().select_related(*related.split(",")).annotate(**annotations)
+           .filter(prefix=prefix).first())
     if row is None or not hmac.compare_digest(row.secret_hash, _hash(raw)):
         return None
     return row
@@ -80,9 +81,10 @@ def resolve_api_key(raw: str) -> WorkspaceApiKey | None:
     return _resolve(WorkspaceApiKey, API_KEY_KIND, raw, "workspace")
 
 
-def resolve_agent_token(raw: str) -> AgentToken | None:
-    """The active token for this raw string, with its agent and workspace, or None."""
-    return _resolve(AgentToken, AGENT_TOKEN_KIND, raw, "job_agent__workspace")
+def resolve_agent_token(raw: str, **annotations) -> AgentToken | None:
+    """The active token for this raw string, with its agent and workspace, or None;
+    `annotations` are computed with its row (the authentication's presence_due)."""
+    return _resolve(AgentToken, AGENT_TOKEN_KIND, raw, "job_agent__workspace", **annotations)
 
 
 def revoke_agent_token(token: AgentToken) -> AgentToken:

@@ -1,55 +1,92 @@
-"""Agent health: when it was last seen, how many jobs it holds, how many leases it lost.
+"""Agent health and presence: when it was last seen, whether it is online, how many jobs it
+holds, how many leases it lost.
 
-`last_seen_at` is written at most every JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] (default 15 s)
-per process per agent, into `job_agent` only: never per request, never into `job`.
+Presence (docs/api.md, "Presence"): each agent token has `last_used_at`, each agent
+`last_seen_at` (the latest request of any of its tokens) and `online` (seen within
+JOBQUEUE["AGENT_ONLINE_SECONDS"], 120, by the database's clock). A token's first request after
+JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] (60) without one writes both at once; then nothing is
+written for that token for as long again, whatever the number of requests, server processes or
+replicas: the token row the request's authentication reads says whether a write is due
+(`presence_due`, computed by the database), and the write is a conditional UPDATE that only
+one of several racing requests wins. So an agent costs at most one token write and one agent
+write a minute per token, never one per request, and never a write of `job`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
-from django.db import DatabaseError
-from django.db.models import Count, IntegerField, OuterRef, Subquery, Value
+from django.db import DatabaseError, transaction
+from django.db.models import (
+    BooleanField,
+    Count,
+    ExpressionWrapper,
+    IntegerField,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+)
 from django.db.models.functions import Coalesce, Now
 
 from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds
 from jobqueue.models import JobAgent, JobClaim, JobEvent
 
+from .models import AgentToken
+
 log = logging.getLogger("agents.health")
 
 EXPIRED_WINDOW_SECONDS = 24 * 3600
-_seen_lock = threading.Lock()
-_seen_written: dict = {}  # job_agent_id -> time.monotonic() of this process's last write
 
 
-def note_agent_seen(job_agent_id) -> bool:
-    """Record that the agent made a request; returns whether this call wrote."""
-    every = float(jobqueue_settings()["AGENT_SEEN_WRITE_SECONDS"])
-    now = time.monotonic()
-    with _seen_lock:
-        last = _seen_written.get(job_agent_id)
-        if last is not None and now - last < every:
-            return False
-        _seen_written[job_agent_id] = now
+def write_every_seconds() -> float:
+    return float(jobqueue_settings()["AGENT_SEEN_WRITE_SECONDS"])
+
+
+def online_seconds() -> float:
+    return float(jobqueue_settings()["AGENT_ONLINE_SECONDS"])
+
+
+def _stale(field: str, seconds: float) -> Q:
+    return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__lte": NowPlusSeconds(-seconds)})
+
+
+def presence_due():
+    """A boolean the database computes with a token's row: whether a request made with it
+    now should record presence (never used, or not for AGENT_SEEN_WRITE_SECONDS)."""
+    return ExpressionWrapper(_stale("last_used_at", write_every_seconds()),
+                             output_field=BooleanField())
+
+
+def online():
+    """A boolean the database computes with an agent's row: seen within AGENT_ONLINE_SECONDS."""
+    return ExpressionWrapper(
+        Q(last_seen_at__isnull=False) & Q(last_seen_at__gt=NowPlusSeconds(-online_seconds())),
+        output_field=BooleanField())
+
+
+def note_token_used(token_id, job_agent_id) -> bool:
+    """Record a request made with the token: its last_used_at and its agent's last_seen_at,
+    now. Only when no request of this token has done so for AGENT_SEEN_WRITE_SECONDS (the
+    UPDATE's own condition, on the database's clock: of racing requests, one writes). Returns
+    whether this call wrote. A failure is logged and swallowed: presence never fails the
+    agent's request."""
     try:
-        JobAgent.objects.filter(id=job_agent_id).update(last_seen_at=Now())
-    except DatabaseError:  # health must never fail the agent's request
+        with transaction.atomic():
+            wrote = AgentToken.objects.filter(
+                _stale("last_used_at", write_every_seconds()), id=token_id,
+            ).update(last_used_at=Now())
+            if wrote:
+                JobAgent.objects.filter(id=job_agent_id).update(last_seen_at=Now())
+    except DatabaseError:
         log.warning("could not record last_seen_at for job agent %s", job_agent_id)
         return False
-    return True
-
-
-def forget_seen() -> None:
-    """Forget this process's write times (tests)."""
-    with _seen_lock:
-        _seen_written.clear()
+    return bool(wrote)
 
 
 def with_health(queryset):
-    """Annotate job agents with jobs_in_flight and leases_expired_24h (two subqueries)."""
+    """Annotate job agents with online, jobs_in_flight and leases_expired_24h (two subqueries)."""
     in_flight = (
         JobClaim.objects.filter(job_agent_id=OuterRef("pk"))
         .order_by()
@@ -69,6 +106,7 @@ def with_health(queryset):
         .values("n")
     )
     return queryset.annotate(
+        online=online(),
         jobs_in_flight=Coalesce(Subquery(in_flight, output_field=IntegerField()), Value(0)),
         leases_expired_24h=Coalesce(Subquery(expired, output_field=IntegerField()), Value(0)),
     )

@@ -53,6 +53,10 @@ class AgentToken(Credential):
     """Sent as `Authorization: Bearer …`; acts only as its job agent, on its own jobs."""
 
     job_agent = models.ForeignKey(JobAgent, on_delete=models.CASCADE, related_name="tokens")
+    # Presence: the last request made with this token, by the database's clock; written at
+    # most once per JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] (60) per token, never per request
+    # (agents/health.py).
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta(Credential.Meta):
         db_table = "agent_token"

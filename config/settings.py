@@ -324,9 +324,11 @@ JOBQUEUE["PREPARED_STATEMENTS"] = _env(env.bool, "PREPARED_STATEMENTS")
 JOBQUEUE["MAX_REQUEST_BYTES"] = _env(env.int, "MAX_REQUEST_BYTES")
 # Django's own cap on bodies it reads (forms, the admin) is never below the API's.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(JOBQUEUE["MAX_REQUEST_BYTES"], 2621440)
-# A request authenticated by an agent token refreshes its agent's last_seen_at at most this
-# often per process (one UPDATE of job_agent, never of job).
+# Presence: a request authenticated by an agent token records the token's last_used_at and
+# its agent's last_seen_at at most this often per token, across every process (two UPDATEs,
+# never of job); an agent seen within AGENT_ONLINE_SECONDS is `online`.
 JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] = _env(env.float, "AGENT_SEEN_WRITE_SECONDS")
+JOBQUEUE["AGENT_ONLINE_SECONDS"] = _env(env.float, "AGENT_ONLINE_SECONDS")
 # The oldest jobqueue-client (major.minor, read from its User-Agent) this server supports: an
 # older one is logged once per version and process, WARNING (agents/middleware.py). Requests
 # are answered all the same. GET /v1/version says it too.

@@ -104,7 +104,7 @@ from .schedules import (
     ScheduleUpdateInput,
 )
 from .shared_instances import represent, validate_input
-from .tokens import TokenCreateInput, TokenSerializer
+from .tokens import TokenCreateInput, TokenListItemSerializer, TokenPage, TokenSerializer
 from .webhooks import (
     WebhookCreatedSerializer,
     WebhookCreateInput,
@@ -138,7 +138,8 @@ __all__ = [
     "ScheduleSerializer", "ScheduleUpdateInput", "StatusInput", "StrictBooleanField",
     "StrictCharField",
     "StrictChoiceField", "StrictIntegerField", "StrictUUIDField", "TokenCreateInput",
-    "TokenSerializer", "WebhookCreateInput", "WebhookCreatedSerializer", "WebhookDeliveryPage",
+    "TokenListItemSerializer", "TokenPage", "TokenSerializer", "WebhookCreateInput",
+    "WebhookCreatedSerializer", "WebhookDeliveryPage",
     "WebhookDeliverySerializer", "WebhookPage", "WebhookSerializer", "WebhookUrlField",
     "batch_of", "page_of", "represent", "validate_input", "vocabulary",
 ]

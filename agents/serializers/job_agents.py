@@ -74,6 +74,12 @@ class JobAgentSerializer(serializers.Serializer):
     )
     paused_at = serializers.DateTimeField(allow_null=True)
     paused_reason = serializers.CharField(help_text="The reason given with the pause, if any.")
+    last_seen_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="The latest request made with one of the agent's tokens (recorded at most "
+                  "once a minute per token).")
+    online = serializers.SerializerMethodField(
+        help_text="Seen within JOBQUEUE_AGENT_ONLINE_SECONDS (120), by the database's clock.")
     health = serializers.SerializerMethodField()
 
     class Meta:
@@ -81,6 +87,11 @@ class JobAgentSerializer(serializers.Serializer):
 
     def get_paused(self, agent: JobAgent) -> bool:
         return agent.paused_at is not None
+
+    def get_online(self, agent: JobAgent) -> bool:
+        # Computed by the database with the row (agents.health.with_health); an agent just
+        # created has not been seen.
+        return bool(getattr(agent, "online", False))
 
     @extend_schema_field(HealthSerializer)
     def get_health(self, agent: JobAgent):

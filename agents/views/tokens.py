@@ -1,4 +1,5 @@
-"""An agent's tokens (workspace key): issue one (the secret is answered once), revoke one."""
+"""An agent's tokens (workspace key): issue one (the secret is answered once), list them
+(never a secret: name, prefix, when made, last used and revoked), revoke one."""
 
 from __future__ import annotations
 
@@ -8,16 +9,33 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from .. import credentials
+from ..pagination import NewestFirst
 from ..schema import COMMON, WITH_BODY, errors
-from ..serializers.tokens import TokenCreateInput, TokenSerializer
-from .base import PRODUCER_TAGS, ApiViewSet
+from ..serializers.tokens import (
+    TokenCreateInput,
+    TokenListItemSerializer,
+    TokenPage,
+    TokenSerializer,
+)
+from .base import PAGE_PARAMS, PRODUCER_TAGS, ApiViewSet
 
 
 class TokenViewSet(ApiViewSet):
-    # workspaces/{workspace_id}/job-agents/{agent_id}/tokens[/{token_id}]. No listing: a
-    # token is shown once, and the admin lists an agent's tokens (masked).
+    # workspaces/{workspace_id}/job-agents/{agent_id}/tokens[/{token_id}]. The list shows
+    # presence (last_used_at) and never a secret: a token is shown once, when issued.
     lookup_url_kwarg = "token_id"
     route_names = {"list": "Tokens", "detail": "Token Detail"}
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
+        operation_id="list_agent_tokens",
+        summary="List an agent's tokens, newest first (never their secrets)",
+        parameters=PAGE_PARAMS,
+        responses={200: TokenPage, **errors(400, *COMMON)},
+    )
+    def list(self, request, workspace_id, agent_id):
+        agent = self.agent_in_path()
+        return self.paginated(NewestFirst, agent.tokens.all(), TokenListItemSerializer)
 
     @extend_schema(
         tags=PRODUCER_TAGS,

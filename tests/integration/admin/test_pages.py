@@ -154,6 +154,30 @@ def test_agent_health_columns(op_client, jobs, agent):
     assert row.leases_expired_24h == 1  # the dead job's lease
     html = response.content.decode()
     assert "never" in html  # last seen: the agent never called the API in this test
+    assert row.online is False and "column-online" in html
+
+
+def test_presence_shows_on_the_agent_and_its_tokens(op_client, agent):
+    """An agent seen a moment ago is online (the database's clock); its token's last use
+    shows on the token's page and in the agent's credentials."""
+    from agents import credentials
+    from agents.models import AgentToken
+    from jobqueue.db import NowPlusSeconds
+    from jobqueue.models import JobAgent
+
+    token, _ = credentials.create_agent_token(agent)
+    JobAgent.objects.filter(pk=agent.pk).update(last_seen_at=NowPlusSeconds(-5))
+    AgentToken.objects.filter(pk=token.pk).update(last_used_at=NowPlusSeconds(-5))
+    listed = op_client.get(reverse("admin:jobqueue_jobagent_changelist"))
+    row = next(a for a in listed.context["cl"].result_list if a.pk == agent.pk)
+    assert row.online is True
+    assert 'alt="True"' in listed.content.decode()
+    page = op_client.get(reverse("admin:jobqueue_jobagent_change", args=[agent.pk]))
+    assert "Last used at" in page.content.decode()
+    token_page = op_client.get(reverse("admin:agents_agenttoken_change", args=[token.pk]))
+    assert "Last used at" in token_page.content.decode()
+    tokens = op_client.get(reverse("admin:agents_agenttoken_changelist"))
+    assert "column-last_used_at" in tokens.content.decode()
 
 
 def test_agent_form_rejects_a_lease_out_of_bounds(op_client, agent):

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from django.test import Client
 
-from agents import credentials, health
+from agents import credentials
 from jobqueue import lifecycle
 from jobqueue.lifecycle.schedules import create_schedule
 from tests.factories import JobAgentFactory, JobFactory, WorkspaceFactory
@@ -132,10 +132,8 @@ def artifact_server(tmp_path, max_artifact_bytes: int, *, threads: int):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_health_cache():
-    health.forget_seen()
+def _close_callers():
     yield
-    health.forget_seen()
     # Close keep-alive connections, so the live server's request threads (and their
     # database connections) end before the test database is dropped.
     while _open_callers:

@@ -8,7 +8,7 @@ from django.core.management import call_command
 
 from jobqueue import lifecycle
 from jobqueue.db import NowPlusSeconds
-from jobqueue.models import Job, JobAgent, JobClaim, JobEvent
+from jobqueue.models import JobAgent, JobClaim, JobEvent
 from tests.factories import JobFactory
 
 from .conftest import Caller
@@ -57,34 +57,6 @@ def test_health_counts_claims_and_recently_lost_leases(world):
     listed = {a["id"]: a["health"] for a in producer.get("job-agents").json()["results"]}
     assert listed[str(world.agent.id)] == health
     assert listed[str(world.other_agent.id)]["jobs_in_flight"] == 0
-
-
-def test_last_seen_is_written_at_most_every_few_seconds(world, settings):
-    agent, producer = world.agent_caller(), world.producer()
-    assert JobAgent.objects.get(id=world.agent.id).last_seen_at is None
-    assert agent.get(f"job-agents/{world.agent.id}/jobs").status_code == 200
-    seen = producer.get(f"job-agents/{world.agent.id}").json()["health"]["last_seen_at"]
-    assert seen is not None
-    # Within the window, more requests write nothing (not even for heartbeats).
-    JobAgent.objects.filter(id=world.agent.id).update(last_seen_at=NowPlusSeconds(-3600))
-    stale = JobAgent.objects.get(id=world.agent.id).last_seen_at
-    job = JobFactory(job_agent=world.agent)
-    claim_id = agent.post(f"job-agents/{world.agent.id}/jobs/{job.id}/claim").json()[
-        "claim"]["claim_id"]
-    updated_at = Job.objects.get(id=job.id).updated_at
-    for _ in range(3):
-        r = agent.post(f"jobs/{job.id}/heartbeat", json={"claim_id": claim_id})
-        assert r.status_code == 200
-    assert JobAgent.objects.get(id=world.agent.id).last_seen_at == stale
-    assert Job.objects.get(id=job.id).updated_at == updated_at  # heartbeats never write job
-    # Past the window, the next request writes again.
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "AGENT_SEEN_WRITE_SECONDS": 0}
-    agent.get(f"job-agents/{world.agent.id}/jobs")
-    assert JobAgent.objects.get(id=world.agent.id).last_seen_at > stale
-    # The workspace key does not count as the agent being seen.
-    other = JobAgent.objects.get(id=world.other_agent.id)
-    producer.get(f"job-agents/{other.id}/jobs")
-    assert JobAgent.objects.get(id=other.id).last_seen_at is None
 
 
 def _json_command(*args):

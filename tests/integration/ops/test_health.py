@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 import jobqueue
-from agents.health import note_agent_seen
+from agents.health import note_token_used
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,5 +70,5 @@ def test_last_seen_that_cannot_be_written_is_only_logged(tmp_path, caplog):
     went away between the request's own queries and this one)."""
     agent_id = uuid.uuid4()
     with database_unreachable(tmp_path):
-        assert note_agent_seen(agent_id) is False
+        assert note_token_used(uuid.uuid4(), agent_id) is False
     assert f"could not record last_seen_at for job agent {agent_id}" in caplog.text
