@@ -165,16 +165,26 @@ class AgentTokenAdmin(CredentialAdmin):
     issue = staticmethod(credentials.create_agent_token)
     revoke = staticmethod(credentials.revoke_agent_token)
     list_display = ["name", "masked", "job_agent", "workspace", "active", "created_at",
-                    "last_used_at", "revoked_at"]
+                    "last_used_at", "expires_at", "revoked_at"]
     list_filter = [RevokedFilter, "job_agent__workspace", "job_agent"]
     list_select_related = ["job_agent__workspace"]
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(expired=credentials.expired())
+
+    @admin.display(description="active", boolean=True)
+    def active(self, obj):
+        # Neither revoked nor past its expires_at (the database's clock).
+        return obj.revoked_at is None and not getattr(obj, "expired", False)
+
     def get_readonly_fields(self, request, obj=None):
-        return [*super().get_readonly_fields(request, obj), "last_used_at"]
+        return [*super().get_readonly_fields(request, obj), "last_used_at", "expires_at",
+                "replaced_by"]
 
     def get_fields(self, request, obj=None):
         fields = super().get_fields(request, obj)
-        return [*fields[:-1], "last_used_at", fields[-1]]  # before revoked_at
+        # before revoked_at
+        return [*fields[:-1], "last_used_at", "expires_at", "replaced_by", fields[-1]]
 
     @admin.display(description="workspace")
     def workspace(self, obj):
@@ -200,7 +210,7 @@ class AgentTokenInline(admin.TabularInline):
     """The agent's credentials, read-only: issue and revoke from the agent token admin."""
 
     model = AgentToken
-    fields = ["name", "masked_prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = ["name", "masked_prefix", "created_at", "last_used_at", "expires_at", "revoked_at"]
     readonly_fields = fields
     extra = 0
     max_num = 0

@@ -17,6 +17,7 @@ from jobqueue import actors
 from jobqueue.models import JobAgent
 
 from . import credentials, health
+from .exceptions import TokenExpired
 
 KIND_API_KEY = "api_key"
 KIND_AGENT_TOKEN = "agent_token"
@@ -72,6 +73,8 @@ class AgentTokenAuthentication(BaseAuthentication):
         token = credentials.resolve_agent_token(raw, presence_due=health.presence_due())
         if token is None:
             raise AuthenticationFailed("Invalid or revoked agent token.")
+        if token.expired:
+            raise TokenExpired()
         agent = token.job_agent
         if token.presence_due:
             health.note_token_used(token.id, agent.id)

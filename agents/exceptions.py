@@ -35,6 +35,7 @@ DOMAIN_STATUS = {
 
 # DRF exception class -> stable code (the ones whose DRF default_code differs from ours).
 DRF_CODES = {
+    # (looked up along the exception's MRO: a subclass's own code comes first)
     drf.ValidationError: "validation_error",
     drf.ParseError: "validation_error",
     drf.NotAuthenticated: "not_authenticated",
@@ -46,6 +47,16 @@ DRF_CODES = {
     drf.UnsupportedMediaType: "unsupported_media_type",
     drf.Throttled: "throttled",
 }
+
+
+class TokenExpired(drf.AuthenticationFailed):
+    """An agent token past its expires_at (401, like every refused credential)."""
+
+    default_detail = "This agent token has expired; rotate before it expires, or issue a new one."
+    default_code = "token_expired"
+
+
+DRF_CODES[TokenExpired] = "token_expired"
 
 
 class PayloadTooLarge(drf.APIException):

@@ -57,6 +57,15 @@ class AgentToken(Credential):
     # most once per JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] (60) per token, never per request
     # (agents/health.py).
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Expiry and rotation (agents/credentials.py, docs/api.md "Token expiry and rotation"):
+    # when it stops working (None: never), by the database's clock; the lifetime a rotation
+    # gives its successor (None: no expiry); the token its latest rotation issued.
+    expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    ttl_seconds = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    replaced_by = models.OneToOneField(
+        "self", null=True, blank=True, editable=False, on_delete=models.SET_NULL,
+        related_name="replaces",
+    )
 
     class Meta(Credential.Meta):
         db_table = "agent_token"

@@ -104,7 +104,17 @@ from .schedules import (
     ScheduleUpdateInput,
 )
 from .shared_instances import represent, validate_input
-from .tokens import TokenCreateInput, TokenListItemSerializer, TokenPage, TokenSerializer
+from .tokens import (
+    DEFAULT_OVERLAP_SECONDS,
+    MAX_OVERLAP_SECONDS,
+    MAX_TOKEN_TTL_SECONDS,
+    TokenCreateInput,
+    TokenListItemSerializer,
+    TokenPage,
+    TokenRotatedSerializer,
+    TokenRotateInput,
+    TokenSerializer,
+)
 from .webhooks import (
     WebhookCreatedSerializer,
     WebhookCreateInput,
@@ -117,6 +127,7 @@ from .webhooks import (
 
 __all__ = [
     "CHECKPOINT_HELP", "HOLDER_HELP", "INT32_MAX", "JOB_LIST_ONLY", "LIST_ITEM_FIELDS",
+    "DEFAULT_OVERLAP_SECONDS", "MAX_OVERLAP_SECONDS", "MAX_TOKEN_TTL_SECONDS",
     "MAX_UNKNOWN_NAMED", "REFUSAL_CODES", "REPORT_REFUSAL_CODES", "RESULT_HELP", "ApiInput",
     "ArtifactListSerializer", "ArtifactSerializer", "AttemptSerializer",
     "BatchClaimResponseSerializer", "BatchHeartbeatInput", "BatchHeartbeatItem",
@@ -138,7 +149,8 @@ __all__ = [
     "ScheduleSerializer", "ScheduleUpdateInput", "StatusInput", "StrictBooleanField",
     "StrictCharField",
     "StrictChoiceField", "StrictIntegerField", "StrictUUIDField", "TokenCreateInput",
-    "TokenListItemSerializer", "TokenPage", "TokenSerializer", "WebhookCreateInput",
+    "TokenListItemSerializer", "TokenPage", "TokenRotateInput", "TokenRotatedSerializer",
+    "TokenSerializer", "WebhookCreateInput",
     "WebhookCreatedSerializer", "WebhookDeliveryPage",
     "WebhookDeliverySerializer", "WebhookPage", "WebhookSerializer", "WebhookUrlField",
     "batch_of", "page_of", "represent", "validate_input", "vocabulary",

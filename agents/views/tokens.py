@@ -1,23 +1,28 @@
-"""An agent's tokens (workspace key): issue one (the secret is answered once), list them
-(never a secret: name, prefix, when made, last used and revoked), revoke one."""
+"""An agent's tokens: issue one (workspace key; the secret is answered once, with its expiry),
+list them (never a secret), revoke one; and the agent's own rotation of the token it presents
+(docs/api.md, "Token expiry and rotation")."""
 
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import NotFound
+from rest_framework.decorators import action
+from rest_framework.exceptions import AuthenticationFailed, NotFound, PermissionDenied
 from rest_framework.response import Response
 
 from .. import credentials
+from ..exceptions import TokenExpired
 from ..pagination import NewestFirst
 from ..schema import COMMON, WITH_BODY, errors
 from ..serializers.tokens import (
     TokenCreateInput,
     TokenListItemSerializer,
     TokenPage,
+    TokenRotatedSerializer,
+    TokenRotateInput,
     TokenSerializer,
 )
-from .base import PAGE_PARAMS, PRODUCER_TAGS, ApiViewSet
+from .base import AGENT, AGENT_TAGS, PAGE_PARAMS, PRODUCER_TAGS, ApiViewSet
 
 
 class TokenViewSet(ApiViewSet):
@@ -47,10 +52,42 @@ class TokenViewSet(ApiViewSet):
     def create(self, request, workspace_id, agent_id):
         data = self.validated(TokenCreateInput)
         agent = self.agent_in_path()
-        token, raw = credentials.create_agent_token(agent, name=data["name"])
+        token, raw = credentials.create_agent_token(agent, name=data["name"],
+                                                    ttl_seconds=data.get("ttl_seconds"))
         token.refresh_from_db(fields=["created_at"])
-        body = {"id": token.id, "name": token.name, "token": raw, "created_at": token.created_at}
+        body = {"id": token.id, "name": token.name, "token": raw,
+                "token_expires_at": token.expires_at, "created_at": token.created_at}
         return Response(TokenSerializer(body).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        tags=AGENT_TAGS,
+        operation_id="rotate_agent_token",
+        summary="Rotate the presenting agent token: a new one, the old one ends after the overlap",
+        request=TokenRotateInput,
+        responses={201: TokenRotatedSerializer,
+                   **errors(409, *WITH_BODY, *COMMON)},
+    )
+    @action(detail=False, methods=["post"], url_path="rotate", url_name="rotate",
+            name="Rotate", permission_classes=AGENT)
+    def rotate(self, request, workspace_id, agent_id):
+        # The agent's own token only: the workspace key has no token to rotate (403, once
+        # the agent in the path is one of its workspace's: 404 otherwise, as everywhere).
+        self.agent_in_path()
+        if not self.principal.is_agent:
+            raise PermissionDenied("Rotate with the agent's own token (Authorization: Bearer).")
+        data = self.validated(TokenRotateInput)
+        try:
+            token, raw, previous_ends = credentials.rotate_agent_token(
+                self.principal.credential_id, data["overlap_seconds"])
+        except credentials.TokenNotCurrent as exc:  # revoked or expired since authenticated
+            if exc.expired:
+                raise TokenExpired() from exc
+            raise AuthenticationFailed("Invalid or revoked agent token.") from exc
+        token.refresh_from_db(fields=["created_at"])
+        body = {"id": token.id, "name": token.name, "token": raw,
+                "token_expires_at": token.expires_at,
+                "previous_token_expires_at": previous_ends, "created_at": token.created_at}
+        return Response(TokenRotatedSerializer(body).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         tags=PRODUCER_TAGS,

@@ -176,8 +176,16 @@ def test_presence_shows_on_the_agent_and_its_tokens(op_client, agent):
     assert "Last used at" in page.content.decode()
     token_page = op_client.get(reverse("admin:agents_agenttoken_change", args=[token.pk]))
     assert "Last used at" in token_page.content.decode()
+    assert "Expires at" in token_page.content.decode()
     tokens = op_client.get(reverse("admin:agents_agenttoken_changelist"))
     assert "column-last_used_at" in tokens.content.decode()
+    assert "column-expires_at" in tokens.content.decode()
+    # An expired token is no longer active, though not revoked.
+    expired, _ = credentials.create_agent_token(agent, name="old", ttl_seconds=60)
+    AgentToken.objects.filter(pk=expired.pk).update(expires_at=NowPlusSeconds(-1))
+    rows = {t.pk: t for t in op_client.get(reverse("admin:agents_agenttoken_changelist"))
+            .context["cl"].result_list}
+    assert rows[expired.pk].expired is True and rows[token.pk].expired is False
 
 
 def test_agent_form_rejects_a_lease_out_of_bounds(op_client, agent):

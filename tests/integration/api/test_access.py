@@ -69,6 +69,7 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run",
         ("resume_agent", "POST", f"job-agents/{agent_id}/resume", None),
         ("issue_token", "POST", f"job-agents/{agent_id}/tokens", {"name": "x"}),
         ("list_tokens", "GET", f"job-agents/{agent_id}/tokens", None),
+        ("rotate_token", "POST", f"job-agents/{agent_id}/tokens/rotate", {}),
         ("revoke_token", "DELETE", f"job-agents/{agent_id}/tokens/{token_id}", None),
         ("get_group", "GET", f"groups/{group}", None),
         ("cancel_group", "POST", f"groups/{group}/cancel", None),
@@ -89,7 +90,7 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run",
 ENDPOINT_NAMES = [e[0] for e in endpoints("a", "j", "c", "t")]
 AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "release",
                    "claim_state", "append_log", "read_log", "upload_artifact", "begin_effect",
-                   "commit_effect"}
+                   "commit_effect", "rotate_token"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
 NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "create_flow", "list_agents", "create_agent",
                      "list_webhooks", "create_webhook", "list_schedules", "create_schedule"}
@@ -117,7 +118,7 @@ def _snapshot():
         sorted(Job.objects.values_list("id", "status", "attempt", "updated_at")),
         JobEvent.objects.count(),
         sorted(JobAgent.objects.values_list("id", "paused_at")),
-        sorted(AgentToken.objects.values_list("id", "revoked_at")),
+        sorted(AgentToken.objects.values_list("id", "revoked_at", "expires_at", "replaced_by")),
         sorted(JobGroup.objects.values_list("id", "cancelled_at")),
         sorted(WebhookEndpoint.objects.values_list("id", flat=True)),
         sorted(JobLog.objects.values_list("job_id", "attempt", "length")),

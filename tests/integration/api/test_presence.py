@@ -50,7 +50,7 @@ def test_the_first_request_records_presence_and_the_api_shows_it(world):
     tokens = producer.get(f"job-agents/{world.agent.id}/tokens").json()["results"]
     assert len(tokens) == 1 and tokens[0]["last_used_at"] is not None
     assert set(tokens[0]) == {"id", "name", "prefix", "created_at", "last_used_at",
-                              "revoked_at"}
+                              "expires_at", "revoked_at"}
     assert world.token not in str(tokens) and tokens[0]["prefix"] in world.token
     # The workspace key is no agent: it records nobody's presence.
     producer.get(f"job-agents/{world.other_agent.id}/jobs")
