@@ -23,9 +23,9 @@ from jobqueue.admin.common import describe_age, name_or_id_search, operator_acto
 from jobqueue.exceptions import InvalidInput
 from jobqueue.models import JobAgent, Workspace
 
-from . import credentials
+from . import credentials, registration
 from .health import with_health
-from .models import AgentToken, WorkspaceApiKey
+from .models import AgentToken, RegistrationToken, WorkspaceApiKey
 
 
 def masked(kind: str, row) -> str:
@@ -254,6 +254,7 @@ class JobAgentAdmin(admin.ModelAdmin):
         "workspace",
         "id",
         "claims_state",
+        "labels_display",
         "online",
         "last_seen",
         "in_flight",
@@ -271,6 +272,7 @@ class JobAgentAdmin(admin.ModelAdmin):
         "type",
         "created_at",
         "claims_state",
+        "labels_display",
         "online",
         "last_seen",
         "in_flight",
@@ -288,6 +290,7 @@ class JobAgentAdmin(admin.ModelAdmin):
             "max_runtime_seconds",
             "created_at",
             "claims_state",
+            "labels_display",
             "online",
             "last_seen",
             "in_flight",
@@ -346,6 +349,10 @@ class JobAgentAdmin(admin.ModelAdmin):
         note = f" ({unchanged} already {done})" if unchanged else ""
         self.message_user(request, f"{changed} job agent(s) {done}{note}.", messages.SUCCESS)
 
+    @admin.display(description="labels")
+    def labels_display(self, obj):
+        return ", ".join(obj.labels or []) or "-"
+
     @admin.display(description="online", boolean=True, ordering="online")
     def online(self, obj):
         # Seen within JOBQUEUE_AGENT_ONLINE_SECONDS, by the database's clock (agents.health).
@@ -384,3 +391,71 @@ class JobAgentAdmin(admin.ModelAdmin):
             add,
             listing,
         )
+
+
+# --- registration tokens -----------------------------------------------------------------
+
+
+@admin.register(RegistrationToken)
+class RegistrationTokenAdmin(admin.ModelAdmin):
+    """Registration tokens (issued with the API's `POST registration-tokens`, shown once):
+    listed with their uses and expiry, revoked with the action. Never their secret."""
+
+    list_display = ["description_display", "masked", "workspace", "labels_display",
+                    "uses_display", "expires_at", "usable", "created_at", "revoked_at"]
+    list_filter = [RevokedFilter, "workspace"]
+    list_select_related = ["workspace"]
+    search_fields = ["description", "prefix"]
+    actions = ["revoke_selected"]
+    fields = ["workspace", "description", "masked", "labels_display", "uses_display",
+              "token_ttl_seconds", "expires_at", "created_at", "revoked_at"]
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(db_now=Now())
+
+    def lookup_allowed(self, lookup, value, request=None):
+        if lookup.split("__", 1)[0] == "secret_hash":
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    def has_add_permission(self, request):
+        return False  # issued over the API, where its secret is shown once
+
+    def has_change_permission(self, request, obj=None):
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # revoke instead: the row stays as the record of what it registered
+
+    @admin.display(description="description")
+    def description_display(self, obj):
+        return obj.description or "(none)"
+
+    @admin.display(description="token")
+    def masked(self, obj):
+        return masked(registration.KIND, obj)
+
+    @admin.display(description="labels")
+    def labels_display(self, obj):
+        return ", ".join(obj.labels or []) or "any"
+
+    @admin.display(description="uses")
+    def uses_display(self, obj):
+        return f"{obj.uses} of {obj.max_uses}"
+
+    @admin.display(description="usable", boolean=True)
+    def usable(self, obj):
+        # Not revoked, not expired (the database's clock), not used up.
+        return (obj.revoked_at is None and obj.uses < obj.max_uses
+                and obj.expires_at > row_db_now(obj))
+
+    @admin.action(description="Revoke selected registration tokens", permissions=["change"])
+    def revoke_selected(self, request, queryset):
+        revoked = 0
+        for row in queryset.filter(revoked_at__isnull=True):
+            registration.revoke(row)
+            self.log_change(request, row, f"Revoked by {operator_actor(request)}.")
+            revoked += 1
+        self.message_user(request, f"Revoked {revoked} registration token(s).",
+                          messages.SUCCESS)

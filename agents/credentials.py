@@ -68,6 +68,12 @@ def create_agent_token(job_agent, name: str = "default",
     return token, raw
 
 
+# Shared with registration tokens (agents/registration.py), which are made and checked alike.
+new_secret = _new_secret
+hash_secret = _hash
+split_secret = _split
+
+
 def issue_workspace_api_key(workspace, name: str = "default") -> str:
     """Used by `create_workspace`: returns the raw key (shown once)."""
     return create_workspace_api_key(workspace, name)[1]

@@ -56,7 +56,22 @@ class TokenExpired(drf.AuthenticationFailed):
     default_code = "token_expired"
 
 
+class RegistrationTokenInvalid(drf.AuthenticationFailed):
+    """POST /v1/register with a registration token that is unknown, revoked, expired or used
+    up: one answer for all (401)."""
+
+    default_detail = "The registration token is unknown, revoked, expired or used up."
+    default_code = "registration_token_invalid"
+
+
+class LabelsNotAllowed(drf.PermissionDenied):
+    default_detail = "The labels asked for are not a subset of the registration token's."
+    default_code = "labels_not_allowed"
+
+
 DRF_CODES[TokenExpired] = "token_expired"
+DRF_CODES[RegistrationTokenInvalid] = "registration_token_invalid"
+DRF_CODES[LabelsNotAllowed] = "labels_not_allowed"
 
 
 class PayloadTooLarge(drf.APIException):

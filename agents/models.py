@@ -69,3 +69,35 @@ class AgentToken(Credential):
 
     class Meta(Credential.Meta):
         db_table = "agent_token"
+
+
+class RegistrationToken(models.Model):
+    """Lets agents register themselves (`POST /v1/register`): each registration creates a job
+    agent of its workspace with a token of its own. Shown once, stored hashed like the
+    credentials (kind `jqr`); it is not a credential of the workspace: it reaches only
+    `/v1/register`. Counted: at most `max_uses` registrations, until `expires_at`, unless
+    revoked (agents/registration.py)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE,
+                                  related_name="registration_tokens")
+    description = models.CharField(max_length=500, blank=True, default="")
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    # The labels an agent it registers may have (its requested ones, a subset of these; or
+    # these when it asks none). Empty: any labels.
+    labels = models.JSONField(default=list, blank=True)
+    max_uses = models.PositiveIntegerField(default=1)
+    uses = models.PositiveIntegerField(default=0, editable=False)
+    expires_at = models.DateTimeField()
+    # The lifetime of the agent tokens it issues (None: they never expire).
+    token_ttl_seconds = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "registration_token"
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.description or 'registration token'} ({self.prefix}…)"

@@ -78,12 +78,18 @@ class CredentialRateThrottle(SimpleRateThrottle):
             return None
         return rate
 
-    def allow_request(self, request, view):
+    def scope_and_ident(self, request) -> tuple[str, str | None]:
+        """The rate's scope and the counter's owner (None: not throttled)."""
         principal = getattr(request, "user", None)
         ident = getattr(principal, "throttle_ident", None)
         if ident is None:
+            return "", None
+        return ("agent" if principal.is_agent else "workspace"), ident
+
+    def allow_request(self, request, view):
+        self.scope, ident = self.scope_and_ident(request)
+        if ident is None:
             return True
-        self.scope = "agent" if principal.is_agent else "workspace"
         self.rate = self.get_rate()
         if self.rate is None:
             return True
@@ -114,3 +120,11 @@ class CredentialRateThrottle(SimpleRateThrottle):
 
     def wait(self):
         return self.wait_seconds
+
+
+class RegistrationRateThrottle(CredentialRateThrottle):
+    """POST /v1/register, which takes no credential: scope `register`, one counter per client
+    address (REMOTE_ADDR; behind proxies, X-Forwarded-For as DRF's NUM_PROXIES says)."""
+
+    def scope_and_ident(self, request) -> tuple[str, str | None]:
+        return "register", f"addr:{self.get_ident(request)}"

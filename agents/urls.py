@@ -20,6 +20,8 @@ from .views import (
     JobEffectViewSet,
     JobOutputViewSet,
     JobViewSet,
+    RegisterView,
+    RegistrationTokenViewSet,
     ScheduleViewSet,
     TokenViewSet,
     WebhookViewSet,
@@ -67,6 +69,8 @@ router.register(W + "groups", GroupViewSet, basename="group")
 router.register(W + "flows", FlowViewSet, basename="flow")
 router.register(W + "webhooks", WebhookViewSet, basename="webhook")
 router.register(W + "schedules", ScheduleViewSet, basename="schedule")
+router.register(W + "registration-tokens", RegistrationTokenViewSet,
+                basename="registration-token")
 router.register(W + "jobs/<anyid:job_id>", JobOutputViewSet, basename="job-output")
 router.register(W + "jobs/<anyid:job_id>", JobEffectViewSet, basename="job-effect")
 
@@ -75,5 +79,6 @@ urlpatterns = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("version", VersionView.as_view(), name="api-version"),
     path(".well-known/jwks.json", JwksView.as_view(), name="api-jwks"),
+    path("register", RegisterView.as_view(), name="api-register"),
     *router.urls,
 ]

@@ -368,6 +368,9 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {
         "agent": env.str("JOBQUEUE_THROTTLE_AGENT_RATE", default="20000/s"),
         "workspace": env.str("JOBQUEUE_THROTTLE_WORKSPACE_RATE", default="20000/s"),
+        # POST /v1/register, per client address: a fleet of hundreds behind one NAT registers
+        # within a minute; guessing registration tokens (256-bit secrets) gets nowhere anyway.
+        "register": env.str("JOBQUEUE_THROTTLE_REGISTER_RATE", default="1000/m"),
     },
 }
 

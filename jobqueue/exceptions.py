@@ -32,6 +32,11 @@ class JobNotClaimable(Conflict):
     default_detail = "The job is not queued and due, or another agent claimed it first."
 
 
+class AgentNameTaken(Conflict):
+    code = "agent_name_taken"
+    default_detail = "A job agent of this workspace has this name already."
+
+
 class AgentPaused(Conflict):
     code = "agent_paused"
     default_detail = "The job agent is paused: its claims hand out nothing until it is resumed."

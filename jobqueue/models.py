@@ -64,6 +64,10 @@ class JobAgent(models.Model):
     paused_at = models.DateTimeField(null=True, blank=True, editable=False)
     paused_by = models.CharField(max_length=255, blank=True, default="", editable=False)
     paused_reason = models.CharField(max_length=500, blank=True, default="", editable=False)
+    # Its labels (docs/api.md, "Labels"): a sorted list of distinct strings, set when it is
+    # created or registered (lifecycle.inputs.labels).
+    labels = models.JSONField(default=list, db_default=models.Value([], models.JSONField()),
+                              blank=True)
 
     class Meta:
         db_table = "job_agent"

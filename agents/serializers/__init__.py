@@ -6,7 +6,7 @@ resource as agents/views/ has one viewset per resource:
 - `job_agents`: the agent and its health, its poll, its claims (ClaimedJobSerializer is the
   one shape carrying `dispatch_context`), the batch heartbeat and report;
 - `outputs` (the log's and artifacts' answers), `effects` (the effect ledger), `groups`,
-  `tokens`, `webhooks`, `schedules`: theirs.
+  `tokens`, `registration`, `webhooks`, `schedules`: theirs.
 
 Beside them, `fields` holds the building blocks (the strict field types, ApiInput, the
 bodies several resources take, page_of) and `shared_instances` the one bound instance per
@@ -32,12 +32,14 @@ from .fields import (
     MAX_UNKNOWN_NAMED,
     ApiInput,
     EmptyInput,
+    LabelField,
     ReasonInput,
     StrictBooleanField,
     StrictCharField,
     StrictChoiceField,
     StrictIntegerField,
     StrictUUIDField,
+    labels_field,
     page_of,
 )
 from .groups import GroupCancelSerializer, GroupSerializer
@@ -94,6 +96,18 @@ from .jobs import (
     StatusInput,
 )
 from .outputs import ArtifactListSerializer, ArtifactSerializer, LogAppendSerializer
+from .registration import (
+    MAX_REGISTRATION_EXPIRES_IN_SECONDS,
+    MAX_REGISTRATION_USES,
+    AgentSettingsSerializer,
+    RegisteredAgentSerializer,
+    RegisteredSerializer,
+    RegisterInput,
+    RegistrationTokenCreateInput,
+    RegistrationTokenIssuedSerializer,
+    RegistrationTokenPage,
+    RegistrationTokenSerializer,
+)
 from .schedules import (
     ScheduleCreateInput,
     ScheduleFiresSerializer,
@@ -154,6 +168,10 @@ __all__ = [
     "WebhookCreatedSerializer", "WebhookDeliveryPage",
     "WebhookDeliverySerializer", "WebhookPage", "WebhookSerializer", "WebhookUrlField",
     "batch_of", "page_of", "represent", "validate_input", "vocabulary",
+    "LabelField", "labels_field", "MAX_REGISTRATION_EXPIRES_IN_SECONDS", "MAX_REGISTRATION_USES",
+    "AgentSettingsSerializer", "RegisteredAgentSerializer", "RegisteredSerializer",
+    "RegisterInput", "RegistrationTokenCreateInput", "RegistrationTokenIssuedSerializer",
+    "RegistrationTokenPage", "RegistrationTokenSerializer",
 ]
 
 

@@ -61,6 +61,25 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class LabelField(serializers.RegexField):
+    """One label (docs/api.md, "Labels"): 1 to 63 characters of [A-Za-z0-9._:=/-]."""
+
+    def __init__(self, **kwargs):
+        super().__init__(r"^[A-Za-z0-9._:=/-]{1,63}$", max_length=63, min_length=1,
+                         error_messages={"invalid": "Must be 1 to 63 characters of A-Z a-z "
+                                                    "0-9 . _ : = / -."}, **kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def labels_field(most: int, **kwargs) -> serializers.ListField:
+    """A label set in a body: a list of at most `most` labels (repeats count once)."""
+    return serializers.ListField(child=LabelField(), max_length=most, **kwargs)
+
+
 class StrictBooleanField(serializers.BooleanField):
     """true or false, as JSON booleans only (DRF's field also takes "yes", 1, "on"...)."""
 

@@ -45,6 +45,7 @@ from .fields import (
     StrictChoiceField,
     StrictIntegerField,
     StrictUUIDField,
+    labels_field,
     page_of,
 )
 from .jobs import DispatchContextField, JobSerializer, StatusInput
@@ -74,6 +75,8 @@ class JobAgentSerializer(serializers.Serializer):
     )
     paused_at = serializers.DateTimeField(allow_null=True)
     paused_reason = serializers.CharField(help_text="The reason given with the pause, if any.")
+    labels = serializers.ListField(
+        child=serializers.CharField(), help_text="Its labels (sorted, each once).")
     last_seen_at = serializers.DateTimeField(
         allow_null=True,
         help_text="The latest request made with one of the agent's tokens (recorded at most "
@@ -106,6 +109,10 @@ class JobAgentSerializer(serializers.Serializer):
 
 class JobAgentCreateInput(ApiInput):
     name = StrictCharField(max_length=200)
+    labels = labels_field(
+        inputs.MAX_AGENT_LABELS, required=False, default=list,
+        help_text="Up to 32 labels, each 1 to 63 characters of A-Z a-z 0-9 . _ : = / - "
+                  "(a set: repeats count once).")
     lease_seconds = StrictIntegerField(
         required=False, allow_null=True, min_value=1, max_value=INT32_MAX,
         rule=inputs.lease_seconds,

@@ -11,9 +11,11 @@ from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
 from .jobs import JobViewSet
 from .outputs import JobOutputViewSet
+from .registration import RegisterView, RegistrationTokenViewSet
 from .schedules import ScheduleViewSet
 from .tokens import TokenViewSet
 from .webhooks import WebhookViewSet
 
 __all__ = ["FlowViewSet", "GroupViewSet", "JobAgentViewSet", "JobEffectViewSet",
-           "JobOutputViewSet", "JobViewSet", "ScheduleViewSet", "TokenViewSet", "WebhookViewSet"]
+           "JobOutputViewSet", "JobViewSet", "RegisterView", "RegistrationTokenViewSet",
+           "ScheduleViewSet", "TokenViewSet", "WebhookViewSet"]

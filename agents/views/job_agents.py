@@ -89,6 +89,7 @@ class JobAgentViewSet(ApiViewSet):
             lease_seconds=data.get("lease_seconds"),
             max_attempts=data.get("max_attempts"),
             max_runtime_seconds=data.get("max_runtime_seconds"),
+            labels=data["labels"],
         )
         return Response(JobAgentSerializer(agent).data, status=status.HTTP_201_CREATED)
 

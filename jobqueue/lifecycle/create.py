@@ -32,18 +32,24 @@ from .results import JobCreated
 
 def create_job_agent(*, workspace, name: str, lease_seconds: int | None = None,
                      max_attempts: int | None = None,
-                     max_runtime_seconds: int | None = None) -> JobAgent:
+                     max_runtime_seconds: int | None = None,
+                     labels=(), name_taken: type[Exception] | None = None) -> JobAgent:
+    """A new job agent. A name its workspace has already: InvalidInput naming `name` (POST
+    job-agents), or `name_taken` when given (a registration's 409)."""
     agent = JobAgent(
         workspace=workspace,
         name=inputs.agent_name(name),
         lease_seconds=inputs.lease_seconds(lease_seconds),
         max_attempts=inputs.max_attempts(max_attempts),
         max_runtime_seconds=inputs.max_runtime_seconds(max_runtime_seconds),
+        labels=inputs.labels(list(labels)),
     )
     try:
         with transaction.atomic():
             agent.save()
     except IntegrityError as exc:
+        if name_taken is not None:
+            raise name_taken() from exc
         raise InvalidInput("A job agent with this name already exists.", field="name") from exc
     return agent
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -298,6 +299,23 @@ def group_name(value: str | None) -> str | None:
             field="group",
         )
     return value
+
+
+LABEL = re.compile(r"[A-Za-z0-9._:=/-]{1,63}")
+MAX_AGENT_LABELS = 32
+
+
+def labels(value, field: str = "labels", most: int = MAX_AGENT_LABELS) -> list[str]:
+    """A label set (docs/api.md, "Labels"): a list of at most `most` strings, each 1 to 63
+    characters of [A-Za-z0-9._:=/-], case-sensitive. A set: repeats are dropped and it is kept
+    sorted, so two equal sets are equal lists."""
+    if not isinstance(value, list | tuple) or len(value) > most:
+        raise InvalidInput(f"{field} must be a list of at most {most} labels.", field=field)
+    for label in value:
+        if not isinstance(label, str) or not LABEL.fullmatch(label):
+            raise InvalidInput(f"each of {field} must be 1 to 63 characters of "
+                               "A-Z a-z 0-9 . _ : = / -.", field=field)
+    return sorted(set(value))
 
 
 def agent_name(value: str) -> str:

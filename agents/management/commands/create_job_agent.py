@@ -27,6 +27,10 @@ class Command(BaseCommand):
             "--max-runtime-seconds", type=int, default=None,
             help="longest one attempt of its jobs may run, heartbeats or not, when the "
                  "producer says nothing (default: no limit; docs/clocks.md)")
+        parser.add_argument(
+            "--label", action="append", default=[], dest="labels", metavar="LABEL",
+            help="a label of the agent (repeat for several; up to 32, each 1 to 63 characters "
+                 "of A-Z a-z 0-9 . _ : = / -)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, **opts):
@@ -41,6 +45,7 @@ class Command(BaseCommand):
                 lease_seconds=opts["lease_seconds"],
                 max_attempts=opts["max_attempts"],
                 max_runtime_seconds=opts["max_runtime_seconds"],
+                labels=opts["labels"],
             )
         except InvalidInput as exc:
             raise CommandError(exc.detail) from exc

@@ -159,3 +159,37 @@ def test_a_dispatch_context_that_is_not_an_object_shows_only_its_type(op_client,
     job = JobFactory(job_agent=agent, dispatch_context=[SECRET])
     html = op_client.get(reverse("admin:jobqueue_job_change", args=[job.pk])).content.decode()
     assert "(list, redacted)" in html and SECRET not in html
+
+
+def test_registration_tokens_are_listed_and_revoked_never_shown(op_client, agent):
+    """The admin lists registration tokens (uses, expiry, labels; masked) and revokes them
+    with an action; it issues none (the API shows the secret once) and deletes none."""
+    from agents import registration
+    from agents.models import RegistrationToken
+
+    row, raw = registration.issue(agent.workspace_id, description="fleet", labels=["gpu"],
+                                  max_uses=3)
+    registration.register(raw, "runner-1")
+    listed = op_client.get(reverse("admin:agents_registrationtoken_changelist"))
+    html = listed.content.decode()
+    assert listed.status_code == 200 and "fleet" in html and "1 of 3" in html
+    assert f"jqr_{row.prefix}_" in html and raw not in html
+    page = op_client.get(reverse("admin:agents_registrationtoken_change", args=[row.pk]))
+    assert page.status_code == 200 and raw not in page.content.decode()
+    assert op_client.get(reverse("admin:agents_registrationtoken_add")).status_code == 403
+    response = op_client.post(
+        reverse("admin:agents_registrationtoken_changelist"),
+        {"action": "revoke_selected", "_selected_action": [str(row.pk)], "index": 0},
+        follow=True,
+    )
+    assert "Revoked 1 registration token(s)." in response.content.decode()
+    row.refresh_from_db()
+    assert row.revoked_at is not None
+    with pytest.raises(registration.RegistrationTokenInvalid):
+        registration.register(raw, "runner-2")
+    rows = op_client.get(reverse("admin:agents_registrationtoken_changelist")).context[
+        "cl"].result_list
+    assert [r.pk for r in rows] == [row.pk] and RegistrationToken.objects.count() == 1
+    # The agent it registered shows its labels.
+    registered = op_client.get(reverse("admin:jobqueue_jobagent_changelist") + "?q=runner-1")
+    assert "gpu" in registered.content.decode()

@@ -8,8 +8,8 @@ call changes nothing.
 
 import pytest
 
-from agents import credentials
-from agents.models import AgentToken
+from agents import credentials, registration
+from agents.models import AgentToken, RegistrationToken
 from jobqueue import lifecycle
 from jobqueue.lifecycle import schedules
 from jobqueue.maintenance import webhooks
@@ -34,7 +34,7 @@ UNUSED_CLAIM = "00000000-0000-4000-8000-000000000000"
 
 
 def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run",
-              schedule_id="s"):
+              schedule_id="s", registration_id="r"):
     """(name, method, path, body) for every endpoint, aimed at the given objects."""
     return [
         ("poll", "GET", f"job-agents/{agent_id}/jobs", None),
@@ -84,6 +84,9 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run",
         ("update_schedule", "PATCH", f"schedules/{schedule_id}", {"paused": True}),
         ("trigger_schedule", "POST", f"schedules/{schedule_id}/trigger", None),
         ("delete_schedule", "DELETE", f"schedules/{schedule_id}", None),
+        ("list_registration_tokens", "GET", "registration-tokens", None),
+        ("issue_registration_token", "POST", "registration-tokens", {}),
+        ("revoke_registration_token", "DELETE", f"registration-tokens/{registration_id}", None),
     ]
 
 
@@ -93,14 +96,15 @@ AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "releas
                    "commit_effect", "rotate_token"}
 # Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
 NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "create_flow", "list_agents", "create_agent",
-                     "list_webhooks", "create_webhook", "list_schedules", "create_schedule"}
+                     "list_webhooks", "create_webhook", "list_schedules", "create_schedule",
+                     "list_registration_tokens", "issue_registration_token"}
 # The workspace's own webhooks and schedules: only its key, an agent token gets 403 (they
 # name no agent or job).
 WEBHOOK_OBJECTS = {"delete_webhook", "webhook_deliveries", "get_schedule", "update_schedule",
-                   "trigger_schedule", "delete_schedule"}
+                   "trigger_schedule", "delete_schedule", "revoke_registration_token"}
 # A group belongs to the workspace, not to an agent: an agent token gets 403 on any group.
 GROUP_ENDPOINTS = {"get_group", "cancel_group"}
-CREATES = {"create_agent", "create_webhook"}
+CREATES = {"create_agent", "create_webhook", "issue_registration_token"}
 # A body naming another workspace's object: 400 naming the field, nothing created.
 BODY_REFERENCES = {"create_job": "job_agent_id", "create_schedule": "job",
                    "create_flow": "jobs[0].job_agent_id"}
@@ -125,6 +129,7 @@ def _snapshot():
         sorted(JobArtifact.objects.values_list("job_id", "name", "state", "published_at")),
         sorted(JobEffect.objects.values_list("job_id", "key", "attempt", "committed_at")),
         sorted(Schedule.objects.values_list("id", "name", "paused_at", "last_job_id")),
+        sorted(RegistrationToken.objects.values_list("id", "uses", "revoked_at")),
         ScheduleFire.objects.count(),
         sorted(JobDependency.objects.values_list("child_id", "parent_id")),
         sorted(Job.objects.values_list("id", "has_dependents")),
@@ -155,13 +160,15 @@ def targets(world):
     sched_y = schedules.create_schedule(workspace=world.other_workspace, name="y",
                                         cron_expr="* * * * *",
                                         job_agent=world.other_workspace_agent, job={})
+    reg_a, _ = registration.issue(world.workspace.id)
+    reg_y, _ = registration.issue(world.other_workspace.id)
     return {
         "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id, hook_a.id,
-                       "run-b", sched_a.id),
+                       "run-b", sched_a.id, reg_a.id),
         "y": endpoints(world.other_workspace_agent.id, job_y.id, claim_y, token_y.id,
-                       hook_y.id, "run-y", sched_y.id),
+                       hook_y.id, "run-y", sched_y.id, reg_y.id),
         "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id, hook_a.id, "run-a",
-                       sched_a.id),
+                       sched_a.id, reg_a.id),
     }
 
 
