@@ -73,9 +73,9 @@ class TokenViewSet(ApiViewSet):
         # The agent's own token only: the workspace key has no token to rotate (403, once
         # the agent in the path is one of its workspace's: 404 otherwise, as everywhere).
         self.agent_in_path()
+        data = self.validated(TokenRotateInput)  # (a bad body is a 400 for every caller)
         if not self.principal.is_agent:
             raise PermissionDenied("Rotate with the agent's own token (Authorization: Bearer).")
-        data = self.validated(TokenRotateInput)
         try:
             token, raw, previous_ends = credentials.rotate_agent_token(
                 self.principal.credential_id, data["overlap_seconds"])

@@ -3,12 +3,23 @@
     jobqueue-agent --server URL --workspace ID --agent ID --token TOKEN
                    [--concurrency N] [--drain-timeout S] [--kill-grace S] [--idle-max S]
                    [--wait-seconds S] [--log-level L]
+    jobqueue-agent --config FILE [options]
+    jobqueue-agent register --server URL --registration-token T --name N [--label L ...]
+                   --config FILE
     jobqueue-agent --version
+
+`register` creates the job agent with a registration token and writes FILE (JSON, mode
+0600): the server, workspace, agent and token to run with. `--config FILE` runs with it;
+options given on the command line or in the environment win over the file's. When the file's
+token expires, the agent rotates it at 75 % of its lifetime and rewrites the file atomically
+(jobqueue_client/rotation.py); the token is never logged.
 
 Every option can also come from the environment (JOBQUEUE_SERVER, JOBQUEUE_WORKSPACE,
 JOBQUEUE_AGENT, JOBQUEUE_TOKEN, JOBQUEUE_CONCURRENCY, JOBQUEUE_DRAIN_TIMEOUT,
-JOBQUEUE_KILL_GRACE, JOBQUEUE_IDLE_MAX, JOBQUEUE_WAIT_SECONDS, JOBQUEUE_LOG_LEVEL); prefer
-JOBQUEUE_TOKEN over --token, which other users of the machine can see in the process list.
+JOBQUEUE_KILL_GRACE, JOBQUEUE_IDLE_MAX, JOBQUEUE_WAIT_SECONDS, JOBQUEUE_LOG_LEVEL,
+JOBQUEUE_CONFIG, JOBQUEUE_REGISTRATION_TOKEN); prefer JOBQUEUE_TOKEN over --token (and
+JOBQUEUE_REGISTRATION_TOKEN over --registration-token), which other users of the machine can
+see in the process list.
 
 Idle, the agent long-polls: each claim asks the server to hold it up to --wait-seconds (50)
 until a job comes, and asks again at once when a wait ends empty. Against a server without
@@ -28,7 +39,10 @@ import os
 import signal
 import sys
 
-from .client import AgentClient
+from . import agentconfig
+from .client import AgentClient, register
+from .errors import ApiError, TransportError
+from .rotation import TokenRotator
 from .runner import Agent, AgentOptions
 from .version import __version__
 
@@ -44,6 +58,8 @@ ENV = {
     "wait_seconds": "JOBQUEUE_WAIT_SECONDS",
     "log_level": "JOBQUEUE_LOG_LEVEL",
     "log_interval": "JOBQUEUE_LOG_INTERVAL",
+    "config": "JOBQUEUE_CONFIG",
+    "registration_token": "JOBQUEUE_REGISTRATION_TOKEN",
 }
 
 
@@ -101,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", default=env.get(ENV["token"]),
                         help="the job agent's token, jqa_... [JOBQUEUE_TOKEN] "
                              "(prefer the variable: arguments show in the process list)")
+    parser.add_argument("--config", default=env.get(ENV["config"]), metavar="FILE",
+                        help="the config file `jobqueue-agent register` wrote: server, "
+                             "workspace, agent and token (the options above win over it); "
+                             "its token is rotated before it expires [JOBQUEUE_CONFIG]")
     parser.add_argument("--concurrency", type=_positive_int,
                         default=env.get(ENV["concurrency"], "1"),
                         help="jobs run at once (default 1) [JOBQUEUE_CONCURRENCY]")
@@ -136,9 +156,76 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_register_parser() -> argparse.ArgumentParser:
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog="jobqueue-agent register",
+        description="Create this job agent with a registration token and write its config "
+                    "file, which `jobqueue-agent --config FILE` runs with.",
+        epilog="Exit status: 0 registered, 1 refused by the server or unreachable, 2 bad "
+               "options.")
+    parser.add_argument("--server", default=env.get(ENV["server"]),
+                        help="base URL of the service [JOBQUEUE_SERVER]")
+    parser.add_argument("--registration-token", default=env.get(ENV["registration_token"]),
+                        help="jqr_... [JOBQUEUE_REGISTRATION_TOKEN] (prefer the variable)")
+    parser.add_argument("--name", required=True, help="the agent's name, unique in its "
+                                                      "workspace")
+    parser.add_argument("--label", action="append", dest="labels", metavar="LABEL",
+                        help="a label of the agent (repeat for several; none: the "
+                             "registration token's)")
+    parser.add_argument("--config", required=True, metavar="FILE",
+                        help="where to write the config (JSON, mode 0600)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing config file (its agent keeps existing)")
+    return parser
+
+
+def register_main(argv: list[str]) -> int:
+    parser = build_register_parser()
+    args = parser.parse_args(argv)
+    if not args.server or not args.registration_token:
+        parser.error("missing --server (JOBQUEUE_SERVER) or --registration-token "
+                     "(JOBQUEUE_REGISTRATION_TOKEN)")
+    if not args.server.startswith(("http://", "https://")):
+        parser.error("--server must be an http:// or https:// URL")
+    if os.path.exists(args.config) and not args.force:
+        parser.error(f"{args.config} exists: pass --force to replace it")
+    try:
+        body, date = register(args.server, args.registration_token, args.name, args.labels)
+    except TransportError as exc:
+        print(f"jobqueue-agent register: the server cannot be reached: {exc}", file=sys.stderr)
+        return 1
+    except ApiError as exc:
+        print(f"jobqueue-agent register: refused: {exc.status} {exc.code}: {exc.detail}",
+              file=sys.stderr)
+        return 1
+    agent = body["job_agent"]
+    config = agentconfig.AgentConfig(
+        server=args.server.rstrip("/"), workspace=str(body["workspace_id"]),
+        agent=str(agent["id"]), token="", name=agent["name"],
+        labels=tuple(agent.get("labels") or ()), settings=dict(body.get("settings") or {}),
+    ).with_token(body["token"], body.get("token_expires_at"), date)
+    agentconfig.save(args.config, config)
+    print(f"registered job agent {agent['id']} ({agent['name']}) in workspace "
+          f"{body['workspace_id']}; config written to {args.config}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["register"]:
+        return register_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    config = None
+    if args.config:
+        try:
+            config = agentconfig.load(args.config)
+        except agentconfig.ConfigError as exc:
+            parser.error(str(exc))
+        for name in ("server", "workspace", "agent", "token"):
+            if not getattr(args, name):
+                setattr(args, name, getattr(config, name))
     missing = [f"--{name} ({ENV[name]})" for name in ("server", "workspace", "agent", "token")
                if not getattr(args, name)]
     if missing:
@@ -187,9 +274,15 @@ def main(argv: list[str] | None = None) -> int:
     ))
     for _ in early:
         agent.request_stop()
+    # The file's token is rotated before it expires (a token given as an option is not).
+    rotator = None
+    if config is not None and args.token == config.token:
+        rotator = TokenRotator(client, args.config, config).start()
     try:
         return agent.run()
     finally:
+        if rotator is not None:
+            rotator.stop()
         client.close()
 
 

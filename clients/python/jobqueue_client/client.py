@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from . import version
 from .errors import (
     LEASE_LOST_CODES,
     ApiError,
@@ -235,6 +236,24 @@ class AgentClient(ApiClient):
 
     def _agent_path(self, suffix: str) -> str:
         return f"job-agents/{self.agent_id}/{suffix}"
+
+    # -- its token --
+
+    def rotate_token(self, overlap_seconds: int = 300) -> tuple[dict, str | None]:
+        """Rotate this client's token (POST job-agents/{id}/tokens/rotate): the answer (the
+        new `token`, `token_expires_at`, `previous_token_expires_at`) and its Date header.
+        The client keeps sending the old token until set_token(): store the new one first."""
+        response = self._request("POST", self._agent_path("tokens/rotate"),
+                                 json={"overlap_seconds": int(overlap_seconds)})
+        return self._json(response), response.headers.get("Date")
+
+    def set_token(self, token: str) -> None:
+        """Send `token` from the next request on (held waits already sent keep theirs)."""
+        value = f"Bearer {token}"
+        self._http.headers["Authorization"] = value
+        with self._wait_lock:
+            if self._wait_http is not None:
+                self._wait_http.headers["Authorization"] = value
 
     # -- agent endpoints --
 
@@ -506,3 +525,27 @@ class AgentClient(ApiClient):
         if retry_after_seconds is not None:
             body["retry_after_seconds"] = int(retry_after_seconds)
         return self._json(self._request("POST", f"jobs/{job_id}/release", json=body))
+
+
+def register(server: str, registration_token: str, name: str, labels=None, *,
+             timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+             user_agent: str | None = "jobqueue-agent") -> tuple[dict, str | None]:
+    """POST /v1/register: a new job agent named `name` (with `labels`, a subset of the
+    registration token's; None: the token's) and its token. Returns the answer
+    (`workspace_id`, `job_agent`, `token`, `token_expires_at`, `settings`) and its Date
+    header. Raises AuthError (401 registration_token_invalid, 403 labels_not_allowed),
+    Conflict (409 agent_name_taken), InvalidRequest, Throttled, TransportError."""
+    body: dict[str, Any] = {"registration_token": registration_token, "name": name}
+    if labels is not None:
+        body["labels"] = list(labels)
+    with httpx.Client(base_url=f"{server.rstrip('/')}/v1/", timeout=timeout,
+                      transport=transport,
+                      headers={"Accept": "application/json",
+                               "User-Agent": version.user_agent(user_agent)}) as http:
+        try:
+            response = http.post("register", json=body)
+        except httpx.TransportError as exc:
+            raise TransportError.of(exc) from None
+    if response.status_code >= 400:
+        raise error_from_response(response)
+    return ApiClient._json(response), response.headers.get("Date")
