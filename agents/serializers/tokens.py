@@ -45,15 +45,11 @@ class TokenRotateInput(ApiInput):
         ref_name = "AgentTokenRotate"
 
 
-class TokenRotatedSerializer(serializers.Serializer):
-    id = serializers.UUIDField()
-    name = serializers.CharField()
-    token = serializers.CharField(help_text="The new secret: shown once, stored hashed.")
-    token_expires_at = serializers.DateTimeField(
-        allow_null=True, help_text="When the new token stops working (null: never).")
+class TokenRotatedSerializer(TokenSerializer):
+    """The new token (its secret shown once), and when the presenting one stops working."""
+
     previous_token_expires_at = serializers.DateTimeField(
         help_text="When the presenting token stops working: the end of the overlap.")
-    created_at = serializers.DateTimeField()
 
     class Meta:
         ref_name = "AgentTokenRotated"
