@@ -148,7 +148,9 @@ def rotate_agent_token(token_id, overlap_seconds: int):
             raise TokenNotCurrent(expired=bool(current is not None and current.expired))
         if current.replaced_by_id is not None:
             previous = AgentToken.objects.select_for_update().get(id=current.replaced_by_id)
-            if previous.last_used_at is not None:
+            # Used: a request made with it (its presence), or rotated in turn (its holder had
+            # it; revoking it would leave its own successor live beside the new one).
+            if previous.last_used_at is not None or previous.replaced_by_id is not None:
                 raise TokenAlreadyRotated()
             AgentToken.objects.filter(id=previous.id, revoked_at__isnull=True).update(
                 revoked_at=Now())

@@ -88,17 +88,19 @@ def register(raw, name: str, labels=None) -> tuple[JobAgent, AgentToken, str]:
     row = _find(raw)
     if row is None:
         raise RegistrationTokenInvalid()
-    if asked is None:
-        granted = list(row.labels)
-    elif not row.labels or set(asked) <= set(row.labels):
-        granted = asked
-    else:
-        raise LabelsNotAllowed()
     with transaction.atomic():
-        # The count first: the row's lock (PostgreSQL) orders racing registrations.
+        # The count first: the row's lock (PostgreSQL) orders racing registrations, and an
+        # unusable token is the one 401 whatever else is asked. What refuses after it rolls
+        # the use back.
         if not RegistrationToken.objects.filter(_usable(), id=row.id).update(
                 uses=F("uses") + 1):
             raise RegistrationTokenInvalid()
+        if asked is None:
+            granted = list(row.labels)
+        elif not row.labels or set(asked) <= set(row.labels):
+            granted = asked
+        else:
+            raise LabelsNotAllowed()
         agent = create_job_agent(workspace=Workspace.objects.get(id=row.workspace_id),
                                  name=name, labels=granted, name_taken=domain.AgentNameTaken)
         token, secret = credentials.create_agent_token(agent, name="registered",

@@ -16,6 +16,7 @@ the requests nothing but that one failed call.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -124,7 +125,10 @@ class CredentialRateThrottle(SimpleRateThrottle):
 
 class RegistrationRateThrottle(CredentialRateThrottle):
     """POST /v1/register, which takes no credential: scope `register`, one counter per client
-    address (REMOTE_ADDR; behind proxies, X-Forwarded-For as DRF's NUM_PROXIES says)."""
+    address (REMOTE_ADDR; behind proxies, the X-Forwarded-For entry JOBQUEUE_NUM_PROXIES
+    points at, never the header alone: with the default 0 a client cannot pick its own)."""
 
     def scope_and_ident(self, request) -> tuple[str, str | None]:
-        return "register", f"addr:{self.get_ident(request)}"
+        # Hashed: an address (or what a proxy wrote) never makes an over-long cache key.
+        address = hashlib.sha256(str(self.get_ident(request)).encode()).hexdigest()[:32]
+        return "register", f"addr:{address}"

@@ -372,6 +372,11 @@ REST_FRAMEWORK = {
         # within a minute; guessing registration tokens (256-bit secrets) gets nowhere anyway.
         "register": env.str("JOBQUEUE_THROTTLE_REGISTER_RATE", default="1000/m"),
     },
+    # How many proxies stand before the server: the address a throttle counts per client
+    # (POST /v1/register) is then the one the nearest proxy wrote into X-Forwarded-For
+    # (docs/deploy/nginx.conf sets it, replacing what the client sent: 1). 0, the default:
+    # the peer's address, never a header a client could make up.
+    "NUM_PROXIES": env.int("JOBQUEUE_NUM_PROXIES", default=0),
 }
 
 SPECTACULAR_SETTINGS = {

@@ -141,3 +141,25 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise OSError unless a config file can be written at `path` (its directory takes a new
+    file): before registering, so that the token shown once is never lost to a bad path."""
+    target = Path(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                dir=target.parent or ".")
+    os.close(fd)
+    os.unlink(temp)
+
+
+def remove_temporaries(path: str | os.PathLike) -> int:
+    """Remove what an interrupted save left beside the file (`.NAME.*.tmp`, a token inside);
+    the agent does it when it starts. Returns how many."""
+    target = Path(path)
+    removed = 0
+    for stale in (target.parent or Path(".")).glob(f".{target.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
+            removed += 1
+    return removed

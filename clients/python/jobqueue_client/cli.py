@@ -190,6 +190,10 @@ def register_main(argv: list[str]) -> int:
         parser.error("--server must be an http:// or https:// URL")
     if os.path.exists(args.config) and not args.force:
         parser.error(f"{args.config} exists: pass --force to replace it")
+    try:  # before registering: the token is shown once
+        agentconfig.check_writable(args.config)
+    except OSError as exc:
+        parser.error(f"cannot write {args.config}: {exc.strerror or type(exc).__name__}")
     try:
         body, date = register(args.server, args.registration_token, args.name, args.labels)
     except TransportError as exc:
@@ -223,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             config = agentconfig.load(args.config)
         except agentconfig.ConfigError as exc:
             parser.error(str(exc))
+        agentconfig.remove_temporaries(args.config)
         for name in ("server", "workspace", "agent", "token"):
             if not getattr(args, name):
                 setattr(args, name, getattr(config, name))

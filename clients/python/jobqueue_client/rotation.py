@@ -3,16 +3,18 @@
 Run with a config file whose token expires, the agent rotates it at 75 % of its lifetime
 (`POST job-agents/{id}/tokens/rotate`), in this order:
 
-1. ask for the new token (the old one keeps working for the overlap, 300 s);
+1. ask for the new token (the old one keeps working until its own expiry: the overlap asked
+   is the largest, which the server caps there);
 2. write it to the config file, atomically (agentconfig.save: a temporary file, fsync, rename);
 3. only then send it (AgentClient.set_token).
 
 So a SIGKILL at any point leaves a working token in the file: before 2, the old one (still in
 its overlap; the agent started again finds rotation due and rotates again, and the server, by
 its lost-answer rule, revokes the successor nobody received and issues another); after 2, the
-new one. A rotation that fails for the network, the server or a throttle is tried again; one
-the server refuses (the token expired or was revoked) is logged and left: the agent's requests
-then fail with that answer. The token is never logged.
+new one. A rotation that fails for the network, the server, a throttle or a file that could not
+be written is tried again; one the server refuses (the token expired or was revoked) is logged
+and left: the agent's requests then fail with that answer. One agent process per config file:
+two would rotate each other's tokens away. The token is never logged.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from .errors import ApiError, AuthError, Conflict, ServerError, Throttled, Trans
 
 log = logging.getLogger("jobqueue.agent")
 
-OVERLAP_SECONDS = 300
+# The overlap asked for: the largest the server allows, which it caps at the old token's own
+# expiry. So an old token whose rotation's answer was lost (the agent killed before it stored
+# the new one) works on until it would have expired anyway, the last quarter of its lifetime,
+# for the agent started again to rotate with.
+OVERLAP_SECONDS = 86400
 RETRY_MIN_SECONDS = 1.0
 RETRY_MAX_SECONDS = 30.0
 # The longest single wait (a far expiry is waited for in steps; the OS caps a timeout).
@@ -70,13 +76,15 @@ class TokenRotator:
             try:
                 self.rotate_once()
                 retry = RETRY_MIN_SECONDS
-            except (TransportError, ServerError, Throttled) as exc:
+            except (TransportError, ServerError, Throttled, OSError) as exc:
+                # The network, the server, a throttle, or the file could not be written (the
+                # new token was never sent: the next try's lost-answer rule replaces it).
                 log.warning("event=token_rotation_failed code=%s retry_in=%.0fs",
-                            getattr(exc, "code", "transport_error"), retry)
+                            getattr(exc, "code", type(exc).__name__), retry)
                 if self._stop.wait(retry):
                     return
                 retry = min(RETRY_MAX_SECONDS, retry * 2)
-            except (AuthError, Conflict, ApiError, agentconfig.ConfigError, OSError) as exc:
+            except (AuthError, Conflict, ApiError) as exc:
                 log.error("event=token_rotation_refused code=%s: the agent keeps its token "
                           "until it stops working; an operator can issue a new one",
                           getattr(exc, "code", type(exc).__name__))

@@ -110,6 +110,10 @@ def test_labels_beyond_the_tokens_are_403_and_use_nothing(world):
                    "labels": ["linux", "gpu"]})
     assert r.status_code == 403 and r.json()["code"] == "labels_not_allowed"
     assert _state() == before
+    # An unusable token is the one 401, whatever labels it asks.
+    world.producer().delete(f"registration-tokens/{issued['id']}")
+    r = _register({"registration_token": issued["token"], "name": "n", "labels": ["gpu"]})
+    assert r.status_code == 401 and r.json()["code"] == "registration_token_invalid"
     # A token bound to no labels lets the agent ask for any.
     free = _issue(world)
     r = _register({"registration_token": free["token"], "name": "n", "labels": ["gpu"]})
@@ -182,6 +186,10 @@ def test_registration_is_throttled_per_client_address(world, settings):
     answers = [_register({"registration_token": issued["token"], "name": f"a{i}"},
                          REMOTE_ADDR="10.0.0.1").status_code for i in range(4)]
     assert answers == [201, 201, 201, 429]
+    # A made-up X-Forwarded-For is no other address (JOBQUEUE_NUM_PROXIES 0: the peer's).
+    r = _register({"registration_token": issued["token"], "name": "x"},
+                  REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="192.0.2.77")
+    assert r.status_code == 429
     # Another address has its own count.
     assert _register({"registration_token": issued["token"], "name": "b"},
                      REMOTE_ADDR="10.0.0.2").status_code == 201

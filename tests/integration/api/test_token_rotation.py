@@ -127,6 +127,18 @@ def test_a_lost_answer_is_rotated_again_until_the_successor_is_used(world):
     assert second["token"] not in r.content.decode()
 
 
+def test_a_successor_rotated_in_turn_counts_as_used(world):
+    """Its holder had it: revoking it would leave its own successor live beside a new one."""
+    token = AgentToken.objects.get(job_agent=world.agent)
+    successor = credentials.rotate_agent_token(token.id, 600)[0]
+    credentials.rotate_agent_token(successor.id, 600)
+    assert AgentToken.objects.get(id=successor.id).last_used_at is None  # never "seen"
+    before = _tokens()
+    with pytest.raises(credentials.TokenAlreadyRotated):
+        credentials.rotate_agent_token(token.id, 600)
+    assert _tokens() == before
+
+
 @pytest.mark.parametrize("overlap", [-1, 86401, "300", 1.5, None, False])
 def test_an_overlap_out_of_bounds_is_refused_and_changes_nothing(world, overlap):
     before = _tokens()

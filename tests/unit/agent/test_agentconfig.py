@@ -111,8 +111,9 @@ def test_the_rotator_stores_before_it_sends_and_retries_what_may_pass(tmp_path, 
     client.set_token = set_token
     rotator = rotation.TokenRotator(client, path, due).start()
     deadline = time.time() + 10
-    while client.calls < 3 and time.time() < deadline:
+    while not client.tokens and time.time() < deadline:
         time.sleep(0.01)
+    assert client.calls == 3
     assert client.tokens == [_answer(1)["token"]] and stored_first == [True]
     assert agentconfig.load(path).token == _answer(1)["token"]
     assert rotator.rotations == 1
@@ -198,3 +199,46 @@ def test_a_bad_config_file_exits_2(tmp_path, capsys, monkeypatch):
 def test_the_rotator_thread_is_a_daemon():
     rotator = rotation.TokenRotator(FakeClient(), "x", CONFIG)
     assert rotator._thread.daemon and isinstance(rotator._thread, threading.Thread)
+
+
+def test_a_file_that_cannot_be_written_is_retried_then_the_token_stored(tmp_path, monkeypatch):
+    monkeypatch.setattr(rotation, "RETRY_MIN_SECONDS", 0.01)
+    path = tmp_path / "agent.json"
+    due = CONFIG.with_token(CONFIG.token, "2999-12-31T23:59:54Z",
+                            "Tue, 31 Dec 2999 23:59:50 GMT", received_at=time.time() - 10)
+    real_save, failures = agentconfig.save, []
+
+    def save(where, config):
+        if not failures:
+            failures.append(1)
+            raise OSError(28, "No space left on device")
+        real_save(where, config)
+
+    monkeypatch.setattr(agentconfig, "save", save)
+    client = FakeClient(_answer(1), _answer(2))
+    rotator = rotation.TokenRotator(client, path, due).start()
+    deadline = time.time() + 10
+    while not client.tokens and time.time() < deadline:
+        time.sleep(0.01)
+    rotator.stop()
+    # The first answer's token was never stored, so never sent; the second one was both.
+    assert client.calls == 2 and client.tokens == [_answer(2)["token"]]
+    assert json.loads(path.read_text())["token"] == _answer(2)["token"]
+
+
+def test_register_refuses_a_config_path_it_cannot_write_before_registering(tmp_path, capsys):
+    code = None
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["register", "--server", "http://127.0.0.1:9", "--registration-token", "t",
+                  "--name", "n", "--config", str(tmp_path / "missing" / "agent.json")])
+    code = caught.value.code
+    assert code == 2 and "cannot write" in capsys.readouterr().err
+
+
+def test_what_an_interrupted_save_left_is_removed(tmp_path):
+    path = tmp_path / "agent.json"
+    agentconfig.save(path, CONFIG)
+    (tmp_path / ".agent.json.abc123.tmp").write_text("{}")
+    (tmp_path / "other.tmp").write_text("kept")
+    assert agentconfig.remove_temporaries(path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.json", "other.tmp"]
