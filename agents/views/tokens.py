@@ -79,7 +79,9 @@ class TokenViewSet(ApiViewSet):
         try:
             token, raw, previous_ends = credentials.rotate_agent_token(
                 self.principal.credential_id, data["overlap_seconds"])
-        except credentials.TokenNotCurrent as exc:  # revoked or expired since authenticated
+        except credentials.TokenNotCurrent as exc:  # pragma: no cover -- a race: revoked or
+            # expired between this request's authentication and its rotation's lock (the
+            # refusal itself: test_a_token_revoked_or_expired_after_its_authentication_...)
             if exc.expired:
                 raise TokenExpired() from exc
             raise AuthenticationFailed("Invalid or revoked agent token.") from exc

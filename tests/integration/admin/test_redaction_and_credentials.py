@@ -144,6 +144,7 @@ def test_issue_form_names_agents_with_their_workspace(op_client, agent):
         "/admin/jobqueue/jobagent/?jobs__dispatch_context__api_key__startswith=h",
         "/admin/agents/agenttoken/?secret_hash__startswith=a",
         "/admin/agents/workspaceapikey/?secret_hash__startswith=a",
+        "/admin/agents/registrationtoken/?secret_hash__startswith=a",
     ],
 )
 def test_query_string_cannot_probe_secrets(viewer_client, url):
@@ -190,6 +191,10 @@ def test_registration_tokens_are_listed_and_revoked_never_shown(op_client, agent
     rows = op_client.get(reverse("admin:agents_registrationtoken_changelist")).context[
         "cl"].result_list
     assert [r.pk for r in rows] == [row.pk] and RegistrationToken.objects.count() == 1
+    # Filtered by workspace, as its list filter does.
+    by_workspace = op_client.get(reverse("admin:agents_registrationtoken_changelist")
+                                 + f"?workspace__id__exact={agent.workspace_id}")
+    assert [r.pk for r in by_workspace.context["cl"].result_list] == [row.pk]
     # The agent it registered shows its labels.
     registered = op_client.get(reverse("admin:jobqueue_jobagent_changelist") + "?q=runner-1")
     assert "gpu" in registered.content.decode()

@@ -76,6 +76,9 @@ def test_run_maintenance_help_names_every_service():
         ["--lease-seconds", "1", "x"],
         ["--max-attempts", "0", "x"],
         ["--max-runtime-seconds", "0", "x"],
+        ["--label", "no spaces", "x"],
+        ["--label", "a" * 64, "x"],
+        ["x", *[arg for i in range(33) for arg in ("--label", f"l{i}")]],
     ],
 )
 def test_create_job_agent_rejects_bad_input(args):
@@ -202,3 +205,10 @@ def test_create_job_agent_prints_text_with_its_token(capsys):
     assert set(out) == {"job_agent_id", "workspace_id", "token"}
     token = credentials.resolve_agent_token(out["token"])
     assert str(token.job_agent_id) == out["job_agent_id"] and out["workspace_id"] == str(ws.id)
+
+
+def test_create_job_agent_takes_labels_as_a_set(capsys):
+    ws = Workspace.objects.create(name="w")
+    call_command("create_job_agent", "--workspace", str(ws.id), "--label", "linux",
+                 "--label", "gpu", "--label", "linux", "--json", "x")
+    assert JobAgent.objects.get(name="x").labels == ["gpu", "linux"]

@@ -242,3 +242,21 @@ def test_what_an_interrupted_save_left_is_removed(tmp_path):
     (tmp_path / "other.tmp").write_text("kept")
     assert agentconfig.remove_temporaries(path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.json", "other.tmp"]
+
+
+def test_a_far_expiry_is_waited_for_in_steps(tmp_path, monkeypatch):
+    monkeypatch.setattr(rotation, "MAX_WAIT_SECONDS", 0.01)
+    far = CONFIG.with_token(CONFIG.token, "2999-01-01T00:00:00Z", None)
+    rotator = rotation.TokenRotator(FakeClient(), tmp_path / "a.json", far).start()
+    time.sleep(0.1)  # several steps: not due, nothing asked
+    rotator.stop()
+    assert not rotator._thread.is_alive() and rotator.client.calls == 0
+
+
+def test_an_option_wins_over_the_config_file(tmp_path, capsys, monkeypatch):
+    for name in ("JOBQUEUE_SERVER", "JOBQUEUE_WORKSPACE", "JOBQUEUE_AGENT", "JOBQUEUE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    agentconfig.save(tmp_path / "agent.json", CONFIG)
+    with pytest.raises(SystemExit) as caught:  # the option's server, not the file's, is read
+        cli.main(["--config", str(tmp_path / "agent.json"), "--server", "127.0.0.1:8000"])
+    assert caught.value.code == 2 and "--server must be an http" in capsys.readouterr().err
