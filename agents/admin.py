@@ -48,7 +48,17 @@ class RevokedFilter(admin.SimpleListFilter):
         return queryset
 
 
-class CredentialAdmin(admin.ModelAdmin):
+class HashedSecretAdmin(admin.ModelAdmin):
+    """A model holding a secret's hash (credentials, registration tokens): the stored hash is
+    never filterable from the query string (a guessing oracle)."""
+
+    def lookup_allowed(self, lookup, value, request=None):
+        if lookup.split("__", 1)[0] == "secret_hash":
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+
+class CredentialAdmin(HashedSecretAdmin):
     """Shared by agent tokens and workspace API keys.
 
     The add page issues a credential and shows its secret once (never stored in a message,
@@ -65,12 +75,6 @@ class CredentialAdmin(admin.ModelAdmin):
     list_filter = [RevokedFilter]
     actions = ["revoke_selected"]
     search_fields = ["name", "prefix"]
-
-    def lookup_allowed(self, lookup, value, request=None):
-        # The stored hash is never filterable from the query string.
-        if lookup.split("__", 1)[0] == "secret_hash":
-            return False
-        return super().lookup_allowed(lookup, value, request)
 
     def get_readonly_fields(self, request, obj=None):
         return [self.owner_field, "name", "masked", "created_at", "revoked_at"]
@@ -397,7 +401,7 @@ class JobAgentAdmin(admin.ModelAdmin):
 
 
 @admin.register(RegistrationToken)
-class RegistrationTokenAdmin(admin.ModelAdmin):
+class RegistrationTokenAdmin(HashedSecretAdmin):
     """Registration tokens (issued with the API's `POST registration-tokens`, shown once):
     listed with their uses and expiry, revoked with the action. Never their secret."""
 
@@ -413,11 +417,6 @@ class RegistrationTokenAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(db_now=Now())
-
-    def lookup_allowed(self, lookup, value, request=None):
-        if lookup.split("__", 1)[0] == "secret_hash":
-            return False
-        return super().lookup_allowed(lookup, value, request)
 
     def has_add_permission(self, request):
         return False  # issued over the API, where its secret is shown once

@@ -71,7 +71,6 @@ def create_agent_token(job_agent, name: str = "default",
 # Shared with registration tokens (agents/registration.py), which are made and checked alike.
 new_secret = _new_secret
 hash_secret = _hash
-split_secret = _split
 
 
 def issue_workspace_api_key(workspace, name: str = "default") -> str:
@@ -84,15 +83,23 @@ def issue_agent_token(job_agent, name: str = "default") -> str:
     return create_agent_token(job_agent, name)[1]
 
 
-def _resolve(model, kind: str, raw: str, related: str, **annotations):
+def find_secret(queryset, kind: str, raw: str):
+    """The row of `queryset` whose secret `raw` is (a `kind` string: its prefix finds the row,
+    the SHA-256 of the whole string is compared in constant time), or None. Every secret the
+    service issues (workspace keys, agent tokens, registration tokens) is checked here."""
     prefix = _split(raw, kind)
     if prefix is None:
         return None
-    row = (model.objects.active().select_related(*related.split(",")).annotate(**annotations)
-           .filter(prefix=prefix).first())
+    row = queryset.filter(prefix=prefix).first()
     if row is None or not hmac.compare_digest(row.secret_hash, _hash(raw)):
         return None
     return row
+
+
+def _resolve(model, kind: str, raw: str, related: str, **annotations):
+    return find_secret(
+        model.objects.active().select_related(*related.split(",")).annotate(**annotations),
+        kind, raw)
 
 
 def resolve_api_key(raw: str) -> WorkspaceApiKey | None:

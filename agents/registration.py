@@ -13,8 +13,6 @@ for the row, then re-checks). Everything is one transaction: a registration refu
 
 from __future__ import annotations
 
-import hmac
-
 from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
@@ -65,16 +63,6 @@ def _usable() -> Q:
     return Q(revoked_at__isnull=True, expires_at__gt=Now(), uses__lt=F("max_uses"))
 
 
-def _find(raw) -> RegistrationToken | None:
-    prefix = credentials.split_secret(raw, KIND)
-    if prefix is None:
-        return None
-    row = RegistrationToken.objects.filter(prefix=prefix).first()
-    if row is None or not hmac.compare_digest(row.secret_hash, credentials.hash_secret(raw)):
-        return None
-    return row
-
-
 def register(raw, name: str, labels=None) -> tuple[JobAgent, AgentToken, str]:
     """Create a job agent named `name` in the registration token's workspace, with `labels`
     (a subset of the token's; the token's when None), and an agent token for it (living the
@@ -85,7 +73,7 @@ def register(raw, name: str, labels=None) -> tuple[JobAgent, AgentToken, str]:
     registration uses nothing."""
     name = inputs.agent_name(name)
     asked = None if labels is None else inputs.labels(labels)
-    row = _find(raw)
+    row = credentials.find_secret(RegistrationToken.objects.all(), KIND, raw)
     if row is None:
         raise RegistrationTokenInvalid()
     with transaction.atomic():
