@@ -3,7 +3,8 @@ holds, how many leases it lost.
 
 Presence (docs/api.md, "Presence"): each agent token has `last_used_at`, each agent
 `last_seen_at` (the latest request of any of its tokens) and `online` (seen within
-JOBQUEUE["AGENT_ONLINE_SECONDS"], 120, by the database's clock). A token's first request after
+JOBQUEUE["AGENT_ONLINE_SECONDS"], 120, by the database's clock: jobqueue/presence.py, which
+the core's explain counts with too). A token's first request after
 JOBQUEUE["AGENT_SEEN_WRITE_SECONDS"] (60) without one writes both at once; then nothing is
 written for that token for as long again, whatever the number of requests, server processes or
 replicas: the token row the request's authentication reads says whether a write is due
@@ -32,6 +33,7 @@ from django.db.models.functions import Coalesce, Now
 from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds
 from jobqueue.models import JobAgent, JobClaim, JobEvent
+from jobqueue.presence import online  # the one definition of `online`, with the core's
 
 from .models import AgentToken
 
@@ -44,10 +46,6 @@ def write_every_seconds() -> float:
     return float(jobqueue_settings()["AGENT_SEEN_WRITE_SECONDS"])
 
 
-def online_seconds() -> float:
-    return float(jobqueue_settings()["AGENT_ONLINE_SECONDS"])
-
-
 def _stale(field: str, seconds: float) -> Q:
     return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__lte": NowPlusSeconds(-seconds)})
 
@@ -57,13 +55,6 @@ def presence_due():
     now should record presence (never used, or not for AGENT_SEEN_WRITE_SECONDS)."""
     return ExpressionWrapper(_stale("last_used_at", write_every_seconds()),
                              output_field=BooleanField())
-
-
-def online():
-    """A boolean the database computes with an agent's row: seen within AGENT_ONLINE_SECONDS."""
-    return ExpressionWrapper(
-        Q(last_seen_at__isnull=False) & Q(last_seen_at__gt=NowPlusSeconds(-online_seconds())),
-        output_field=BooleanField())
 
 
 def note_token_used(token_id, job_agent_id) -> bool:

@@ -18,6 +18,7 @@ from .views import (
     GroupViewSet,
     JobAgentViewSet,
     JobEffectViewSet,
+    JobExplainViewSet,
     JobOutputViewSet,
     JobViewSet,
     RegisterView,
@@ -73,6 +74,7 @@ router.register(W + "registration-tokens", RegistrationTokenViewSet,
                 basename="registration-token")
 router.register(W + "jobs/<anyid:job_id>", JobOutputViewSet, basename="job-output")
 router.register(W + "jobs/<anyid:job_id>", JobEffectViewSet, basename="job-effect")
+router.register(W + "jobs/<anyid:job_id>", JobExplainViewSet, basename="job-explain")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -49,6 +49,7 @@ class Context:
     group: str
     unique_key: str = "u-5"
     schedule_id: object = None  # a schedule's (the fill makes none: its jobs are the few)
+    label_set_id: object = None  # the label set of the fill's labelled jobs
 
 
 def _by_id(c):
@@ -62,6 +63,14 @@ def _claim_next(c):
 
     # lifecycle's claim order (job_claim_available) and the agent's queued poll
     return Job.objects.filter(job_agent_id=c.agent_id).claimable().in_claim_order()[:1]
+
+
+def _labelled_claim(c):
+    from jobqueue.models import Job
+
+    # job_claim_available_routed's source for one label set, and the queued poll of an agent
+    # with labels (claimrule.labelled_jobs)
+    return Job.objects.filter(label_set_id=c.label_set_id).claimable().in_claim_order()[:1]
 
 
 def _newest_first(c):
@@ -152,6 +161,8 @@ READERS = (
            _by_id),
     Reader("job_claim_order_idx", "claim-next and an agent's poll of its queued jobs, in claim "
            "order", _claim_next),
+    Reader("job_label_claim_order_idx", "the claim of an agent with labels (and its queued "
+           "poll): one label set's queued jobs, in claim order", _labelled_claim),
     Reader("job_workspace_created_idx", "the producers' list, newest first (GET jobs)",
            _newest_first),
     Reader("job_workspace_status_idx", "the producers' list of one status (GET jobs?status=), "
@@ -240,13 +251,23 @@ def fill(n: int) -> Context:
     sql("INSERT INTO job_group (workspace_id, name, created_at, cancelled_by, cancel_reason) "
         "SELECT DISTINCT workspace_id, group_name, now(), '', '' FROM job "
         "WHERE group_name IS NOT NULL")
+    # labelled jobs: one queued job in a hundred more, waiting for a label set
+    from jobqueue import lifecycle
+
+    labelled = lifecycle.label_set(big.workspace_id, ["gpu"])
+    sql("INSERT INTO job (id, workspace_id, labels, label_set_id, status, job_agent_config, "
+        "dispatch_context, message, external_id, attempt, max_attempts, initial_max_attempts, "
+        "priority, available_at, idempotency_fingerprint, created_at, updated_at) "
+        "SELECT gen_random_uuid(), %s, '[\"gpu\"]', %s, 'queued', '{}', '{}', '', '', 0, 3, 3, "
+        "0, now() - interval '1 hour', '', now(), now() FROM generate_series(1, %s)",
+        [big.workspace_id, labelled.id, max(1, n // 100)])
     sql("ANALYZE job")
     ((job_id,),) = sql("SELECT id FROM job WHERE job_agent_id = %s LIMIT 1", [big.id],
                        fetch=True)
     assert JobGroup.objects.filter(name="g-1").exists()
     return Context(workspace_id=big.workspace_id, agent_id=big.id, small_agent_id=small.id,
                    job_id=job_id, external_id="ext-1000", idempotency_key="key-1005",
-                   group="g-1")
+                   group="g-1", label_set_id=labelled.id)
 
 
 def _time(r: Reader, ctx: Context, runs: int) -> list[float]:

@@ -69,10 +69,10 @@ DEFAULTS = {
     "WEBHOOK_ALLOWED_NETWORKS": "",
     "WEBHOOK_CONCURRENCY": 8,
     "MAX_WEBHOOKS_PER_WORKSPACE": 20,
-    # The HTTP edge: the largest request body (bytes); presence (agents/health.py): how
-    # often at most a token's requests write its last_used_at and its agent's last_seen_at
-    # (seconds, per token, whatever the number of processes), and how recently an agent must
-    # have been seen to be online.
+    # The HTTP edge: the largest request body (bytes); presence (agents/health.py writes it,
+    # jobqueue/presence.py defines online): how often at most a token's requests write its
+    # last_used_at and its agent's last_seen_at (seconds, per token, whatever the number of
+    # processes), and how recently an agent must have been seen to be online.
     "MAX_REQUEST_BYTES": 1024 * 1024,
     "AGENT_SEEN_WRITE_SECONDS": 60.0,
     "AGENT_ONLINE_SECONDS": 120.0,

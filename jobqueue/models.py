@@ -121,6 +121,33 @@ class JobQuerySet(models.QuerySet):
         return self.filter(status__in=states.TERMINAL)
 
 
+class JobLabelSet(models.Model):
+    """A label set that labelled jobs of a workspace target (docs/api.md, "Labels and
+    routing"): one row per distinct set, written by the first create that targets it and
+    never changed. A claim of an agent with labels finds the sets its labels include here
+    (a table as small as the number of distinct sets, whatever the number of jobs) and then
+    reads each set's queued jobs in claim order from job_label_claim_order_idx: jobs waiting
+    for labels it does not have cost it nothing."""
+
+    id = models.BigAutoField(primary_key=True)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+",
+                                  db_index=False)
+    # Sorted, distinct (lifecycle.inputs.labels); `key` is them joined by "," (no label
+    # holds one), the set's identity in its workspace.
+    labels = models.JSONField()
+    key = models.CharField(max_length=1100)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "job_label_set"
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "key"], name="job_label_set_unique"),
+        ]
+
+    def __str__(self):
+        return self.key
+
+
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # No index of its own: the workspace indexes below lead with workspace_id (each index a
@@ -128,7 +155,16 @@ class Job(models.Model):
     workspace = models.ForeignKey(
         Workspace, on_delete=models.CASCADE, related_name="jobs", db_index=False
     )
-    job_agent = models.ForeignKey(JobAgent, on_delete=models.PROTECT, related_name="jobs")
+    # The agent the job targets; for a labelled job, the agent that claimed it last (None
+    # until its first claim). A labelled job is routed by label_set, never by this.
+    job_agent = models.ForeignKey(JobAgent, on_delete=models.PROTECT, related_name="jobs",
+                                  null=True, blank=True)
+    # A labelled job's target (docs/api.md, "Labels and routing"): any agent of its workspace
+    # whose labels include all of these may claim it. None for a job that targets one agent
+    # (both None for such a job: no bytes in its row). Never changes once the job exists.
+    labels = models.JSONField(null=True, blank=True, editable=False)
+    label_set = models.ForeignKey(JobLabelSet, on_delete=models.PROTECT, related_name="+",
+                                  null=True, blank=True, db_index=False, editable=False)
     status = models.CharField(max_length=16, choices=states.CHOICES, default=states.QUEUED)
     job_agent_config = models.JSONField(default=dict, blank=True)
     # The execution snapshot. May hold secrets: it leaves the service only in a claim response.
@@ -232,6 +268,11 @@ class Job(models.Model):
         # and without it (docs/performance.md).
         indexes = [
             # Serves claim-next and the queued poll: only claimable rows, in claim order.
+            # A labelled job is routed by its label set, never by job_agent (the agent that
+            # claimed it last): one requeued after a claim is here under that agent, and the
+            # agent's claim passes over it (claimrule.own_jobs). Not made partial on
+            # label_set: the release before reads it with its own statement during an
+            # upgrade, and the index is not rebuilt.
             models.Index(
                 "job_agent",
                 models.F("priority").desc(),
@@ -239,6 +280,16 @@ class Job(models.Model):
                 "created_at",
                 condition=Q(status=states.QUEUED),
                 name="job_claim_order_idx",
+            ),
+            # The same for labelled jobs, by label set (claimrule.labelled_jobs). Partial: a
+            # job that targets one agent never enters it, nor do its updates.
+            models.Index(
+                "label_set",
+                models.F("priority").desc(),
+                "available_at",
+                "created_at",
+                condition=Q(status=states.QUEUED, label_set__isnull=False),
+                name="job_label_claim_order_idx",
             ),
             models.Index(fields=["workspace", "-created_at"], name="job_workspace_created_idx"),
             models.Index(fields=["workspace", "status"], name="job_workspace_status_idx"),
@@ -630,7 +681,9 @@ class Schedule(models.Model):
     name = models.CharField(max_length=200)
     cron = models.CharField(max_length=100)
     timezone = models.CharField(max_length=64, default="UTC")
-    job_agent = models.ForeignKey(JobAgent, on_delete=models.PROTECT, related_name="schedules")
+    # The agent its jobs target; None when its `job` targets labels (job["labels"]).
+    job_agent = models.ForeignKey(JobAgent, on_delete=models.PROTECT, related_name="schedules",
+                                  null=True, blank=True)
     # The job each fire creates: the body of POST jobs but job_agent_id, as validated.
     job = models.JSONField(default=dict, blank=True)
     overlap = models.CharField(max_length=16, choices=[(o, o) for o in OVERLAPS],

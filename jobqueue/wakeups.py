@@ -57,6 +57,20 @@ def agent_key(job_agent_id) -> str:
     return f"a:{job_agent_id}"
 
 
+def label_key(workspace_id, labels) -> str:
+    """A labelled job became claimable: one waiting agent of the workspace whose labels
+    include all of `labels` re-checks (no label holds "," or a space)."""
+    return f"l:{workspace_id}:{','.join(labels)}"
+
+
+def route_key(job) -> str:
+    """The key a job that became claimable announces: its agent's, or for a labelled job its
+    label set's (the matching waiters)."""
+    if job.label_set_id is None:
+        return agent_key(job.job_agent_id)
+    return label_key(job.workspace_id, job.labels)
+
+
 def job_key(job_id) -> str:
     return f"j:{job_id}"
 
@@ -115,11 +129,14 @@ def _append(path: str, payloads: list[str]) -> None:
 
 
 class Waiter:
-    __slots__ = ("key", "capped", "warm", "event")
+    __slots__ = ("key", "capped", "warm", "event", "route")
 
-    def __init__(self, key: str, capped: bool, warm: bool):
+    def __init__(self, key: str, capped: bool, warm: bool, route=None):
         self.key, self.capped, self.warm = key, capped, warm
         self.event = threading.Event()
+        # An agent's waiter with labels: (its workspace id as text, its labels), which the
+        # label keys of that workspace wake when it matches them.
+        self.route = route
 
 
 class Hub:
@@ -143,9 +160,9 @@ class Hub:
 
     # waiters
 
-    def register(self, key: str, *, capped: bool = True) -> Waiter | None:
+    def register(self, key: str, *, capped: bool = True, route=None) -> Waiter | None:
         """A new waiter for `key`, or None when this process holds as many as it may (or is
-        shutting down)."""
+        shutting down). `route`: an agent's (workspace id, labels), for label keys."""
         with self._lock:
             if self.closed:
                 return None
@@ -159,7 +176,7 @@ class Hub:
                 self._capped += capped
                 warm = self._warm < jobqueue_settings()["WARM_WAITS"]
                 self._warm += warm
-                waiter = Waiter(key, capped, warm)
+                waiter = Waiter(key, capped, warm, route)
                 self._waiters.setdefault(key, set()).add(waiter)
                 self._ensure_thread()
         if full:  # counted (/metrics: jobqueue_waits_at_capacity_total), outside the lock
@@ -194,12 +211,26 @@ class Hub:
         """An agent's key: one job became claimable, so one waiter (not yet woken) re-checks,
         one that kept its connection if there is one; a job's key: every waiter for it."""
         with self._lock:
-            group = list(self._waiters.get(key, ()))
-        if key.startswith("a:"):
+            if key.startswith("l:"):
+                group = self._matching(key)
+            else:
+                group = list(self._waiters.get(key, ()))
+        if key.startswith(("a:", "l:")):
             idle = [w for w in group if not w.event.is_set()]
             group = [next((w for w in idle if w.warm), idle[0])] if idle else []
         for waiter in group:
             waiter.event.set()
+
+    def _matching(self, key: str) -> list[Waiter]:
+        """The waiters a label key names: agents of its workspace whose labels include its
+        labels (the claim rule's `matches`). Under the lock."""
+        from jobqueue.claimrule import matches
+
+        workspace, _, labels = key[2:].partition(":")
+        wanted = labels.split(",")
+        return [w for group in self._waiters.values() for w in group
+                if w.route is not None and w.route[0] == workspace
+                and matches(w.route[1], wanted)]
 
     def wake_key(self, key: str) -> None:
         """Every waiter for `key` (a re-check found work for them)."""
@@ -440,14 +471,14 @@ def reset() -> None:
 
 
 def wait_until(key: str, wait_seconds: float, check: Callable[[], object], *,
-               capped: bool = True, gone: Callable[[], bool] | None = None):
+               capped: bool = True, gone: Callable[[], bool] | None = None, route=None):
     """`check()` now and, while it answers something falsy, again each time `key` is
     announced, until `wait_seconds` have passed (then once more). Returns check()'s last
     answer. Without a free wait in this process (the cap), checks once. `gone()` true (the
     client left) ends the wait at once with None. The wait's length is this server's own
     interval clock; nothing is computed from it against the database's times.
     """
-    waiter = hub().register(key, capped=capped) if wait_seconds > 0 else None
+    waiter = hub().register(key, capped=capped, route=route) if wait_seconds > 0 else None
     if waiter is None:
         return check()
     waited = False

@@ -6,7 +6,8 @@ resource as agents/views/ has one viewset per resource:
 - `job_agents`: the agent and its health, its poll, its claims (ClaimedJobSerializer is the
   one shape carrying `dispatch_context`), the batch heartbeat and report;
 - `outputs` (the log's and artifacts' answers), `effects` (the effect ledger), `groups`,
-  `tokens`, `registration`, `webhooks`, `schedules`: theirs.
+  `tokens`, `registration`, `webhooks`, `schedules`: theirs; `explain`: why a job is not
+  running.
 
 Beside them, `fields` holds the building blocks (the strict field types, ApiInput, the
 bodies several resources take, page_of) and `shared_instances` the one bound instance per
@@ -27,6 +28,7 @@ from .effects import (
     EffectListSerializer,
     EffectSerializer,
 )
+from .explain import ExplainAgentsSerializer, ExplainReasonSerializer, ExplanationSerializer
 from .fields import (
     INT32_MAX,
     MAX_UNKNOWN_NAMED,
@@ -66,6 +68,7 @@ from .job_agents import (
     JobAgentCreateInput,
     JobAgentPage,
     JobAgentSerializer,
+    JobAgentUpdateInput,
     JobListItemPage,
     JobListItemSerializer,
     Outcome,
@@ -153,7 +156,8 @@ __all__ = [
     "EmptyInput", "EventSerializer", "FlowCreateInput", "FlowCreatedSerializer",
     "FlowJobInput", "GroupCancelSerializer", "GroupSerializer",
     "HealthSerializer", "HeartbeatInput", "HeartbeatResponseSerializer", "JobAgentConfigField",
-    "JobAgentCreateInput", "JobAgentPage", "JobAgentSerializer", "JobCreateInput",
+    "JobAgentCreateInput", "JobAgentPage", "JobAgentSerializer", "JobAgentUpdateInput",
+    "JobCreateInput",
     "JobCreatedSerializer",
     "JobDetailSerializer", "JobListItemPage", "JobListItemSerializer", "JobPage",
     "JobSerializer", "JobSummarySerializer", "LogAppendSerializer", "Outcome",
@@ -172,6 +176,7 @@ __all__ = [
     "AgentSettingsSerializer", "RegisteredAgentSerializer", "RegisteredSerializer",
     "RegisterInput", "RegistrationTokenCreateInput", "RegistrationTokenIssuedSerializer",
     "RegistrationTokenPage", "RegistrationTokenSerializer",
+    "ExplainAgentsSerializer", "ExplainReasonSerializer", "ExplanationSerializer",
 ]
 
 

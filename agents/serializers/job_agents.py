@@ -132,6 +132,20 @@ class JobAgentCreateInput(ApiInput):
         ref_name = "JobAgentCreate"
 
 
+class JobAgentUpdateInput(JobAgentCreateInput):
+    """PATCH job-agents/{id}: the fields given change, the others stay (a null default
+    returns to the service's)."""
+
+    name = None
+    labels = labels_field(
+        inputs.MAX_AGENT_LABELS, required=False,
+        help_text="Its new labels (replacing them; [] for none): claims made from now on "
+                  "match labelled jobs by them.")
+
+    class Meta:
+        ref_name = "JobAgentUpdate"
+
+
 JobAgentPage = page_of(JobAgentSerializer, "JobAgentPage")
 
 

@@ -26,6 +26,7 @@ from .fields import (
     StrictChoiceField,
     StrictIntegerField,
     StrictUUIDField,
+    labels_field,
     page_of,
 )
 
@@ -59,7 +60,13 @@ class JobSummarySerializer(serializers.Serializer):
 
     id = serializers.UUIDField()
     workspace_id = serializers.UUIDField()
-    job_agent_id = serializers.UUIDField()
+    job_agent_id = serializers.UUIDField(
+        allow_null=True, help_text="The job agent it targets; for a labelled job, the agent "
+        "that claimed it last (null until its first claim).")
+    labels = serializers.ListField(
+        child=serializers.CharField(), allow_null=True,
+        help_text="A labelled job's target: any agent of the workspace whose labels include "
+        "all of these may claim it. null for a job that targets one job agent.")
     status = serializers.ChoiceField(choices=states.CHOICES)
     external_id = serializers.CharField(allow_blank=True)
     group = serializers.CharField(allow_null=True)
@@ -211,7 +218,8 @@ class JobDetailSerializer(JobSerializer):
 
 
 # The producer list loads only what it shows (never the bulky columns).
-JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "status", "external_id", "group", "attempt",
+JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "labels", "status", "external_id", "group",
+                 "attempt",
                  "max_attempts", "priority", "available_at", "created_at", "started_at",
                  "completed_at", "updated_at", "idempotency_key", "unique_key", "schedule_id",
                  "scheduled_for", "has_parents"]
@@ -222,7 +230,15 @@ JobPage = page_of(JobSummarySerializer, "JobPage")
 
 
 class JobCreateInput(ApiInput):
-    job_agent_id = StrictUUIDField()
+    # Exactly one of the two (validate): the job's target.
+    job_agent_id = StrictUUIDField(
+        required=False, help_text="The one job agent that may claim the job. Exactly one of "
+        "job_agent_id and labels.")
+    labels = labels_field(
+        inputs.MAX_JOB_LABELS, required=False, allow_empty=False,
+        help_text="1 to 16 labels (each 1 to 63 characters of A-Z a-z 0-9 . _ : = / -): any "
+        "job agent of the workspace whose labels include all of them may claim the job. "
+        "Exactly one of job_agent_id and labels.")
     job_agent_config = JobAgentConfigField(required=False, default=dict)
     dispatch_context = DispatchContextField(
         required=False, default=dict,
@@ -316,6 +332,12 @@ class JobCreateInput(ApiInput):
 
     class Meta:
         ref_name = "JobCreate"
+
+    def validate(self, attrs):
+        if ("job_agent_id" in attrs) == ("labels" in attrs):
+            raise serializers.ValidationError(
+                {"job_agent_id": ["Give exactly one of job_agent_id and labels."]})
+        return attrs
 
 
 class FlowJobInput(JobCreateInput):

@@ -93,7 +93,9 @@ class ScheduleJobSerializer(serializers.Serializer):
     """A schedule's job as it is shown: the fields it was given, and the keys of its
     dispatch_context (never the values)."""
 
-    job_agent_id = serializers.UUIDField()
+    job_agent_id = serializers.UUIDField(
+        allow_null=True, help_text="The job agent its jobs target (null: they target labels).")
+    labels = serializers.ListField(child=serializers.CharField(), required=False)
     job_agent_config = JobAgentConfigField(required=False)
     priority = serializers.IntegerField(required=False)
     max_attempts = serializers.IntegerField(required=False)
@@ -116,7 +118,8 @@ class ScheduleJobSerializer(serializers.Serializer):
     def to_representation(self, schedule):
         shown = {k: v for k, v in schedule.job.items() if k != "dispatch_context"}
         context = schedule.job.get("dispatch_context") or {}
-        return {"job_agent_id": str(schedule.job_agent_id), **shown,
+        agent = None if schedule.job_agent_id is None else str(schedule.job_agent_id)
+        return {"job_agent_id": agent, **shown,
                 "dispatch_context_keys": sorted(str(k) for k in context)}
 
 

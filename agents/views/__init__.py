@@ -6,6 +6,7 @@ the others need the key.
 """
 
 from .effects import JobEffectViewSet
+from .explain import JobExplainViewSet
 from .flows import FlowViewSet
 from .groups import GroupViewSet
 from .job_agents import JobAgentViewSet
@@ -17,5 +18,5 @@ from .tokens import TokenViewSet
 from .webhooks import WebhookViewSet
 
 __all__ = ["FlowViewSet", "GroupViewSet", "JobAgentViewSet", "JobEffectViewSet",
-           "JobOutputViewSet", "JobViewSet", "RegisterView", "RegistrationTokenViewSet",
-           "ScheduleViewSet", "TokenViewSet", "WebhookViewSet"]
+           "JobExplainViewSet", "JobOutputViewSet", "JobViewSet", "RegisterView",
+           "RegistrationTokenViewSet", "ScheduleViewSet", "TokenViewSet", "WebhookViewSet"]

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from jobqueue import lifecycle
 from jobqueue.exceptions import InvalidInput
 from jobqueue.lifecycle import dependencies
-from jobqueue.models import JobAgent
+from jobqueue.models import JobAgent, Workspace
 
 from ..schema import COMMON, WITH_BODY, errors
 from ..serializers.jobs import FlowCreatedSerializer, FlowCreateInput, JobSerializer
@@ -37,18 +37,20 @@ class FlowViewSet(ApiViewSet):
     )
     def create(self, request, workspace_id):
         data = self.validated(FlowCreateInput)
-        wanted = {item["job_agent_id"] for item in data["jobs"]}
+        wanted = {item["job_agent_id"] for item in data["jobs"] if "job_agent_id" in item}
         agents = {a.id: a for a in JobAgent.objects.select_related("workspace").filter(
             id__in=wanted, workspace_id=self.principal.workspace_id)}
         items = []
         for i, item in enumerate(data["jobs"]):
-            agent = agents.get(item["job_agent_id"])
-            if agent is None:
+            agent = agents.get(item.get("job_agent_id"))
+            if agent is None and "labels" not in item:
                 raise InvalidInput("No such job agent in this workspace.",
                                    field=f"jobs[{i}].job_agent_id")
             items.append(lifecycle.FlowJob(ref=item["ref"], job_agent=agent,
+                                           labels=item.get("labels"),
                                            **{k: item.get(k) for k in FIELDS if k in item}))
-        workspace = next(iter(agents.values())).workspace
+        # The instance by its id: create_flow reads nothing else of it.
+        workspace = Workspace(id=self.principal.workspace_id)
         made = lifecycle.create_flow(workspace=workspace, jobs=items,
                                      actor=self.principal.actor)
         dependencies.load_parents(list(made.values()))

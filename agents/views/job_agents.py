@@ -16,7 +16,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from jobqueue import fencing, lifecycle, states
+from jobqueue import claimrule, fencing, lifecycle, states
 from jobqueue.models import Job, JobAgent, Workspace
 
 from .. import health
@@ -36,6 +36,7 @@ from ..serializers.job_agents import (
     JobAgentCreateInput,
     JobAgentPage,
     JobAgentSerializer,
+    JobAgentUpdateInput,
     JobListItemPage,
     JobListItemSerializer,
 )
@@ -95,6 +96,19 @@ class JobAgentViewSet(ApiViewSet):
 
     @extend_schema(
         tags=PRODUCER_TAGS,
+        operation_id="update_job_agent",
+        summary="Change a job agent's labels or defaults (the fields given)",
+        request=JobAgentUpdateInput,
+        responses={200: JobAgentSerializer, **errors(*WITH_BODY, *COMMON)},
+    )
+    def partial_update(self, request, workspace_id, agent_id):
+        data = self.validated(JobAgentUpdateInput)
+        agent = lifecycle.update_job_agent(self.agent_in_path(), **data)
+        agent = health.with_health(JobAgent.objects.filter(id=agent.id)).get()
+        return Response(JobAgentSerializer(agent).data)
+
+    @extend_schema(
+        tags=PRODUCER_TAGS,
         operation_id="get_job_agent",
         summary="A job agent with its health",
         responses={200: JobAgentSerializer, **errors(*COMMON)},
@@ -137,7 +151,8 @@ class JobAgentViewSet(ApiViewSet):
         operation_id="poll_jobs",
         summary="Poll an agent's jobs (lightweight, never dispatch_context)",
         description="`status=queued` (the default) lists the jobs claimable now, in claim "
-        "order. Side-effect free.",
+        "order: the agent's own and the labelled jobs its labels match. Another status lists "
+        "the agent's jobs in it (a labelled job, once the agent claimed it). Side-effect free.",
         parameters=[STATUS_PARAM, *PAGE_PARAMS],
         responses={200: JobListItemPage, **errors(400, *COMMON)},
     )
@@ -146,10 +161,10 @@ class JobAgentViewSet(ApiViewSet):
     def poll(self, request, workspace_id, agent_id):
         status_value = status_filter(request, default=states.QUEUED)
         agent = self.agent_in_path()
-        jobs = Job.objects.filter(job_agent_id=agent.id)
-        jobs = jobs.claimable() if status_value == states.QUEUED else jobs.filter(
-            status=status_value
-        )
+        if status_value == states.QUEUED:  # what its claims would take, but for a pause
+            jobs = Job.objects.filter(claimrule.routed_to(agent)).claimable()
+        else:
+            jobs = Job.objects.filter(job_agent_id=agent.id, status=status_value)
         return self.paginated(
             ClaimOrder, jobs.only(*LIST_ITEM_FIELDS), JobListItemSerializer
         )

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from jobqueue import history, lifecycle
 from jobqueue.db import Now
 from jobqueue.lifecycle import dependencies
-from jobqueue.models import Job, JobAgent, JobClaim
+from jobqueue.models import Job, JobAgent, JobClaim, Workspace
 
 from ..pagination import NewestFirst
 from ..schema import COMMON, WITH_BODY, ErrorSerializer, errors
@@ -117,16 +117,22 @@ class JobViewSet(ApiViewSet):
     )
     def create(self, request, workspace_id):
         data = self.validated(JobCreateInput)
-        agent = (
-            JobAgent.objects.select_related("workspace")
-            .filter(id=data["job_agent_id"], workspace_id=self.principal.workspace_id)
-            .first()
-        )
-        if agent is None:
-            raise ValidationError({"job_agent_id": ["No such job agent in this workspace."]})
+        agent = None
+        if "job_agent_id" in data:
+            agent = (
+                JobAgent.objects.select_related("workspace")
+                .filter(id=data["job_agent_id"], workspace_id=self.principal.workspace_id)
+                .first()
+            )
+            if agent is None:
+                raise ValidationError({"job_agent_id": ["No such job agent in this workspace."]})
         made = lifecycle.create_job(
-            workspace=agent.workspace,
+            # A labelled job's workspace is the caller's (the instance by its id: create_job
+            # reads nothing else of it).
+            workspace=(agent.workspace if agent is not None
+                       else Workspace(id=self.principal.workspace_id)),
             job_agent=agent,
+            labels=data.get("labels"),
             job_agent_config=data["job_agent_config"],
             dispatch_context=data["dispatch_context"],
             priority=data["priority"],

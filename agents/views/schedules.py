@@ -11,7 +11,7 @@ from rest_framework.response import Response
 
 from jobqueue.db import db_now
 from jobqueue.lifecycle import schedules
-from jobqueue.models import JobAgent, Schedule
+from jobqueue.models import JobAgent, Schedule, Workspace
 
 from ..pagination import NewestFirst
 from ..schema import COMMON, WITH_BODY, errors
@@ -39,7 +39,9 @@ class ScheduleViewSet(ApiViewSet):
     lookup_url_kwarg = "schedule_id"
     route_names = {"list": "Schedules", "detail": "Schedule Detail"}
 
-    def _agent(self, job: dict) -> JobAgent:
+    def _agent(self, job: dict) -> JobAgent | None:
+        if "job_agent_id" not in job:  # a labelled job (ScheduleJobInput: one of the two)
+            return None
         agent = JobAgent.objects.select_related("workspace").filter(
             id=job["job_agent_id"], workspace_id=self.principal.workspace_id).first()
         if agent is None:
@@ -75,7 +77,8 @@ class ScheduleViewSet(ApiViewSet):
         data = self.validated(ScheduleCreateInput)
         agent = self._agent(data["job"])
         schedule = schedules.create_schedule(
-            workspace=agent.workspace, name=data["name"], cron_expr=data["cron"],
+            workspace=Workspace(id=self.principal.workspace_id), name=data["name"],
+            cron_expr=data["cron"],
             timezone=data["timezone"], job_agent=agent, job=_job_fields(data["job"]),
             overlap=data["overlap"], catchup_window_seconds=data["catchup_window_seconds"],
             paused=data["paused"])

@@ -87,6 +87,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
     list_display = [
         "id",
         "job_agent",
+        "labels_display",
         "status",
         "group",
         "attempts",
@@ -113,6 +114,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         "id",
         "workspace",
         "job_agent",
+        "labels_display",
         "status",
         "group",
         "attempts",
@@ -207,6 +209,11 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         return f"{obj.effective_retry_backoff_seconds} s, doubled per attempt"
 
     @admin.display(description="job agent config")
+    @admin.display(description="labels")
+    def labels_display(self, obj):
+        """A labelled job's target (its job agent is the one that claimed it last)."""
+        return ", ".join(obj.labels) if obj.labels else "-"
+
     def job_agent_config_display(self, obj):
         return format_html("<pre>{}</pre>", json.dumps(obj.job_agent_config, indent=2))
 

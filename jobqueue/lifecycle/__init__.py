@@ -2,7 +2,7 @@
 
 One function per transition, each in the module that names it:
 
-    create.py    create_job_agent, create_job, dispatch_job
+    create.py    create_job_agent, update_job_agent, create_job, dispatch_job
     flows.py     create_flow: a graph of jobs with their dependencies, in one transaction
     claim.py     claim_job (a named job), claim_next (the next ones, SKIP LOCKED, waiting
                  or not; claim_next_job / claim_next_jobs / claim_next_waiting are its
@@ -76,7 +76,7 @@ from .claim import (
     lease_for,
     wait_for_job_end,
 )
-from .create import create_job, create_job_agent, dispatch_job
+from .create import create_job, create_job_agent, dispatch_job, label_set, update_job_agent
 from .flows import FlowJob, create_flow
 from .groups import cancel_group, group_state, mark_finished_groups
 from .inputs import BATCH_REPORT_STATUSES, ClaimRef, ReportItem
@@ -132,6 +132,8 @@ __all__ = [
     "create_flow",
     "create_job",
     "create_job_agent",
+    "label_set",
+    "update_job_agent",
     "dispatch_job",
     "expire_overdue_jobs_once",
     "group_state",

@@ -11,12 +11,13 @@ import uuid
 from collections.abc import Callable
 
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
-from jobqueue import observe, states, wakeups
+from jobqueue import claimrule, observe, states, wakeups
 from jobqueue.actors import agent_actor
 from jobqueue.conf import jobqueue_settings
-from jobqueue.exceptions import AgentPaused, JobNotClaimable
+from jobqueue.exceptions import AgentPaused, JobNotClaimable, NotFound
 from jobqueue.models import CLAIM_ORDER, Job, JobAgent, JobClaim
 
 from . import dependencies, inputs
@@ -123,8 +124,12 @@ def claim_job(job_agent: JobAgent, job_id: uuid.UUID, *, holder: str | None = No
     claimed = _claim(job_agent, 1, job_id, holder=holder, expected_attempt=expected_attempt)
     if claimed:
         return claimed[0]
-    # Tell "not yours / not there" (404) from "paused" and "not claimable now" (409).
-    fetch_job(job_id, job_agent_id=job_agent.id)
+    # Tell "not yours / not there" (404) from "paused" and "not claimable now" (409): a job
+    # is this agent's when it names it (its own, or a labelled one it claimed last) or is
+    # routed to it.
+    if not Job.objects.filter(claimrule.routed_to(job_agent) | Q(job_agent_id=job_agent.id),
+                              id=job_id).exists():
+        raise NotFound("No such job.")
     if is_paused(job_agent.id):
         raise AgentPaused()
     raise JobNotClaimable()
@@ -151,7 +156,10 @@ def claim_next(job_agent: JobAgent, limit: int | None = None,
 
     if not wait:
         return claim()
-    return wakeups.wait_until(wakeups.agent_key(job_agent.id), wait, claim, gone=gone) or []
+    route = (str(job_agent.workspace_id), frozenset(job_agent.labels)) if job_agent.labels \
+        else None  # a labelled job's wake-up reaches the agents it matches
+    return wakeups.wait_until(wakeups.agent_key(job_agent.id), wait, claim, gone=gone,
+                              route=route) or []
 
 
 def claim_next_jobs(job_agent: JobAgent, limit: int = 1, *, holder: str | None = None,

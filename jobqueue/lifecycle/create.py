@@ -12,6 +12,7 @@ from django.db.models import Case, Value, When
 from django.db.models.functions import Now
 
 from jobqueue import observe, states, wakeups
+from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import (
     IdempotencyKeyReused,
@@ -20,7 +21,7 @@ from jobqueue.exceptions import (
     NotFound,
     UniqueKeyConflict,
 )
-from jobqueue.models import Job, JobAgent, JobDependency, JobEvent
+from jobqueue.models import Job, JobAgent, JobDependency, JobEvent, JobLabelSet
 
 from . import dependencies, inputs
 from .backends import backend
@@ -54,6 +55,26 @@ def create_job_agent(*, workspace, name: str, lease_seconds: int | None = None,
     return agent
 
 
+def update_job_agent(agent: JobAgent, **fields) -> JobAgent:
+    """Change the agent's `labels`, `lease_seconds`, `max_attempts` or
+    `max_runtime_seconds` (those given; None returns a default to the service's). A claim
+    reads the agent's labels when it starts: a long-poll held across the change keeps the
+    labels it started with."""
+    rules = {"labels": lambda v: inputs.labels(list(v)), "lease_seconds": inputs.lease_seconds,
+             "max_attempts": inputs.max_attempts,
+             "max_runtime_seconds": inputs.max_runtime_seconds}
+    unknown = set(fields) - set(rules)
+    if unknown:
+        raise InvalidInput(f"A job agent's {sorted(unknown)[0]} cannot be changed.",
+                           field=sorted(unknown)[0])
+    changes = {name: rules[name](value) for name, value in fields.items()}
+    if changes:
+        JobAgent.objects.filter(id=agent.id).update(**changes)
+        for name, value in changes.items():
+            setattr(agent, name, value)
+    return agent
+
+
 def _fingerprint(payload: dict) -> str:
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -69,7 +90,7 @@ def _request_payload(job_agent, job_agent_config, dispatch_context, priority, ma
     external_id "", hold false), so sending one of those is the same request as omitting
     it."""
     return {
-        "job_agent": str(job_agent.id),
+        "job_agent": str(job_agent.id) if isinstance(job_agent, JobAgent) else job_agent,
         "job_agent_config": job_agent_config or {},
         "dispatch_context": dispatch_context or {},
         "priority": priority,
@@ -85,10 +106,19 @@ def _request_payload(job_agent, job_agent_config, dispatch_context, priority, ma
 _FINGERPRINT_VERSION = 2
 
 
+def label_set(workspace_id, labels: list[str]) -> JobLabelSet:
+    """The workspace's row of this label set (sorted, distinct: inputs.job_labels), made by
+    the first create that targets it; racing creates make one (the unique constraint)."""
+    found, _ = JobLabelSet.objects.get_or_create(
+        workspace_id=workspace_id, key=",".join(labels), defaults={"labels": labels})
+    return found
+
+
 def create_job(
     *,
     workspace,
-    job_agent: JobAgent,
+    job_agent: JobAgent | None = None,
+    labels: list[str] | None = None,
     job_agent_config: dict | None = None,
     dispatch_context: dict | None = None,
     priority: int = 0,
@@ -123,11 +153,22 @@ def create_job(
     With `depends_on` (job ids of the workspace), the job waits pending until they all
     succeed (lifecycle/dependencies.py): queued at once when they already have, cancelled
     (dependency_failed) when one already ended otherwise.
+    A job targets exactly one of `job_agent` and `labels` (1 to 16): a labelled job is
+    claimable by every agent of the workspace whose labels include all of them
+    (jobqueue/claimrule.py), and takes the service's defaults (max_attempts) where a job of
+    an agent takes its agent's.
     """
-    if job_agent.workspace_id != workspace.id:
+    if (job_agent is None) == (labels is None):
+        raise InvalidInput("A job targets exactly one of job_agent_id and labels.",
+                           field="labels" if labels is not None else "job_agent_id")
+    if labels is not None:
+        labels = inputs.job_labels(labels)
+    elif job_agent.workspace_id != workspace.id:
         raise NotFound("No such job agent.")
     sent_max_attempts = inputs.max_attempts(max_attempts)
-    max_attempts = sent_max_attempts or job_agent.effective_max_attempts
+    max_attempts = sent_max_attempts or (
+        jobqueue_settings()["DEFAULT_MAX_ATTEMPTS"] if job_agent is None
+        else job_agent.effective_max_attempts)
     delay_seconds = inputs.delay_seconds(delay_seconds)
     group = inputs.group_name(group)
     retry_backoff_seconds = inputs.retry_backoff_seconds(retry_backoff_seconds)
@@ -152,7 +193,8 @@ def create_job(
     fingerprint = ""
     payload: dict = {}
     if inputs.idempotency_key(idempotency_key) is not None:
-        payload = _request_payload(job_agent, job_agent_config, dispatch_context, priority,
+        payload = _request_payload(job_agent if labels is None else {"labels": labels},
+                                   job_agent_config, dispatch_context, priority,
                                    sent_max_attempts, delay_seconds, external_id, hold)
         payload.update({k: v for k, v in later.items() if v is not None})
         fingerprint = _fingerprint({**payload, "v": _FINGERPRINT_VERSION})
@@ -164,6 +206,8 @@ def create_job(
     job = Job(
         workspace=workspace,
         job_agent=job_agent,
+        labels=labels,
+        label_set=None if labels is None else label_set(workspace.id, labels),
         status=states.PENDING if hold else states.QUEUED,
         job_agent_config=job_agent_config or {},
         dispatch_context=dispatch_context or {},
@@ -172,7 +216,8 @@ def create_job(
         initial_max_attempts=max_attempts,
         retry_backoff_seconds=retry_backoff_seconds,
         # The agent's default applies when the producer gives none.
-        max_runtime_seconds=max_runtime_seconds or job_agent.max_runtime_seconds,
+        max_runtime_seconds=max_runtime_seconds or getattr(job_agent, "max_runtime_seconds",
+                                                           None),
         expires_at=expires_at,
         external_id=external_id or "",
         group=group,
@@ -221,7 +266,7 @@ def create_job(
             if job.status == states.CANCELLED:
                 announce_finished([(job.id, workspace.id, job.status)], actor=actor)
             elif job.status == states.QUEUED:
-                wakeups.announce(wakeups.agent_key(job_agent.id), delay=delay_seconds or 0)
+                wakeups.announce(wakeups.route_key(job), delay=delay_seconds or 0)
 
     try:
         holding_group(insert)
@@ -240,7 +285,7 @@ def create_job(
         return JobCreated(live, False, deduplicated=True)
     if delay_seconds or job.debounce_until is not None or job.status == states.CANCELLED:
         job.refresh_from_db(fields=["available_at", "debounce_until", "completed_at"])
-    observe.emit("created", job_agent_id=job_agent.id)
+    observe.emit("created", job_agent_id=job.job_agent_id)
     return JobCreated(job, True)
 
 
@@ -278,11 +323,11 @@ def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: in
     if idempotency_key is not None and live.idempotency_key == idempotency_key:
         return live
     if ((unique.replace or unique.debounce_seconds is not None)
-            and live.job_agent_id != new.job_agent_id):
+            and _target(live) != _target(new)):
         raise UniqueKeyConflict(
-            f"The live job {live.id} with this unique_key belongs to another job agent than "
-            "this create's; a replace or a debounce changes only a job of the create's own "
-            "agent. Nothing was changed.", job_id=str(live.id))
+            f"The live job {live.id} with this unique_key targets another job agent (or "
+            "label set) than this create's; a replace or a debounce changes only a job of "
+            "the create's own target. Nothing was changed.", job_id=str(live.id))
     if live.status not in inputs.UNCLAIMED:
         return None if unique.replace else live
     debounce = unique.debounce_seconds is not None and live.status == states.QUEUED
@@ -312,9 +357,14 @@ def _meet_live(workspace, unique: inputs.Uniqueness, new: Job, delay_seconds: in
     event(live.id, JobEvent.REPLACED, attempt=live.attempt, actor=actor,
           **({"debounced": True} if debounce else {})).save()
     if live.status == states.QUEUED:
-        wakeups.announce(wakeups.agent_key(live.job_agent_id), delay=wait)
+        wakeups.announce(wakeups.route_key(live), delay=wait)
     live.refresh_from_db()
     return live
+
+
+def _target(job: Job):
+    """What a job targets: its label set, or its agent."""
+    return ("labels", job.label_set_id) if job.label_set_id else ("agent", job.job_agent_id)
 
 
 def _latest_start(job: Job, debounce_seconds: int):
@@ -353,7 +403,7 @@ def dispatch_job(job_id, *, workspace_id=None, actor: str = "") -> Job:
         if n == 1:
             job = Job.objects.get(id=job_id)
             event(job.id, JobEvent.DISPATCHED, attempt=job.attempt, actor=actor).save()
-            wakeups.announce(wakeups.agent_key(job.job_agent_id))
+            wakeups.announce(wakeups.route_key(job))
             return job
     job = fetch_job(job_id, workspace_id=workspace_id)
     if job.status == states.PENDING:

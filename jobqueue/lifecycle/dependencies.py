@@ -101,13 +101,15 @@ def settle_one(parent_id, status: str) -> int:
 def _release(parent_id) -> int:
     children = list(Job.objects.filter(
         id__in=JobDependency.objects.filter(parent_id=parent_id).values("child_id"),
-        status=states.PENDING).values_list("id", "job_agent_id", "attempt"))
+        status=states.PENDING).only("id", "job_agent_id", "attempt", "workspace_id",
+                                    "label_set_id", "labels"))
     released = []
-    for child_id, agent_id, attempt in children:
+    for child in children:
+        child_id, attempt = child.id, child.attempt
         waiting = (JobDependency.objects.filter(child_id=child_id).exclude(parent_id=parent_id)
                    .exclude(parent__status=states.SUCCESSFUL).exists())
         if not waiting:
-            released.append((child_id, agent_id, attempt))
+            released.append((child_id, child, attempt))
     if not released:
         return 0
     Job.objects.filter(id__in=[r[0] for r in released], status=states.PENDING).update(
@@ -116,8 +118,8 @@ def _release(parent_id) -> int:
     JobEvent.objects.bulk_create([
         event(child_id, JobEvent.DISPATCHED, attempt=attempt, dependencies="successful",
               parent=str(parent_id))
-        for child_id, _agent, attempt in released])
-    wakeups.announce_many(sorted({wakeups.agent_key(agent) for _c, agent, _a in released}))
+        for child_id, _child, attempt in released])
+    wakeups.announce_many(sorted({wakeups.route_key(child) for _c, child, _a in released}))
     return len(released)
 
 

@@ -17,11 +17,13 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from jobqueue import observe, states, wakeups
+from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import InvalidInput
 from jobqueue.models import Job, JobAgent, JobDependency, JobEvent
 
 from . import dependencies, inputs
+from .create import label_set as stored_label_set
 from .finished import announce_finished
 from .groups import hold_group, holding_group
 from .records import event
@@ -35,7 +37,8 @@ class FlowJob:
     """One job of a flow, as create_job takes it, with its ref and dependencies."""
 
     ref: str
-    job_agent: JobAgent
+    job_agent: JobAgent | None  # exactly one of job_agent and labels
+    labels: list | None = None
     job_agent_config: dict | None = None
     dispatch_context: dict | None = None
     priority: int = 0
@@ -72,13 +75,25 @@ def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str,
         raise InvalidInput(f"From 1 to {MAX_FLOW_JOBS} jobs.", field="jobs")
     refs: dict[str, int] = {}
     rows: list[Job] = []
+    sets: dict[str, object] = {}  # the flow's label sets, one query each
+
+    def label_set(labels):
+        key = ",".join(labels)
+        if key not in sets:
+            sets[key] = stored_label_set(workspace.id, labels)
+        return sets[key]
+
     plan = []  # (job, in-flow parent indexes, existing parent ids, delay)
     for i, item in enumerate(jobs):
         if not isinstance(item.ref, str) or not 1 <= len(item.ref) <= MAX_REF_LENGTH:
             raise InvalidInput(f"1 to {MAX_REF_LENGTH} characters.", field=_field(i, "ref"))
         if item.ref in refs:
             raise InvalidInput("Each ref names one job of the flow.", field=_field(i, "ref"))
-        if item.job_agent.workspace_id != workspace.id:
+        if (item.job_agent is None) == (item.labels is None):
+            raise InvalidInput("A job targets exactly one of job_agent_id and labels.",
+                               field=_field(i, "job_agent_id"))
+        labels = None if item.labels is None else _checked(i, inputs.job_labels, item.labels)
+        if item.job_agent is not None and item.job_agent.workspace_id != workspace.id:
             raise InvalidInput("No such job agent in this workspace.",
                                field=_field(i, "job_agent_id"))
         earlier = []
@@ -95,11 +110,13 @@ def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str,
                                field=_field(i, "depends_on_refs"))
         refs[item.ref] = i
         max_attempts = (_checked(i, inputs.max_attempts, item.max_attempts)
-                        or item.job_agent.effective_max_attempts)
+                        or (jobqueue_settings()["DEFAULT_MAX_ATTEMPTS"] if labels
+                            else item.job_agent.effective_max_attempts))
         expires_at = _checked(i, inputs.expires_at, item.expires_at)
         delay = _checked(i, inputs.delay_seconds, item.delay_seconds)
         job = Job(
             id=uuid.uuid4(), workspace=workspace, job_agent=item.job_agent,
+            labels=labels, label_set=None if labels is None else label_set(labels),
             status=states.QUEUED,
             job_agent_config=item.job_agent_config or {},
             dispatch_context=item.dispatch_context or {},
@@ -109,7 +126,7 @@ def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str,
                                            item.retry_backoff_seconds),
             max_runtime_seconds=(_checked(i, inputs.max_runtime_seconds,
                                           item.max_runtime_seconds)
-                                 or item.job_agent.max_runtime_seconds),
+                                 or getattr(item.job_agent, "max_runtime_seconds", None)),
             expires_at=expires_at, external_id=item.external_id or "",
             group=_checked(i, inputs.group_name, item.group),
             has_parents=bool(earlier or existing),
@@ -160,11 +177,10 @@ def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str,
             ended = [(job.id, workspace.id, job.status) for job in rows
                      if job.status == states.CANCELLED]
             announce_finished(ended, actor=actor)
-            woken = {(job.job_agent_id, delay or 0) for job, _e, _x, delay in plan
+            woken = {(wakeups.route_key(job), delay or 0) for job, _e, _x, delay in plan
                      if job.status == states.QUEUED}
-            for delay in sorted({delay for _agent, delay in woken}):
-                wakeups.announce_many(sorted(wakeups.agent_key(agent)
-                                             for agent, d in woken if d == delay), delay)
+            for delay in sorted({delay for _key, delay in woken}):
+                wakeups.announce_many(sorted(key for key, d in woken if d == delay), delay)
 
     holding_group(insert)
     made = {job.id: job for job in Job.objects.filter(id__in=[job.id for job in rows])}

@@ -318,6 +318,17 @@ def labels(value, field: str = "labels", most: int = MAX_AGENT_LABELS) -> list[s
     return sorted(set(value))
 
 
+MAX_JOB_LABELS = 16
+
+
+def job_labels(value) -> list[str]:
+    """A labelled job's target: 1 to 16 labels (`labels`' rule otherwise)."""
+    found = labels(value, "labels", MAX_JOB_LABELS)
+    if not found:
+        raise InvalidInput("labels must hold 1 to 16 labels.", field="labels")
+    return found
+
+
 def agent_name(value: str) -> str:
     name = (value or "").strip()
     if not name:

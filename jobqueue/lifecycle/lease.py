@@ -121,7 +121,7 @@ def release_job(
             job = Job.objects.get(id=job_id)
             event(job.id, JobEvent.RELEASED, attempt=job.attempt, actor=actor, claim_id=claim_id,
                   reason=(reason or "")[:500], retry_after_seconds=retry_after_seconds).save()
-            wakeups.announce(wakeups.agent_key(job.job_agent_id), delay=retry_after_seconds)
+            wakeups.announce(wakeups.route_key(job), delay=retry_after_seconds)
     if n != 1:
         refuse_one(job_id, claim_id, RELEASE, actor=actor, workspace_id=workspace_id,
                    job_agent_id=job_agent_id)

@@ -68,7 +68,7 @@ REQUEUE = Transition(
     detail=lambda job: {"max_attempts": job.max_attempts},
     observed=lambda job: ("requeued", {}),
     unchanged=_not_pending,
-    wakes=lambda job: wakeups.agent_key(job.job_agent_id),
+    wakes=wakeups.route_key,
     revives=True,
 )
 MARK_FAILED = Transition(

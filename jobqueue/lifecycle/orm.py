@@ -28,13 +28,14 @@ from .records import event, scoped_jobs
 
 
 def claim_candidates(job_agent, candidates=None):
-    """The locking query of a claim: this agent's jobs that the claim rule
-    (jobqueue/claimrule.py) lets it take, in its order, SKIP LOCKED, with the database's
-    clock alongside. Served by job_claim_order_idx. The PostgreSQL statements lock the same
-    rows (tests/integration/core/test_claim_rule.py)."""
+    """The locking query of a claim: the jobs routed to this agent (its own, and the
+    labelled jobs it matches) that the claim rule (jobqueue/claimrule.py) lets it take, in
+    its order, SKIP LOCKED, with the database's clock alongside. Served by
+    job_claim_order_idx (and job_label_claim_order_idx). The PostgreSQL statements lock the
+    same rows (tests/integration/core/test_claim_rule.py)."""
     qs = Job.objects.all() if candidates is None else candidates
     return (
-        qs.filter(job_agent_id=job_agent.id)
+        qs.filter(claimrule.routed_to(job_agent))
         .claimable()
         .in_claim_order()
         .annotate(db_now=Now())
@@ -97,6 +98,7 @@ class OrmBackend:
             updated_at=now,
             claim_lease_seconds=lease,
             claim_holder=holder or None,
+            job_agent_id=job_agent.id,  # a labelled job's claimer (its own job's agent)
         )
         if n != len(locked):  # pragma: no cover - impossible while the locks are held
             raise JobNotClaimable()
@@ -107,6 +109,7 @@ class OrmBackend:
             job.last_claim_id = claim_ids[job.id]
             job.started_at = job.updated_at = now
             job.claim_lease_seconds, job.claim_holder = lease, holder or None
+            job.job_agent_id = job_agent.id
             deadline = attempt_deadline(job, now)
             claims.append(JobClaim(
                 job_id=job.id, job_agent_id=job_agent.id, claim_id=job.last_claim_id,

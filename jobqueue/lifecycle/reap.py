@@ -48,7 +48,7 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
             .annotate(db_now=Now())
             .only("job_id", "claim_id", "attempt", "deadline_at", "job__attempt",
                   "job__max_attempts", "job__expires_at", "job__workspace_id",
-                  "job__job_agent_id")
+                  "job__job_agent_id", "job__label_set_id", "job__labels")
         )
         # Each claim renewed between the two queries: a race with heartbeats no test can time.
         if not expired_claims:  # pragma: no cover -- that race
@@ -83,7 +83,7 @@ def reap_expired_claims_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
                            if c.job_id in expiring), actor=actor)
         wakeups.announce_many(  # requeued: a waiting agent; expired: a waiting producer
             wakeups.job_key(c.job_id) if c.job_id in expiring
-            else wakeups.agent_key(c.job.job_agent_id)
+            else wakeups.route_key(c.job)
             for c in expired_claims
         )
     observe.emit("reaped", requeued=requeued, expired=expired)

@@ -121,7 +121,8 @@ def report_many(job_agent_id: uuid.UUID, reports: Sequence[inputs.ReportItem], *
     retried = [job_id for job_id, (status, _at, _ws) in done.items() if status == states.QUEUED]
     if retried:
         _announce_retried(Job.objects.filter(id__in=retried).only(
-            "job_agent_id", "attempt", "available_at", "updated_at"), actor)
+            "job_agent_id", "attempt", "available_at", "updated_at", "workspace_id",
+            "label_set_id", "labels"), actor)
     counted = collections.Counter(_counted(status) for status, _at, _ws in done.values())
     for status, count in counted.items():  # one notification a status, not one a job
         observe.emit("reported", job_agent_id=job_agent_id, status=status, count=count)
@@ -152,7 +153,7 @@ def _announce_retried(jobs, actor: str) -> None:
     announce_retrying(jobs, actor=actor)
     for job in jobs:
         delay = max(0.0, (job.available_at - job.updated_at).total_seconds())
-        wakeups.announce(wakeups.agent_key(job.job_agent_id), delay=delay)
+        wakeups.announce(wakeups.route_key(job), delay=delay)
 
 
 def _counted(status: str) -> str:

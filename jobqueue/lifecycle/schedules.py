@@ -39,9 +39,9 @@ NEXT_FIRE_TIMES = 5
 # Fire times one schedule handles per transaction (after a long outage, the rest next).
 MAX_FIRES_PER_PASS = 1000
 # The fields of POST jobs a schedule's `job` keeps (job_agent_id is the schedule's job_agent;
-# expires_at, one instant, cannot serve every fire).
+# expires_at, one instant, cannot serve every fire). With `labels` the schedule has no agent.
 TEMPLATE_FIELDS = (
-    "job_agent_config", "dispatch_context", "priority", "max_attempts", "delay_seconds",
+    "labels", "job_agent_config", "dispatch_context", "priority", "max_attempts", "delay_seconds",
     "retry_backoff_seconds", "max_runtime_seconds", "external_id", "hold", "group",
     "unique_key", "unique_states", "on_conflict", "debounce_seconds", "debounce_max_seconds",
 )
@@ -105,18 +105,30 @@ def _template(job: dict) -> dict:
 # --- the producer's calls -----------------------------------------------------------------
 
 
+def _target(job_agent: JobAgent | None, job: dict, workspace_id) -> None:
+    """A schedule's jobs target its agent or the labels of its `job`: exactly one."""
+    if (job_agent is None) == (job.get("labels") is None):
+        raise InvalidInput("A schedule's job targets exactly one of job_agent_id and labels.",
+                           field="job")
+    if job_agent is None:
+        inputs.job_labels(job["labels"])
+    elif job_agent.workspace_id != workspace_id:
+        raise NotFound("No such job agent.")
+
+
 def create_schedule(*, workspace, name: str, cron_expr: str, job_agent: JobAgent, job: dict,
                     timezone: str = "UTC", overlap: str = Schedule.OVERLAP_SKIP,
                     catchup_window_seconds: int = DEFAULT_CATCHUP_WINDOW_SECONDS,
                     paused: bool = False) -> Schedule:
-    """A new schedule; its first fire is the first fire time after now (the database's)."""
-    if job_agent.workspace_id != workspace.id:
-        raise NotFound("No such job agent.")
+    """A new schedule; its first fire is the first fire time after now (the database's). Its
+    jobs target `job_agent` or the `labels` of `job`, exactly one."""
+    job = _template(job)
+    _target(job_agent, job, workspace.id)
     tz = cron.timezone(timezone)
     now = db_now()
     schedule = Schedule(
         workspace=workspace, name=_name(name), cron=cron.check(cron_expr, tz, now),
-        timezone=timezone, job_agent=job_agent, job=_template(job), overlap=_overlap(overlap),
+        timezone=timezone, job_agent=job_agent, job=job, overlap=_overlap(overlap),
         catchup_window_seconds=_catchup(catchup_window_seconds),
         paused_at=now if paused else None, next_fire_at=cron.next_after(cron_expr, tz, now),
     )
@@ -155,9 +167,8 @@ def update_schedule(schedule_id, *, workspace_id, job_agent: JobAgent | None = N
         if "catchup_window_seconds" in changes:
             fields["catchup_window_seconds"] = _catchup(changes["catchup_window_seconds"])
         if "job" in changes:
-            if job_agent is None or job_agent.workspace_id != workspace_id:
-                raise NotFound("No such job agent.")
             fields["job"] = _template(changes["job"])
+            _target(job_agent, fields["job"], workspace_id)
             fields["job_agent"] = job_agent
         timezone = changes.get("timezone", schedule.timezone)
         expr = changes.get("cron", schedule.cron)
@@ -197,7 +208,10 @@ def trigger_schedule(schedule_id, *, workspace_id, actor: str = "") -> JobCreate
     group cancelled, say) is the caller's error, and nothing is recorded. A job the schedule's
     unique_key deduplicates is answered as create_job answers it (recorded as skipped)."""
     with transaction.atomic():
-        schedule = (Schedule.objects.select_for_update().select_related("workspace", "job_agent")
+        # of=self: job_agent is nullable (a schedule of labelled jobs), an outer join that
+        # FOR UPDATE cannot lock.
+        schedule = (Schedule.objects.select_for_update(of=("self",))
+                    .select_related("workspace", "job_agent")
                     .filter(id=schedule_id, workspace_id=workspace_id).first())
         if schedule is None:
             raise NotFound("No such schedule.")

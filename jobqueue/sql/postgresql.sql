@@ -27,7 +27,10 @@
 
 -- name: job_claim_available
 -- Claim up to %(limit)s of the agent's claimable jobs, in claim order, skipping the rows
--- other claimers hold (served by job_claim_order_idx without a sort). The locking SELECT is
+-- other claimers hold (served by job_claim_order_idx without a sort). For an agent without
+-- labels (no labelled job is routed to it): its own jobs, which name it and no label set (a
+-- labelled job names the agent that claimed it last). An agent with labels claims with
+-- job_claim_available_routed. The locking SELECT is
 -- a MATERIALIZED CTE, evaluated exactly once: never `IN (SELECT ... LIMIT n FOR UPDATE)`.
 --
 -- The backend writes a batch's size into the LIMIT (jobqueue/lifecycle/pg/__init__.py,
@@ -55,7 +58,7 @@
 -- job_id index, only for a job claimed before).
 WITH locked AS MATERIALIZED (
     SELECT id, last_claim_id, attempt, started_at, claim_lease_seconds, claim_holder FROM job
-    WHERE job_agent_id = %(agent)s
+    WHERE job_agent_id = %(agent)s AND label_set_id IS NULL
       AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
       AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
     ORDER BY priority DESC, available_at, created_at
@@ -79,8 +82,8 @@ WITH locked AS MATERIALIZED (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -107,17 +110,52 @@ FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
 ORDER BY priority DESC, available_at, created_at
 
 
--- name: job_claim_by_id
--- The same for the one job %(job)s (no row when it is not claimable now, or not this
--- agent's), and with %(expected)s only while the job's attempt still equals it (NULL: any
--- attempt). Found by its primary key, so the optional condition changes no plan.
-WITH locked AS MATERIALIZED (
-    SELECT id, last_claim_id, attempt, started_at, claim_lease_seconds, claim_holder FROM job
-    WHERE id = %(job)s AND job_agent_id = %(agent)s
-      AND (%(expected)s::integer IS NULL OR attempt = %(expected)s::integer)
-      AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
-      AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
-    FOR NO KEY UPDATE SKIP LOCKED
+-- name: job_claim_available_routed
+-- job_claim_available for an agent with labels (jobqueue/claimrule.py, "Routing"): its own
+-- jobs (which name it and no label set) and the labelled jobs of the label sets its labels
+-- include, in one claim order. `sets` reads the workspace's label sets (one row per distinct
+-- set: job_label_set_unique leads with the workspace); then each source is read in claim
+-- order from its own index, the agent's from job_claim_order_idx and each set's from
+-- job_label_claim_order_idx, at most %(limit)s rows each, locked as they are read (SKIP
+-- LOCKED: a row another claimer holds is passed over, as in job_claim_available); `locked`
+-- keeps the first %(limit)s of them in claim order. So the claim reads at most %(limit)s
+-- rows a source, whatever number of jobs wait for labels it does not have (or for it).
+-- The rows read and not kept stay locked until this statement's transaction ends (its
+-- autocommit): a claim racing it passes over them and may answer with fewer jobs than are
+-- queued; the agents that wait are woken by the wake-up hub's re-check
+-- (JOBQUEUE_WAIT_RECHECK_SECONDS).
+--
+-- The claim writes the claiming agent into job_agent_id (a labelled job names the agent
+-- that claimed it last; its reports and heartbeats are that agent's), and `kept` writes the
+-- replaced claim's event for the agent that made it.
+WITH sets AS MATERIALIZED (
+    SELECT s.id FROM job_agent a JOIN job_label_set s ON s.workspace_id = a.workspace_id
+    WHERE a.id = %(agent)s AND a.labels @> s.labels
+), candidates AS MATERIALIZED (
+    SELECT own.* FROM (
+        SELECT id, job_agent_id, last_claim_id, attempt, started_at, claim_lease_seconds,
+               claim_holder, priority, available_at, created_at FROM job
+        WHERE job_agent_id = %(agent)s AND label_set_id IS NULL
+          AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+          AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
+        ORDER BY priority DESC, available_at, created_at
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS own
+    UNION ALL
+    SELECT routed.* FROM sets CROSS JOIN LATERAL (
+        SELECT id, job_agent_id, last_claim_id, attempt, started_at, claim_lease_seconds,
+               claim_holder, priority, available_at, created_at FROM job
+        WHERE label_set_id = sets.id
+          AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+          AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
+        ORDER BY priority DESC, available_at, created_at
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS routed
+), locked AS MATERIALIZED (
+    SELECT * FROM candidates ORDER BY priority DESC, available_at, created_at
+    LIMIT %(limit)s
 ), gate AS MATERIALIZED (
     SELECT job_agent.id FROM job_agent
     WHERE job_agent.id = %(agent)s AND job_agent.paused_at IS NULL
@@ -127,7 +165,7 @@ WITH locked AS MATERIALIZED (
     UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
         last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
         updated_at = STATEMENT_TIMESTAMP(), claim_lease_seconds = %(lease)s::integer,
-        claim_holder = NULLIF(%(holder)s, '')
+        claim_holder = NULLIF(%(holder)s, ''), job_agent_id = %(agent)s
     FROM locked, gate WHERE job.id = locked.id AND job.status = 'queued'
     RETURNING job.id, job.workspace_id, job.job_agent_id, job.status, job.job_agent_config,
         job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
@@ -136,8 +174,8 @@ WITH locked AS MATERIALIZED (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
                            claim_expires_at, deadline_at, holder, idempotency_key)
@@ -151,7 +189,77 @@ WITH locked AS MATERIALIZED (
     FROM claimed
 ), kept AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at, holder)
-    SELECT locked.id, %(kind)s, locked.attempt, %(actor)s, locked.last_claim_id,
+    SELECT locked.id, %(kind)s, locked.attempt, 'agent:' || locked.job_agent_id::text,
+           locked.last_claim_id,
+           jsonb_build_object('lease_seconds', locked.claim_lease_seconds), locked.started_at,
+           COALESCE(locked.claim_holder, '')
+    FROM locked JOIN claimed ON claimed.id = locked.id
+    WHERE locked.claim_lease_seconds IS NOT NULL AND locked.last_claim_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM job_event e WHERE e.job_id = locked.id
+                      AND e.claim_id = locked.last_claim_id AND e.kind = %(kind)s::varchar)
+)
+SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
+FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
+ORDER BY priority DESC, available_at, created_at
+
+
+
+
+-- name: job_claim_by_id
+-- The same for the one job %(job)s (no row when it is not claimable now, or not routed to
+-- this agent: its own, or labelled with a set its labels include), and with %(expected)s
+-- only while the job's attempt still equals it (NULL: any attempt). Found by its primary
+-- key, so the optional conditions change no plan. As job_claim_available_routed, it writes
+-- the claiming agent into job_agent_id (the same value for the agent's own job) and the
+-- replaced claim's event for the agent that made it.
+WITH locked AS MATERIALIZED (
+    SELECT id, job_agent_id, last_claim_id, attempt, started_at, claim_lease_seconds,
+           claim_holder FROM job
+    WHERE id = %(job)s
+      AND ((job_agent_id = %(agent)s AND label_set_id IS NULL)
+           OR EXISTS (SELECT 1 FROM job_agent a JOIN job_label_set s
+                      ON s.workspace_id = a.workspace_id
+                      WHERE a.id = %(agent)s AND s.id = job.label_set_id
+                        AND a.labels @> s.labels))
+      AND (%(expected)s::integer IS NULL OR attempt = %(expected)s::integer)
+      AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+      AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
+    FOR NO KEY UPDATE SKIP LOCKED
+), gate AS MATERIALIZED (
+    SELECT job_agent.id FROM job_agent
+    WHERE job_agent.id = %(agent)s AND job_agent.paused_at IS NULL
+      AND EXISTS (SELECT 1 FROM locked)
+    FOR SHARE
+), claimed AS (
+    UPDATE job SET status = 'in_progress', attempt = job.attempt + 1,
+        last_claim_id = gen_random_uuid(), started_at = STATEMENT_TIMESTAMP(),
+        updated_at = STATEMENT_TIMESTAMP(), claim_lease_seconds = %(lease)s::integer,
+        claim_holder = NULLIF(%(holder)s, ''), job_agent_id = %(agent)s
+    FROM locked, gate WHERE job.id = locked.id AND job.status = 'queued'
+    RETURNING job.id, job.workspace_id, job.job_agent_id, job.status, job.job_agent_config,
+        job.dispatch_context, job.result, job.message, job.external_id, job.group_name,
+        job.watched, job.attempt, job.max_attempts, job.initial_max_attempts, job.priority,
+        job.retry_backoff_seconds, job.max_runtime_seconds, job.expires_at, job.available_at,
+        job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
+        job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
+        job.claim_lease_seconds, job.claim_holder,
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
+), claims AS (
+    INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
+                           claim_expires_at, deadline_at, holder, idempotency_key)
+    SELECT id, job_agent_id, last_claim_id, attempt, %(lease)s::integer, STATEMENT_TIMESTAMP(),
+           LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => %(lease)s),
+                 STATEMENT_TIMESTAMP() + make_interval(secs => max_runtime_seconds),
+                 expires_at),
+           LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => max_runtime_seconds),
+                 expires_at),
+           %(holder)s, %(key)s
+    FROM claimed
+), kept AS (
+    INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at, holder)
+    SELECT locked.id, %(kind)s, locked.attempt, 'agent:' || locked.job_agent_id::text,
+           locked.last_claim_id,
            jsonb_build_object('lease_seconds', locked.claim_lease_seconds), locked.started_at,
            COALESCE(locked.claim_holder, '')
     FROM locked JOIN claimed ON claimed.id = locked.id
@@ -226,8 +334,8 @@ WITH done AS (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -299,8 +407,8 @@ WITH done AS (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
     WHERE c.job_id = %(job)s AND c.job_id = done.id AND c.claim_id = %(claim)s
@@ -353,8 +461,8 @@ WITH done AS (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.created_at, job.started_at,
-        job.completed_at, job.updated_at
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.started_at, job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)
     SELECT id, %(kind)s, attempt, %(actor)s, %(claim)s, %(detail)s::jsonb, STATEMENT_TIMESTAMP()

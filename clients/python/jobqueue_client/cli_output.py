@@ -36,7 +36,8 @@ EXIT_INTERRUPTED = 130  # Ctrl-C
 
 # The API's field names, as the options that set them (a 400's `fields` names the option).
 OPTION_OF_FIELD = {
-    "job_agent_id": "--agent", "job_agent_config": "--config (or the command after --)",
+    "job_agent_id": "--agent", "labels": "--label",
+    "job_agent_config": "--config (or the command after --)",
     "dispatch_context": "--context", "priority": "--priority",
     "max_attempts": "--max-attempts", "delay_seconds": "--delay-seconds",
     "retry_backoff_seconds": "--retry-backoff-seconds",
@@ -215,6 +216,7 @@ def job_text(job: dict, *, events: bool = False) -> str:
         ("id", job.get("id")),
         ("status", job.get("status")),
         ("job_agent_id", job.get("job_agent_id")),
+        ("labels", ", ".join(job.get("labels") or []) or None),
         ("attempt", f"{job.get('attempt')} of {job.get('max_attempts')}"),
         ("priority", job.get("priority")),
         ("group", job.get("group")),
@@ -270,6 +272,34 @@ def jobs_header() -> str:
 def job_row(job: dict) -> str:
     return _fixed([job["id"], job["status"], f"{job['attempt']}/{job['max_attempts']}",
                    str(job["priority"]), job["created_at"], job.get("group") or "-"])
+
+
+def explain_text(job_id: str, explanation: dict) -> str:
+    """Why a job is not running (GET jobs/{id}/explain) for people: its status, whether a
+    claim would take it, the agents it may go to, then each reason's code and detail (and
+    what the reason names: waiting_on, available_at, ...)."""
+    reasons = explanation.get("reasons") or []
+    agents = explanation.get("agents") or {}
+    if not explanation.get("claimable"):
+        claimable = "no"
+    elif reasons:
+        claimable = "yes: a matching agent's claim would take it (see the reasons)"
+    else:
+        claimable = "yes: the next claim of a matching agent takes it"
+    head = _rows([
+        ("job", job_id),
+        ("status", explanation.get("status")),
+        ("claimable", claimable),
+        ("agents", f"{agents.get('matching', 0)} matching, {agents.get('online', 0)} online"),
+        ("reasons", "none" if not reasons else None),
+    ])
+    if not reasons:
+        return head
+    rows = _rows([(r.get("code", "?"), "\n".join([r.get("detail", ""), *(
+        f"{k}: {', '.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in r.items() if k not in ("code", "detail"))]))
+        for r in reasons])
+    return head + "\nreasons:\n" + "\n".join("  " + line for line in rows.splitlines())
 
 
 def group_text(group: dict) -> str:

@@ -151,9 +151,9 @@ def _timestamp(value: dt.datetime | str) -> str:
 
 
 class ProducerClient(ApiClient):
-    """The producer's view of the API: create jobs, look at them and wait for their end,
-    cancel, requeue and dispatch them, follow groups, read logs and download artifacts, and
-    manage cron schedules."""
+    """The producer's view of the API: create jobs, look at them (and ask why one is not
+    running) and wait for their end, cancel, requeue and dispatch them, follow groups, read
+    logs and download artifacts, and manage cron schedules."""
 
     error_from_response = staticmethod(producer_error_from_response)
 
@@ -191,7 +191,8 @@ class ProducerClient(ApiClient):
 
     # -- jobs --
 
-    def create_job(self, job_agent_id: str, *, job_agent_config: dict | None = None,
+    def create_job(self, job_agent_id: str | None = None, *, labels: list[str] | None = None,
+                   job_agent_config: dict | None = None,
                    dispatch_context: dict | None = None, priority: int | None = None,
                    max_attempts: int | None = None, delay_seconds: int | None = None,
                    retry_backoff_seconds: int | None = None,
@@ -203,7 +204,9 @@ class ProducerClient(ApiClient):
                    on_conflict: str | None = None, debounce_seconds: int | None = None,
                    debounce_max_seconds: int | None = None,
                    depends_on: list[str] | None = None) -> dict:
-        """POST jobs: create a job for `job_agent_id` (queued; `pending` with hold=True, see
+        """POST jobs: create a job for `job_agent_id`, or for `labels` (1 to 16: any job agent
+        of the workspace whose labels include all of them may claim it), exactly one of the
+        two (else ValueError, nothing sent); queued, `pending` with hold=True (see
         dispatch()). Returns the job (never its dispatch_context) with `deduplicated`. Fields
         left None are not sent, so the server's defaults apply (and, with an Idempotency-Key,
         they count as omitted in the key's fingerprint).
@@ -228,7 +231,10 @@ class ProducerClient(ApiClient):
         lost answer is sent again; the same key with other fields raises
         IdempotencyKeyReused. Without one, the request is sent once. Raises GroupCancelled
         for a cancelled group, InvalidRequest (400) for a bad field or an unknown agent."""
-        body: dict[str, Any] = {"job_agent_id": str(job_agent_id)}
+        if (job_agent_id is None) == (labels is None):
+            raise ValueError("create_job: give exactly one of job_agent_id and labels")
+        body: dict[str, Any] = ({"job_agent_id": str(job_agent_id)} if labels is None
+                                else {"labels": [str(label) for label in labels]})
         optional = {
             "job_agent_config": job_agent_config, "dispatch_context": dispatch_context,
             "priority": priority, "max_attempts": max_attempts, "delay_seconds": delay_seconds,
@@ -272,6 +278,15 @@ class ProducerClient(ApiClient):
             return self._get(path)
         wait = int(wait_seconds)
         return self._get(path, params={"wait_seconds": wait}, wait=wait)
+
+    def explain_job(self, job_id: str) -> dict:
+        """GET jobs/{job_id}/explain: why the job is not running, from the rule claims use:
+        {"status", "claimable", "reasons": [{"code", "detail", …}], "agents": {"matching",
+        "online"}}. `claimable` says whether a claim of an agent it is routed to would take
+        it now; empty `reasons` with `claimable` true: the next such claim takes it
+        (docs/api.md, "Why isn't my job running? (explain)"). Raises NotFound for a job not
+        in the workspace."""
+        return self._get(f"jobs/{_segment(job_id)}/explain")
 
     def wait(self, job_id: str, timeout: float | None = None, *,
              poll_seconds: int | None = None) -> dict:

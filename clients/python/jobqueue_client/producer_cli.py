@@ -1,9 +1,10 @@
 """`jobqueue`: the producer's command line, on ProducerClient (needs only httpx).
 
     jobqueue [--url URL] [--workspace ID] [--api-key KEY] [--json] COMMAND ...
-    jobqueue jobs create --agent ID [--config FILE|-|JSON] [--context FILE|-] [options]
+    jobqueue jobs create --agent ID | --label L [--label L ...]
+                         [--config FILE|-|JSON] [--context FILE|-] [options]
                          [--wait [--timeout S]] [-- COMMAND ...]
-    jobqueue jobs get|wait|cancel|requeue|dispatch ID
+    jobqueue jobs get|wait|explain|cancel|requeue|dispatch ID
     jobqueue jobs list [--status S] [--group G] [--agent ID] [--limit N | --all]
     jobqueue jobs logs ID [--attempt N] [--follow]
     jobqueue jobs artifacts ID [--download DIR [--name NAME ...]]
@@ -47,6 +48,7 @@ from .producer_commands import (
     cmd_cancel,
     cmd_create,
     cmd_dispatch,
+    cmd_explain,
     cmd_flow_create,
     cmd_get,
     cmd_group_cancel,
@@ -207,15 +209,21 @@ def build_parser() -> argparse.ArgumentParser:
                                          "read their logs and artifacts",
                             description="Jobs: one command per action.")
     verbs = jobs.add_subparsers(dest="verb", required=True,
-                                metavar="{create,get,wait,list,cancel,requeue,dispatch,logs,"
-                                        "artifacts}")
+                                metavar="{create,get,wait,explain,list,cancel,requeue,"
+                                        "dispatch,logs,artifacts}")
 
-    create = command(verbs, "create", cmd_create, "create a job for a job agent",
-                     description="Create a job for a job agent (queued; pending with --hold). "
-                                 "Prints the job; with --wait, waits for its end and prints "
-                                 "it then.")
-    create.add_argument("--agent", metavar="ID", default=os.environ.get("JOBQUEUE_AGENT"),
+    create = command(verbs, "create", cmd_create,
+                     "create a job for a job agent, or for the agents with some labels",
+                     description="Create a job for a job agent (--agent), or for any job agent "
+                                 "whose labels include all of the job's (--label; queued; "
+                                 "pending with --hold). Prints the job; with --wait, waits for "
+                                 "its end and prints it then.")
+    target = create.add_mutually_exclusive_group()
+    target.add_argument("--agent", metavar="ID", default=os.environ.get("JOBQUEUE_AGENT"),
                         help="the id of the job agent that runs the job [JOBQUEUE_AGENT]")
+    target.add_argument("--label", action="append", metavar="LABEL",
+                        help="instead of --agent: a label the agent that runs the job must "
+                             "have (repeatable: 1 to 16, the agent has them all)")
     create.add_argument("--config", metavar="FILE|-|JSON",
                         help="the job's job_agent_config, a JSON object: a file, - for stdin, "
                              "or the object itself ('{\"command\": [\"make\"]}')")
@@ -291,6 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="give up after S seconds (exit 7; the job goes on); default: wait "
                            "as long as it takes")
     wait.add_argument("--events", action="store_true", help="also print the job's timeline")
+
+    explain_ = command(verbs, "explain", cmd_explain,
+                       "say why a job is not running, or that the next claim takes it",
+                       description="Why a job is not running, from the rule claims use: its "
+                                   "status, whether a claim of a matching agent would take it "
+                                   "now, each reason (code and detail), and how many agents "
+                                   "match it and are online.")
+    explain_.add_argument("id", metavar="ID", help="the job's id")
 
     list_ = command(verbs, "list", cmd_list, "list jobs, newest first",
                     description="List jobs, newest first, following the pages. Items are "

@@ -22,6 +22,7 @@ from .cli_output import (
     Output,
     UsageError,
     artifacts_table,
+    explain_text,
     group_text,
     job_row,
     job_text,
@@ -62,9 +63,10 @@ def read_object(value: str, option: str, *, inline: bool = False) -> dict:
 
 
 def cmd_create(client: ProducerClient, args, out: Output) -> int:
-    if not args.agent:
+    if not args.agent and not args.label:
         raise UsageError("jobs create: set --agent ID (or JOBQUEUE_AGENT): the job agent "
-                         "that runs the job")
+                         "that runs the job, or --label LABEL (repeatable): the labels of "
+                         "the agents that may")
     if args.timeout is not None and not args.wait:
         raise UsageError("jobs create: --timeout applies only with --wait")
     if args.config == "-" and args.context == "-":
@@ -77,7 +79,8 @@ def cmd_create(client: ProducerClient, args, out: Output) -> int:
                              "not both")
         config = {**(config or {}), "command": args.command}
     job = client.create_job(
-        args.agent, job_agent_config=config, dispatch_context=context,
+        None if args.label else args.agent, labels=args.label,  # --label beats JOBQUEUE_AGENT
+        job_agent_config=config, dispatch_context=context,
         priority=args.priority, max_attempts=args.max_attempts,
         delay_seconds=args.delay_seconds, retry_backoff_seconds=args.retry_backoff_seconds,
         max_runtime_seconds=args.max_runtime_seconds, expires_at=args.expires_at,
@@ -132,6 +135,15 @@ def wait_for_end(client: ProducerClient, job_id: str, args, out: Output) -> int:
 
 def cmd_get(client, args, out) -> int:
     show_job(client.get(args.id), args, out)
+    return EXIT_OK
+
+
+def cmd_explain(client, args, out) -> int:
+    explanation = client.explain_job(args.id)
+    if out.machine:
+        out.document(explanation)
+    else:
+        out.text(explain_text(args.id, explanation))
     return EXIT_OK
 
 

@@ -36,11 +36,13 @@ LITERAL_LIMITS = 32
 
 
 @functools.cache
-def claim_statement(limit: int) -> str:
-    """job_claim_available for a batch of `limit` (1: claim-next)."""
+def claim_statement(limit: int, routed: bool = False) -> str:
+    """job_claim_available for a batch of `limit` (1: claim-next); `routed`: an agent with
+    labels's, job_claim_available_routed."""
+    statement = sql.job_claim_available_routed if routed else sql.job_claim_available
     if limit > LITERAL_LIMITS:
-        return sql.job_claim_available
-    return sql.job_claim_available.replace("LIMIT %(limit)s", f"LIMIT {int(limit):d}")
+        return statement
+    return statement.replace("LIMIT %(limit)s", f"LIMIT {int(limit):d}")
 
 
 class PostgresBackend:
@@ -123,7 +125,9 @@ class PostgresBackend:
             "holder": holder,
             "key": idempotency_key,
         }
-        statement = claim_statement(limit)
+        # An agent without labels is routed no labelled job: its statement reads its own
+        # jobs only, and pays nothing for labels.
+        statement = claim_statement(limit, bool(job_agent.labels))
         if job_id is not None:
             statement = sql.job_claim_by_id
             params.update(job=job_id, expected=expected_attempt)

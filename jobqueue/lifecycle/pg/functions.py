@@ -49,10 +49,12 @@ def _digest(text: str) -> str:
 @functools.cache
 def wrapped() -> dict[str, str]:
     """{a wrapper's name: the statement it runs}: every statement the hot cursor runs, and
-    claim-next at its LIMIT 1 (a batch claim of more amortizes its planning over the batch)."""
+    claim-next at its LIMIT 1, both forms (a batch claim of more amortizes its planning over
+    the batch)."""
     from . import claim_statement
 
     statements = {"job_claim_available_1": claim_statement(1),
+                  "job_claim_available_routed_1": claim_statement(1, True),
                   **{name: getattr(sql, name) for name in _WRAPPED}}
     return {name_of(label, text): text for label, text in statements.items()}
 

@@ -131,7 +131,7 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "job-agents/{agent_id}/pause", "job-agents/{agent_id}/resume", "flows",
         "jobs/{job_id}/effects", "jobs/{job_id}/effects/{key}",
         "jobs/{job_id}/effects/{key}/begin", "schedules", "schedules/{schedule_id}",
-        "schedules/{schedule_id}/trigger",
+        "schedules/{schedule_id}/trigger", "jobs/{job_id}/explain",
     ]:
         assert base + path in paths, path
     # The public version (no credential needed; tests/integration/ops/test_versions.py) and

@@ -34,9 +34,20 @@ def _clauses(sql: str, params) -> dict:
             "lock": m[4], "limited": bool(m[3])}
 
 
-def _locking(statement: str) -> dict:
-    """The locking SELECT of a claim statement (its `locked` CTE)."""
-    body = statement.split("WITH locked AS MATERIALIZED (", 1)[1].split("), gate", 1)[0]
+# The routing condition of job_claim_by_id (claimrule.routed_to for any agent: its own jobs,
+# or a labelled job of a set its labels include), compared as one clause.
+ROUTED_BY_ID = ("((job_agent_id = %(agent)s AND label_set_id IS NULL) "
+                "OR EXISTS (SELECT 1 FROM job_agent a JOIN job_label_set s "
+                "ON s.workspace_id = a.workspace_id WHERE a.id = %(agent)s "
+                "AND s.id = job.label_set_id AND a.labels @> s.labels))")
+OWN = {"job_agent_id = %(agent)s", "label_set_id IS NULL"}
+
+
+def _locking(statement: str, start="WITH locked AS MATERIALIZED (", end="), gate") -> dict:
+    """The locking SELECT of a claim statement (its `locked` CTE, or the part of it between
+    `start` and `end`)."""
+    body = statement.split(start, 1)[1].split(end, 1)[0]
+    body = " ".join(body.split()).replace(ROUTED_BY_ID, "ROUTED")
     return _clauses("SELECT id FROM job " + body.split("FROM job", 1)[1], ())
 
 
@@ -83,16 +94,31 @@ def rule_mismatches() -> list[str]:
         found.append(f"job_claim_available locks {_locking(postgresql.job_claim_available)}, "
                      f"the rule {expected}")
     by_id = _locking(postgresql.job_claim_by_id)
-    if (by_id["where"], by_id["lock"]) != (named["where"], named["lock"]):
+    named_routed = (named["where"] - OWN) | {"ROUTED"}
+    if (by_id["where"], by_id["lock"]) != (named_routed, named["lock"]):
         found.append(f"job_claim_by_id locks {by_id}, the rule {named}")
-    for name in ("job_claim_available", "job_claim_by_id"):
+    routed = postgresql.job_claim_available_routed
+    own = _locking(routed, "SELECT own.* FROM (", ") AS own")
+    labelled = _locking(routed, "CROSS JOIN LATERAL (", ") AS routed")
+    if own != expected:
+        found.append(f"job_claim_available_routed locks {own} of its own, the rule {expected}")
+    if labelled != {**expected, "where": (expected["where"] - OWN)
+                    | {"label_set_id = sets.id"}}:
+        found.append(f"job_claim_available_routed locks {labelled} of a label set, the rule "
+                     f"{expected}")
+    kept = routed.split("locked AS MATERIALIZED (", 1)[1].split("), gate", 1)[0]
+    if " ".join(kept.split()) != ("SELECT * FROM candidates ORDER BY priority DESC, "
+                                  "available_at, created_at LIMIT %(limit)s"):
+        found.append(f"job_claim_available_routed keeps {kept}")
+    for name in ("job_claim_available", "job_claim_by_id", "job_claim_available_routed"):
         statement = getattr(postgresql, name)
         if _gate(statement)["where"] != gate["where"]:
             found.append(f"{name}'s gate is {_gate(statement)['where']}, the rule's "
                          f"{gate['where']}")
-    answered = postgresql.job_claim_available.rsplit("ORDER BY", 1)[1].split()
-    if " ".join(answered).split(", ") != expected["order"]:
-        found.append(f"job_claim_available answers in {answered}, the rule's {expected}")
+    for name in ("job_claim_available", "job_claim_available_routed"):
+        answered = getattr(postgresql, name).rsplit("ORDER BY", 1)[1].split()
+        if " ".join(answered).split(", ") != expected["order"]:
+            found.append(f"{name} answers in {answered}, the rule's {expected}")
     return found
 
 
@@ -112,13 +138,14 @@ def test_a_condition_added_to_the_rule_fails_until_the_statements_say_it(monkeyp
 
     monkeypatch.setattr(claimrule, "JOB_CONDITIONS", claimrule.JOB_CONDITIONS + (
         claimrule.Condition("high_enough", lambda: Q(priority__gte=0), "a test condition"),))
-    assert [m.split()[0] for m in rule_mismatches()] == ["job_claim_available",
-                                                         "job_claim_by_id"]
+    assert [m.split()[0] for m in rule_mismatches()] == [
+        "job_claim_available", "job_claim_by_id", "job_claim_available_routed",
+        "job_claim_available_routed"]
     monkeypatch.undo()
     monkeypatch.setattr(claimrule, "AGENT_CONDITIONS", claimrule.AGENT_CONDITIONS + (
         claimrule.Condition("named", lambda: ~Q(name=""), "a test condition"),))
-    assert [m.split()[0] for m in rule_mismatches()] == ["job_claim_available's",
-                                                         "job_claim_by_id's"]
+    assert [m.split()[0] for m in rule_mismatches()] == [
+        "job_claim_available's", "job_claim_by_id's", "job_claim_available_routed's"]
 
 
 def _now_plus(seconds):

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, transaction
 
 from benchmarks.readers import READERS, Context, indexes_in_plan, plan_indexes
+from jobqueue import lifecycle
 from jobqueue.models import JobGroup
 from tests.factories import JobAgentFactory, JobFactory
 
@@ -50,7 +51,9 @@ def test_each_readers_query_can_be_served_by_its_index_alone():
     JobGroup.objects.create(workspace=agent.workspace, name="g")
     ctx = Context(workspace_id=agent.workspace_id, agent_id=agent.id, small_agent_id=small.id,
                   job_id=job.id, external_id="ext-1", idempotency_key="key-1", group="g",
-                  unique_key="u-1")
+                  unique_key="u-1",
+                  label_set_id=lifecycle.create_job(workspace=agent.workspace,
+                                                    labels=["gpu"]).job.label_set_id)
     with connection.cursor() as cur:  # the factories' deferred checks, before ALTER TABLE
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
     for r in READERS:

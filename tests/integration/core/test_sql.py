@@ -104,6 +104,10 @@ def _cycle(agent):
     lifecycle.report_status(parent.id, done.claim_id, states.SUCCESSFUL)
     child.refresh_from_db()
     assert child.status == states.QUEUED
+    # A labelled job, claimed by an agent with labels (its own statement).
+    labelled = lifecycle.create_job_agent(workspace=ws, name="gpu-1", labels=["gpu"])
+    job = lifecycle.create_job(workspace=ws, labels=["gpu"])[0]
+    assert lifecycle.claim_next_job(labelled).job.id == job.id
     db_now()
     backend().ping()
 
@@ -117,7 +121,7 @@ def test_every_statement_run_by_hand_is_a_named_one():
     if connection.vendor == "postgresql":
         from jobqueue.lifecycle.pg import claim_statement
 
-        named |= {claim_statement(n) for n in range(1, 41)}
+        named |= {claim_statement(n, routed) for n in range(1, 41) for routed in (0, 1)}
     agent = JobAgentFactory()
     with statements_sent() as sent:
         _cycle(agent)
@@ -126,7 +130,8 @@ def test_every_statement_run_by_hand_is_a_named_one():
     assert [text for text in by_hand if text not in named] == []
     if connection.vendor == "postgresql":  # and it ran every one (LISTEN is the hub's; the
         # wrappers' are the migrations' and an unprepared connection's: test_statement_functions)
-        texts = {claim_statement(1): "job_claim_available", **{
+        texts = {claim_statement(1): "job_claim_available",
+                 claim_statement(1, True): "job_claim_available_routed", **{
             t: n for n, t in sql.postgresql}}
         ran = {texts.get(t) for t in by_hand}
         assert set(sql.postgresql.names()) - ran == {"wake_listen", *WRAPPERS_OWN}
@@ -203,7 +208,7 @@ def test_every_returning_list_names_every_job_column():
             named = {c.strip().removeprefix("job.") for c in found.split(",")}
             assert named == columns, (name, named ^ columns)
             lists += 1
-    assert lists == 5
+    assert lists == 6
 
 
 def test_sqlite_statements_write_the_time_as_django_stores_it():

@@ -293,3 +293,22 @@ def test_create_sends_its_dependencies_and_a_flow_is_sent_once():
     with pytest.raises(api.TransportError):
         client.create_flow(flow)
     assert len(server.seen) == 1  # a lost answer might have created it: not repeated
+
+
+def test_create_for_labels_sends_them_instead_of_an_agent_and_wants_exactly_one():
+    client, server = make((201, {**JOB, "labels": ["gpu", "linux"]}))
+    assert client.create_job(labels=("gpu", "linux"), priority=2)["labels"] == ["gpu", "linux"]
+    assert server.bodies() == [{"labels": ["gpu", "linux"], "priority": 2}]
+    for wrong in ({}, {"job_agent_id": "ag", "labels": ["gpu"]}):
+        with pytest.raises(ValueError, match="exactly one of job_agent_id and labels"):
+            client.create_job(**wrong)
+    assert len(server.seen) == 1  # nothing sent
+
+
+def test_explain_job_reads_why_a_job_is_not_running_and_retries_a_lost_answer():
+    explanation = {"status": "queued", "claimable": True, "reasons": [],
+                   "agents": {"matching": 1, "online": 1}}
+    client, server = make((503, {"code": "unavailable", "detail": "x"}), (200, explanation))
+    assert client.explain_job("j 1") == explanation
+    assert [r.url.path for r in server.seen] == ["/v1/workspaces/ws/jobs/j 1/explain"] * 2
+    assert server.seen[0].url.raw_path == b"/v1/workspaces/ws/jobs/j%201/explain"

@@ -66,7 +66,7 @@ def _every_parser(parser):
 
 def test_every_option_and_command_has_help_text():
     parsers = list(_every_parser(producer_cli.build_parser()))
-    assert len(parsers) == 24  # jobqueue, jobs + 9 verbs, groups + 2, schedules + 7, flows + 1
+    assert len(parsers) == 25  # jobqueue, jobs + 10 verbs, groups + 2, schedules + 7, flows + 1
     for parser in parsers:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):  # its commands have help
@@ -498,7 +498,7 @@ def test_every_field_of_post_jobs_has_its_option():
     options = {o for a in create._actions for o in a.option_strings}
     fields = {"job_agent_id", "job_agent_config", "dispatch_context", "priority",
               "max_attempts", "delay_seconds", "retry_backoff_seconds", "max_runtime_seconds",
-              "expires_at", "external_id", "group", "hold", "idempotency_key"}
+              "expires_at", "external_id", "group", "hold", "idempotency_key", "labels"}
     for field in fields:
         assert OPTION_OF_FIELD[field].split()[0] in options, field
 
@@ -675,3 +675,63 @@ def test_flows_create_wants_a_list_of_jobs(env, capsys, tmp_path):
     code, server = run(["flows", "create", path])
     assert code == 2 and not server.seen
     assert "FILE must hold" in capsys.readouterr().err
+
+
+# --- labels and explain ------------------------------------------------------------------------
+
+
+def test_create_for_labels_sends_them_instead_of_the_agent(env, capsys):
+    env.setenv("JOBQUEUE_AGENT", "ag-env")  # --label wins over the variable
+    code, server = run(["jobs", "create", "--label", "gpu", "--label", "region=eu"],
+                       (201, job(job_agent_id=None, labels=["gpu", "region=eu"])))
+    assert code == 0 and server.body() == {"labels": ["gpu", "region=eu"]}
+    assert "labels      gpu, region=eu" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        producer_cli.main(["jobs", "create", "--label", "gpu", "--agent", "ag"])
+    assert exc.value.code == 2
+    assert "--agent: not allowed with argument --label" in capsys.readouterr().err
+    code, server = run(["jobs", "create", "--label", "gpu"],
+                       (400, {"code": "validation_error", "detail": "Invalid input.",
+                              "fields": {"labels": ["Each label: 1 to 63 characters."]}}))
+    assert code == 2 and "--label: Each label" in capsys.readouterr().err
+
+
+EXPLAINED = {"status": "pending", "claimable": False, "reasons": [
+    {"code": "waiting_on_dependencies", "detail": "The job waits for its dependencies.",
+     "waiting_on": ["p1", "p2"]},
+    {"code": "no_matching_agent_online", "detail": "None of them has been seen."}],
+    "agents": {"matching": 2, "online": 0}}
+
+
+def test_explain_prints_the_status_each_reason_and_the_agents(env, capsys):
+    code, server = run(["jobs", "explain", "j1"], (200, EXPLAINED))
+    assert code == 0
+    assert str(server.seen[0].url) == "http://jq.test/v1/workspaces/ws/jobs/j1/explain"
+    out = capsys.readouterr().out
+    assert out.splitlines()[:4] == ["job        j1", "status     pending", "claimable  no",
+                                    "agents     2 matching, 0 online"]
+    assert "  waiting_on_dependencies   The job waits for its dependencies." in out
+    assert "waiting_on: p1, p2" in out
+    assert "  no_matching_agent_online  None of them has been seen." in out
+    assert run(["jobs", "explain", "j1", "--json"], (200, EXPLAINED))[0] == 0
+    assert json.loads(capsys.readouterr().out) == EXPLAINED
+
+
+@pytest.mark.parametrize(("reasons", "says"), [
+    ([], "yes: the next claim of a matching agent takes it"),
+    ([{"code": "no_matching_agent", "detail": "No agent has them.", "labels": ["gpu"]}],
+     "yes: a matching agent's claim would take it (see the reasons)"),
+])
+def test_explain_says_whether_a_claim_takes_it(env, capsys, reasons, says):
+    answer = {"status": "queued", "claimable": True, "reasons": reasons,
+              "agents": {"matching": 0, "online": 0}}
+    assert run(["jobs", "explain", "j1"], (200, answer))[0] == 0
+    out = capsys.readouterr().out
+    assert f"claimable  {says}" in out
+    assert ("reasons    none" in out) == (not reasons)
+    assert ("labels: gpu" in out) == bool(reasons)
+
+
+def test_explain_of_an_unknown_job_exits_3(env, capsys):
+    code, _ = run(["jobs", "explain", "nope"], (404, {"code": "not_found", "detail": "No."}))
+    assert code == 3 and "job nope not found" in capsys.readouterr().err

@@ -1,0 +1,58 @@
+"""The shape of `GET jobs/{job_id}/explain` (agents/views/explain.py): why a job is not
+running, from the claim rule (jobqueue/explain.py)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from jobqueue import states
+from jobqueue.explain import CODES
+
+
+class ExplainReasonSerializer(serializers.Serializer):
+    code = serializers.ChoiceField(
+        choices=CODES, help_text="Stable machine-readable code (docs/api.md, \"Why isn't my "
+        "job running? (explain)\").")
+    detail = serializers.CharField(help_text="Human-readable explanation.")
+    waiting_on = serializers.ListField(
+        child=serializers.UUIDField(), required=False,
+        help_text="waiting_on_dependencies: the ids of its parents not yet successful.")
+    available_at = serializers.DateTimeField(
+        required=False, help_text="not_before: when it becomes claimable.")
+    expires_at = serializers.DateTimeField(
+        required=False, help_text="deadline_passed: the deadline that passed.")
+    group = serializers.CharField(required=False, help_text="group_cancelled: its group.")
+    labels = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="no_matching_agent: the labels no job agent of the workspace has all of.")
+    job_agent_id = serializers.UUIDField(
+        required=False, help_text="in_progress: the agent that holds it.")
+    attempt = serializers.IntegerField(required=False, help_text="in_progress: its attempt.")
+
+    class Meta:
+        ref_name = "ExplainReason"
+
+
+class ExplainAgentsSerializer(serializers.Serializer):
+    matching = serializers.IntegerField(
+        help_text="The job agents it is routed to: its agent, or for a labelled job every "
+        "agent of the workspace whose labels include all of its own.")
+    online = serializers.IntegerField(
+        help_text="Of those, the ones seen within JOBQUEUE_AGENT_ONLINE_SECONDS (120).")
+
+    class Meta:
+        ref_name = "ExplainAgents"
+
+
+class ExplanationSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=states.CHOICES, help_text="The job's status.")
+    claimable = serializers.BooleanField(
+        help_text="Whether a claim by an agent it is routed to would take it now "
+        "(no_matching_agent and no_matching_agent_online may stand beside true).")
+    reasons = ExplainReasonSerializer(
+        many=True, help_text="Why it is not running; empty with claimable true: the next "
+        "claim of an agent it is routed to takes it.")
+    agents = ExplainAgentsSerializer()
+
+    class Meta:
+        ref_name = "Explanation"
