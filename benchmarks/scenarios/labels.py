@@ -128,10 +128,10 @@ def run():
 def table(res):
     w, b = res["without"], res["beside"]
     return [
-        f"Claim-next (and its report) by an agent with labels, {res['samples']} claims each, "
-        f"alternating; its queue holds {res['matching']} jobs it matches (its own and "
-        f"labelled), beside {res['unmatched']:,} queued jobs waiting for a label no agent has "
-        "(`python -m benchmarks.run labels`).",
+        "Claim-next by an agent with labels (each claim reported after its timing), "
+        f"{res['samples']} claims each, alternating; its queue holds {res['matching']} jobs "
+        f"it matches (its own and labelled), beside {res['unmatched']:,} queued jobs waiting "
+        "for a label no agent has (`python -m benchmarks.run labels`).",
         "",
         "| queue | claim p50 ms | claim p99 ms |",
         "|---|---:|---:|",
