@@ -21,6 +21,7 @@ from django.utils.html import format_html
 from jobqueue import lifecycle
 from jobqueue.admin.common import describe_age, name_or_id_search, operator_actor, row_db_now
 from jobqueue.exceptions import InvalidInput
+from jobqueue.lifecycle import inputs
 from jobqueue.models import JobAgent, Workspace
 
 from . import credentials, registration
@@ -251,8 +252,38 @@ def _lease_bounds_validator(field):
     return clean
 
 
+class LabelsField(forms.CharField):
+    """An agent's labels in the admin: space- or comma-separated, checked by the lifecycle's
+    rule (docs/api.md, "Labels and routing"); saved as the API saves them (a sorted set)."""
+
+    def prepare_value(self, value):
+        if isinstance(value, list | tuple):
+            return " ".join(value)
+        return value
+
+    def to_python(self, value):
+        text = super().to_python(value) or ""
+        try:
+            return inputs.labels([p for p in text.replace(",", " ").split() if p])
+        except InvalidInput as exc:
+            raise ValidationError(exc.detail) from exc
+
+
+class JobAgentForm(forms.ModelForm):
+    labels = LabelsField(
+        required=False, max_length=32 * 64,
+        help_text="Space- or comma-separated, at most 32, each 1 to 63 characters of "
+                  "A-Z a-z 0-9 . _ : = / -. Claims made from now on match labelled jobs by "
+                  "them.")
+
+    class Meta:
+        model = JobAgent
+        fields = "__all__"
+
+
 @admin.register(JobAgent)
 class JobAgentAdmin(admin.ModelAdmin):
+    form = JobAgentForm
     list_display = [
         "name",
         "workspace",
@@ -292,9 +323,9 @@ class JobAgentAdmin(admin.ModelAdmin):
             "lease_seconds",
             "max_attempts",
             "max_runtime_seconds",
+            "labels",
             "created_at",
             "claims_state",
-            "labels_display",
             "online",
             "last_seen",
             "in_flight",

@@ -88,11 +88,22 @@ def labelled_jobs(label_set_ids) -> Q:
 
 def label_sets_for(job_agent) -> list[int]:
     """The label sets of the agent's workspace that its labels include (`matches`): none,
-    without a query, for an agent without labels."""
+    without a query, for an agent without labels. PostgreSQL finds them through their GIN
+    index (label_sets_within: the sets it does not match are not read); SQLite reads the
+    workspace's sets and keeps those `matches` lets through."""
+    from django.db import connection
+
     from jobqueue.models import JobLabelSet
 
     if not job_agent.labels:
         return []
+    if connection.vendor == "postgresql":
+        from jobqueue.sql import postgresql
+
+        with connection.cursor() as cur:
+            cur.execute(postgresql.label_sets_within, {"workspace": job_agent.workspace_id,
+                                                       "labels": list(job_agent.labels)})
+            return [row[0] for row in cur.fetchall()]
     return [set_id for set_id, labels in JobLabelSet.objects.filter(
         workspace_id=job_agent.workspace_id).values_list("id", "labels")
         if matches(job_agent.labels, labels)]
@@ -144,8 +155,9 @@ def jobs_agent_may_claim() -> Q:
 
 def agents_with_claimable_jobs(agent_ids: Iterable) -> list:
     """Which of these agents would a claim hand a job to now: the wake-up hub's re-check.
-    One query for their own jobs; for agents with labels, two more (their label sets, and
-    which of those have a claimable job: one probe of job_label_claim_order_idx each)."""
+    One query for their own jobs; for agents with labels, their label sets (a query each)
+    and which of those have a claimable job (one query: a probe of
+    job_label_claim_order_idx a set)."""
     from django.db.models import Exists, OuterRef
 
     from jobqueue.models import Job, JobAgent, JobLabelSet
@@ -156,14 +168,13 @@ def agents_with_claimable_jobs(agent_ids: Iterable) -> list:
                 .values_list("job_agent_id", flat=True).distinct())
     labelled = [a for a in JobAgent.objects.filter(agent_may_claim(), id__in=agent_ids)
                 .only("id", "workspace_id", "labels") if a.labels and a.id not in ready]
-    if labelled:
-        live = JobLabelSet.objects.filter(
-            workspace_id__in={a.workspace_id for a in labelled}
+    sets = {a.id: label_sets_for(a) for a in labelled}
+    if any(sets.values()):
+        live = set(JobLabelSet.objects.filter(
+            id__in={s for found in sets.values() for s in found}
         ).filter(Exists(Job.objects.filter(claimable(), label_set_id=OuterRef("id"))))
-        live = list(live.values_list("workspace_id", "labels"))
-        ready.update(a.id for a in labelled
-                     if any(ws == a.workspace_id and matches(a.labels, labels)
-                            for ws, labels in live))
+            .values_list("id", flat=True))
+        ready.update(agent for agent, found in sets.items() if live.intersection(found))
     return list(ready)
 
 

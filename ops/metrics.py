@@ -140,14 +140,17 @@ class DatabaseCollector:
         up = GaugeMetricFamily("jobqueue_database_up", "1 when the scrape could read the database.")
         try:
             jobs = GaugeMetricFamily(
-                "jobqueue_jobs", "Jobs by status and job agent.", labels=["status", "job_agent_id"]
+                "jobqueue_jobs", "Jobs by status and job agent (the one that claimed a "
+                "labelled job last; empty before its first claim).",
+                labels=["status", "job_agent_id"]
             )
             rows = Job.objects.order_by().values_list("status", "job_agent_id").annotate(
                 n=Count("id")
             )
             seen = set()
             for status, agent_id, n in rows:
-                jobs.add_metric([status, str(agent_id)], n)
+                # "" for labelled jobs no agent has claimed yet
+                jobs.add_metric([status, "" if agent_id is None else str(agent_id)], n)
                 seen.add(status)
             paused = list(
                 JobAgent.objects.filter(paused_at__isnull=False).values_list("id", flat=True)

@@ -208,12 +208,12 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
     def retry_backoff(self, obj):
         return f"{obj.effective_retry_backoff_seconds} s, doubled per attempt"
 
-    @admin.display(description="job agent config")
     @admin.display(description="labels")
     def labels_display(self, obj):
         """A labelled job's target (its job agent is the one that claimed it last)."""
         return ", ".join(obj.labels) if obj.labels else "-"
 
+    @admin.display(description="job agent config")
     def job_agent_config_display(self, obj):
         return format_html("<pre>{}</pre>", json.dumps(obj.job_agent_config, indent=2))
 

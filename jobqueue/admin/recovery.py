@@ -133,7 +133,8 @@ def recovery_context(request) -> dict:
     recently_expired = [
         {
             "job_id": j.id,
-            "agent": j.job_agent.name,
+            # a labelled job that expired before any claim names no agent: its labels
+            "agent": j.job_agent.name if j.job_agent is not None else ", ".join(j.labels or []),
             "attempt": f"{j.attempt} / {j.max_attempts}",
             "ended": describe_age(j.completed_at, now),
         }

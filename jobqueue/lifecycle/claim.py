@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Callable
 
 from django.db import transaction
-from django.db.models import Q
 from django.db.models.functions import Now
 
 from jobqueue import claimrule, observe, states, wakeups
@@ -125,10 +124,8 @@ def claim_job(job_agent: JobAgent, job_id: uuid.UUID, *, holder: str | None = No
     if claimed:
         return claimed[0]
     # Tell "not yours / not there" (404) from "paused" and "not claimable now" (409): a job
-    # is this agent's when it names it (its own, or a labelled one it claimed last) or is
-    # routed to it.
-    if not Job.objects.filter(claimrule.routed_to(job_agent) | Q(job_agent_id=job_agent.id),
-                              id=job_id).exists():
+    # is this agent's when it is routed to it (its own, or labelled with labels it has).
+    if not Job.objects.filter(claimrule.routed_to(job_agent), id=job_id).exists():
         raise NotFound("No such job.")
     if is_paused(job_agent.id):
         raise AgentPaused()

@@ -57,9 +57,9 @@ def create_job_agent(*, workspace, name: str, lease_seconds: int | None = None,
 
 def update_job_agent(agent: JobAgent, **fields) -> JobAgent:
     """Change the agent's `labels`, `lease_seconds`, `max_attempts` or
-    `max_runtime_seconds` (those given; None returns a default to the service's). A claim
-    reads the agent's labels when it starts: a long-poll held across the change keeps the
-    labels it started with."""
+    `max_runtime_seconds` (those given; None returns a default to the service's). A request
+    reads the agent when it starts: a long-poll held across the change may go on with the
+    labels it started with (docs/api.md, "When labels change")."""
     rules = {"labels": lambda v: inputs.labels(list(v)), "lease_seconds": inputs.lease_seconds,
              "max_attempts": inputs.max_attempts,
              "max_runtime_seconds": inputs.max_runtime_seconds}

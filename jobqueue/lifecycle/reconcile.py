@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from jobqueue import states
 from jobqueue.exceptions import NotFound
 
-from .records import scoped_jobs
+from .records import seen_jobs
 from .refusals import FACT_FIELDS, STATUS, JobFacts, _with_deadlines, explain_refusal
 from .results import ClaimCheck
 
@@ -25,7 +25,7 @@ from .results import ClaimCheck
 def claim_state(job_id: uuid.UUID, claim_id: uuid.UUID, *, job_agent_id=None,
                 workspace_id=None) -> ClaimCheck:
     row = (
-        scoped_jobs(workspace_id, job_agent_id)
+        seen_jobs(workspace_id, job_agent_id)
         .filter(id=job_id)
         .annotate(db_now=Now())
         .values(*FACT_FIELDS, "claim__attempt")

@@ -17,6 +17,23 @@ def scoped_jobs(workspace_id=None, job_agent_id=None):
     return qs
 
 
+def seen_jobs(workspace_id=None, job_agent_id=None):
+    """scoped_jobs, and for an agent also the labelled jobs routed to it (those its labels
+    match): the jobs whose refusals and claim checks it is told about (409, not 404). A
+    labelled job another agent claimed since names that agent, not this one; one query more,
+    on these rare paths only."""
+    from django.db.models import Q
+
+    from jobqueue import claimrule
+    from jobqueue.models import JobAgent
+
+    if job_agent_id is None:
+        return scoped_jobs(workspace_id)
+    agent = JobAgent.objects.filter(id=job_agent_id).only("id", "workspace_id", "labels").first()
+    routed = claimrule.routed_to(agent) if agent is not None else Q(pk__in=[])
+    return scoped_jobs(workspace_id).filter(Q(job_agent_id=job_agent_id) | routed)
+
+
 def fetch_job(job_id, *, workspace_id=None, job_agent_id=None) -> Job:
     try:
         return scoped_jobs(workspace_id, job_agent_id).get(id=job_id)

@@ -31,7 +31,7 @@ from jobqueue.exceptions import (
 )
 from jobqueue.models import JobEvent
 
-from .records import event, scoped_jobs
+from .records import event, seen_jobs
 
 HEARTBEAT, STATUS, RELEASE = "heartbeat", "status", "release"
 ERRORS = {cls.code: cls for cls in (NotFound, JobCancelled, JobFinished, LeaseExpired,
@@ -135,7 +135,7 @@ def explain_refusal(facts: JobFacts | None, operation: str, claim_id: uuid.UUID,
 def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
                job_agent_id=None) -> dict[uuid.UUID, JobFacts]:
     """The facts of the jobs the caller can see, in one query."""
-    rows = scoped_jobs(workspace_id, job_agent_id).filter(id__in=list(job_ids)).annotate(
+    rows = seen_jobs(workspace_id, job_agent_id).filter(id__in=list(job_ids)).annotate(
         db_now=Now()
     ).values("id", *FACT_FIELDS, *CONTENT_FIELDS)
     return {row["id"]: JobFacts.from_row(row) for row in rows}

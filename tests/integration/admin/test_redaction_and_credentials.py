@@ -198,3 +198,30 @@ def test_registration_tokens_are_listed_and_revoked_never_shown(op_client, agent
     # The agent it registered shows its labels.
     registered = op_client.get(reverse("admin:jobqueue_jobagent_changelist") + "?q=runner-1")
     assert "gpu" in registered.content.decode()
+
+
+def _change_agent(op_client, agent, labels):
+    return op_client.post(reverse("admin:jobqueue_jobagent_change", args=[agent.pk]), {
+        "name": agent.name, "lease_seconds": agent.lease_seconds or "",
+        "max_attempts": agent.max_attempts or "", "max_runtime_seconds": "",
+        "labels": labels, "tokens-TOTAL_FORMS": "0", "tokens-INITIAL_FORMS": "0",
+        "tokens-MIN_NUM_FORMS": "0", "tokens-MAX_NUM_FORMS": "1000"})
+
+
+def test_an_operator_changes_an_agents_labels_in_the_admin(op_client, agent):
+    page = op_client.get(reverse("admin:jobqueue_jobagent_change", args=[agent.pk]))
+    assert 'name="labels"' in page.content.decode()
+    r = _change_agent(op_client, agent, "linux, gpu gpu")
+    assert r.status_code == 302, r.content.decode()[:3000]
+    agent.refresh_from_db()
+    assert agent.labels == ["gpu", "linux"]
+    page = op_client.get(reverse("admin:jobqueue_jobagent_change", args=[agent.pk]))
+    assert 'value="gpu linux"' in page.content.decode()
+    # A bad label is the form's error and changes nothing; an empty field clears them.
+    r = _change_agent(op_client, agent, "gpu no!")
+    assert r.status_code == 200 and "A-Z a-z 0-9" in r.content.decode()
+    agent.refresh_from_db()
+    assert agent.labels == ["gpu", "linux"]
+    assert _change_agent(op_client, agent, "").status_code == 302
+    agent.refresh_from_db()
+    assert agent.labels == []

@@ -364,3 +364,31 @@ def test_a_schedule_of_labelled_jobs(world):
     with pytest.raises(Exception, match="exactly one"):
         schedules.create_schedule(workspace=world.workspace, name="x", cron_expr="0 3 * * *",
                                   job_agent=world.agent, job={"labels": ["gpu"]})
+
+
+@pytest.mark.parametrize("write", ["heartbeat", "status", "effect", "claim_check"])
+def test_a_stale_claim_of_a_labelled_job_another_agent_took_is_409(world, write):
+    """As for an agent's own job: its stale claim is told the claim is superseded (409), not
+    that the job is gone, once another matching agent claimed the job."""
+    a, a_caller = _agent(world, "a", ["gpu"])
+    b, b_caller = _agent(world, "b", ["gpu", "linux"])
+    job = lifecycle.create_job(workspace=world.workspace, labels=["gpu"]).job
+    stale = a_caller.post(f"job-agents/{a.id}/jobs/claim").json()["claim"]["claim_id"]
+    lifecycle.requeue_job(job.id, workspace_id=world.workspace.id)
+    assert b_caller.post(f"job-agents/{b.id}/jobs/claim").json()["job"]["id"] == str(job.id)
+    url = f"jobs/{job.id}"
+    if write == "heartbeat":
+        r = a_caller.post(f"{url}/heartbeat", json={"claim_id": stale})
+    elif write == "status":
+        r = a_caller.put(f"{url}/status", json={"claim_id": stale, "status": "successful"})
+    elif write == "effect":
+        r = a_caller.post(f"{url}/effects/charge/begin", json={"claim_id": stale})
+    else:
+        r = a_caller.get(f"{url}/claims/{stale}")
+        assert r.status_code == 200 and r.json()["current"] is False, r.content
+        assert r.json()["code"] == "claim_superseded"
+        return
+    assert r.status_code == 409 and r.json()["code"] == "claim_superseded", r.content
+    # An agent that does not match the job is told nothing of it.
+    c, c_caller = _agent(world, "c", ["cpu"])
+    assert c_caller.post(f"{url}/heartbeat", json={"claim_id": stale}).status_code == 404

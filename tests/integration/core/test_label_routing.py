@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 
 from jobqueue import claimrule, lifecycle, states, wakeups
+from jobqueue.lifecycle.pg import claim_window
 from jobqueue.models import Job, JobAgent
 from tests.factories import WorkspaceFactory
 from tests.utils import run_threads
@@ -75,11 +76,13 @@ def test_a_claim_reads_no_job_it_does_not_match(limit):
     # job_agent); never a scan of the job table.
     assert ("Index Scan", "job_label_claim_order_idx") in scans, scans
     assert not any(kind == "Seq Scan" or "Bitmap" in kind for kind, _ in scans), scans
-    # The labelled rows it reads: at most `limit` a set it matches (two), beside 30,000 it
-    # does not match.
+    # The labelled rows it reads: at most its window a set it matches (two), beside 30,000
+    # it does not match; it locks only those it claims.
     read = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in nodes
                if n.get("Index Name") == "job_label_claim_order_idx")
-    assert read <= 2 * limit, read
+    assert 0 < read <= 2 * claim_window(limit), read
+    locked = [n for n in nodes if n["Node Type"] == "LockRows"]
+    assert locked and all(n["Actual Rows"] <= limit for n in locked), locked
 
     def label_buffers(plan):  # the pages its scans of the label sets read (index and heap)
         return sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0)
@@ -159,3 +162,62 @@ def test_the_hub_wakes_a_matching_waiter_of_the_workspace_only():
     assert key == "l:ws1:gpu"
     for waiter in (gpu, cpu, elsewhere, plain):
         hub.unregister(waiter)
+
+
+def _open_claim(agent):
+    """The agent's claim statement run on a connection of its own, its transaction left
+    open (its row locks held): (the connection, the ids it claimed)."""
+    import psycopg
+
+    from jobqueue.lifecycle.pg import claim_statement
+
+    d = connection.settings_dict
+    other = psycopg.connect(f"dbname={d['NAME']} user={d['USER']} host={d['HOST']} "
+                            f"port={d['PORT']}")
+    rows = other.execute(claim_statement(1, True), {
+        "agent": agent.id, "limit": 1, "window": claim_window(1), "lease": 60,
+        "kind": "claimed", "actor": f"agent:{agent.id}", "holder": "", "key": None}).fetchall()
+    return other, [row[0] for row in rows]
+
+
+@pytest.mark.postgres_only
+def test_a_claim_locks_only_the_rows_it_takes():
+    """A claim of an agent with labels reads candidates from each source but locks only the
+    jobs it claims: a claim racing it (claim-next or named) takes a job it passed over."""
+    ws = WorkspaceFactory()
+    x = lifecycle.create_job_agent(workspace=ws, name="x", labels=["gpu", "linux"])
+    y = lifecycle.create_job_agent(workspace=ws, name="y", labels=["linux"])
+    first = lifecycle.create_job(workspace=ws, labels=["gpu"], priority=10).job
+    second = lifecycle.create_job(workspace=ws, labels=["linux"]).job
+    third = lifecycle.create_job(workspace=ws, labels=["linux"]).job
+    other, taken = _open_claim(x)
+    try:
+        assert taken == [first.id]
+        assert [g.job.id for g in lifecycle.claim_next_jobs(y, 1)] == [second.id]
+        assert lifecycle.claim_job(y, third.id).job.id == third.id
+    finally:
+        other.rollback()
+        other.close()
+
+
+@pytest.mark.postgres_only
+def test_a_claim_reads_only_the_label_sets_within_its_labels():
+    """20,000 label sets of the workspace that the agent does not match (a label each, as
+    `run=<id>`) are never read: the sets are found through their GIN index."""
+    ws = WorkspaceFactory()
+    agent = lifecycle.create_job_agent(workspace=ws, name="fleet", labels=["gpu", "linux"])
+    lifecycle.create_job(workspace=ws, labels=["gpu"])
+    lifecycle.create_job(workspace=ws, labels=["linux", "gpu"])
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO job_label_set (workspace_id, labels, key, created_at) "
+            "SELECT %s, jsonb_build_array('run=' || i), 'run=' || i, now() "
+            "FROM generate_series(1, 20000) i", [ws.id])
+        cur.execute("ANALYZE job_label_set")
+    plan = _plan(agent, 1)
+    sets = [n for n in _nodes(plan[0]["Plan"]) if n.get("Relation Name") == "job_label_set"
+            or n.get("Index Name") == "job_label_set_labels_gin"]
+    assert any(n.get("Index Name") == "job_label_set_labels_gin" for n in sets), sets
+    assert not any(n["Node Type"] == "Seq Scan" for n in sets), sets
+    assert max(n.get("Actual Rows", 0) for n in sets) <= 2, sets
+    assert len(lifecycle.claim_next_jobs(agent, 5)) == 2

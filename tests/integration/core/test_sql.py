@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from jobqueue import lifecycle, sql, states, wakeups
+from jobqueue import claimrule, lifecycle, sql, states, wakeups
 from jobqueue.db import SQLITE_DATETIME_FORMAT, db_now
 from jobqueue.lifecycle import effects
 from jobqueue.lifecycle.backends import backend
@@ -108,6 +108,7 @@ def _cycle(agent):
     labelled = lifecycle.create_job_agent(workspace=ws, name="gpu-1", labels=["gpu"])
     job = lifecycle.create_job(workspace=ws, labels=["gpu"])[0]
     assert lifecycle.claim_next_job(labelled).job.id == job.id
+    assert Job.objects.filter(claimrule.routed_to(labelled)).count() == 1  # its sets
     db_now()
     backend().ping()
 
@@ -146,7 +147,7 @@ TEMPLATES = {"function_define", "function_call", "function_drop"}
 
 SAMPLES = {  # a value of each parameter's type (EXPLAIN plans, it does not run)
     "agent": uuid.uuid4(), "job": uuid.uuid4(), "claim": uuid.uuid4(), "workspace": None,
-    "limit": 3, "lease": 60, "kind": "claimed", "actor": "agent:x", "detail": "{}",
+    "limit": 3, "window": 14, "labels": ["gpu"], "lease": 60, "kind": "claimed", "actor": "agent:x", "detail": "{}",
     "holder": "", "key": None, "expected": None, "lock": "jobqueue.claim:x:y",
     "status": "successful", "message": None, "result": None, "external_id": None,
     "backoff": 5, "backoff_cap": 3600, "jitter": 0.1, "jobs": [uuid.uuid4()],

@@ -256,3 +256,14 @@ def test_schedule_fires_are_counted_by_outcome_when_scraped(client):
     assert moved("fired") == counts["fired"] + 1  # and the trigger
     assert moved("missed") == counts["missed"] >= 2
     assert moved("skipped") == counts["skipped"] >= 1
+
+
+def test_labelled_jobs_count_under_their_claimer_or_none(client):
+    agent = lifecycle.create_job_agent(workspace=JobAgentFactory().workspace, name="gpu",
+                                       labels=["gpu"])
+    for _ in range(2):
+        lifecycle.create_job(workspace=agent.workspace, labels=["gpu"])
+    lifecycle.claim_next_job(agent)
+    values = scrape(client)
+    assert value(values, "jobqueue_jobs", status="queued", job_agent_id="") == 1
+    assert value(values, "jobqueue_jobs", status="in_progress", job_agent_id=agent.id) == 1
