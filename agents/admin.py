@@ -278,7 +278,8 @@ class JobAgentForm(forms.ModelForm):
 
     class Meta:
         model = JobAgent
-        fields = "__all__"
+        fields = ["workspace", "name", "lease_seconds", "max_attempts", "max_runtime_seconds",
+                  "labels"]
 
 
 @admin.register(JobAgent)
