@@ -153,8 +153,10 @@ def claim_next(job_agent: JobAgent, limit: int | None = None,
 
     if not wait:
         return claim()
-    route = (str(job_agent.workspace_id), frozenset(job_agent.labels)) if job_agent.labels \
-        else None  # a labelled job's wake-up reaches the agents it matches
+    # A labelled job's wake-up reaches the waiting agents it matches (not a paused one: its
+    # claim would take nothing, and the wake-up would be lost to a running one).
+    route = ((str(job_agent.workspace_id), frozenset(job_agent.labels))
+             if job_agent.labels and job_agent.paused_at is None else None)
     return wakeups.wait_until(wakeups.agent_key(job_agent.id), wait, claim, gone=gone,
                               route=route) or []
 

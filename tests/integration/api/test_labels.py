@@ -392,3 +392,32 @@ def test_a_stale_claim_of_a_labelled_job_another_agent_took_is_409(world, write)
     # An agent that does not match the job is told nothing of it.
     c, c_caller = _agent(world, "c", ["cpu"])
     assert c_caller.post(f"{url}/heartbeat", json={"claim_id": stale}).status_code == 404
+
+
+@pytest.mark.usefixtures("wakeups_stopped_after")
+@pytest.mark.django_db(transaction=True)
+def test_a_paused_agent_waits_without_taking_a_labelled_jobs_wake_up(world):
+    paused, paused_caller = _agent(world, "paused", ["gpu"])
+    running, running_caller = _agent(world, "running", ["gpu"])
+    lifecycle.pause_job_agent(paused, "operator:test")
+    answers = {}
+
+    def wait(agent, caller):
+        r = caller.post(f"job-agents/{agent.id}/jobs/claim", json={"wait_seconds": 3})
+        answers[agent.name] = (r.status_code, time.monotonic())
+
+    threads = [threading.Thread(target=wait, args=a)
+               for a in ((paused, paused_caller), (running, running_caller))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while wakeups.hub().waiting() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    routes = [w.route for group in wakeups.hub()._waiters.values() for w in group]
+    assert sorted(r is None for r in routes) == [False, True]  # the paused one has none
+    created = time.monotonic()
+    lifecycle.create_job(workspace=world.workspace, labels=["gpu"])
+    for t in threads:
+        t.join(10)
+    assert answers["running"][0] == 200 and answers["running"][1] - created < 1.5
+    assert answers["paused"][0] == 204
