@@ -30,7 +30,9 @@ def seen_jobs(workspace_id=None, job_agent_id=None):
     if job_agent_id is None:
         return scoped_jobs(workspace_id)
     agent = JobAgent.objects.filter(id=job_agent_id).only("id", "workspace_id", "labels").first()
-    routed = claimrule.routed_to(agent) if agent is not None else Q(pk__in=[])
+    if agent is None:  # pragma: no cover -- a deleted agent's tokens go with it
+        return scoped_jobs(workspace_id, job_agent_id)
+    routed = claimrule.routed_to(agent)
     return scoped_jobs(workspace_id).filter(Q(job_agent_id=job_agent_id) | routed)
 
 
