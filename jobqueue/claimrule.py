@@ -32,6 +32,7 @@ Every time is the database's (Now()).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -101,8 +102,8 @@ def label_sets_for(job_agent) -> list[int]:
         from jobqueue.sql import postgresql
 
         with connection.cursor() as cur:
-            cur.execute(postgresql.label_sets_within, {"workspace": job_agent.workspace_id,
-                                                       "labels": list(job_agent.labels)})
+            cur.execute(postgresql.label_sets_within, {
+                "workspace": job_agent.workspace_id, "labels": json.dumps(job_agent.labels)})
             return [row[0] for row in cur.fetchall()]
     return [set_id for set_id, labels in JobLabelSet.objects.filter(
         workspace_id=job_agent.workspace_id).values_list("id", "labels")

@@ -114,55 +114,58 @@ ORDER BY priority DESC, available_at, created_at
 -- job_claim_available for an agent with labels (jobqueue/claimrule.py, "Routing"): its own
 -- jobs (which name it and no label set) and the labelled jobs of the label sets its labels
 -- include, in one claim order. `sets`: the sets of its workspace within its labels, found
--- through job_label_set_labels_gin (migration 0024: a set none of whose labels the agent has
--- is never read). `candidates`: each source read in claim order from its own index, the
--- agent's from job_claim_order_idx and each set's from job_label_claim_order_idx, at most
--- %(window)s rows each (the backend writes 2 x the batch + 8 into the text), without a lock.
--- `locked`: the first %(limit)s of those still claimable, in claim order, locked as they are
--- taken, SKIP LOCKED (a row another claimer holds, or took since, is passed over for the
--- next candidate): the claim locks only the rows it claims. So it reads at most %(window)s
--- rows a source, whatever number of jobs wait for labels it does not have (or for it); when
--- more claimers race for one source than its window holds, one may answer with fewer jobs
--- than are queued (the agents that wait are woken by the wake-up hub's re-check,
--- JOBQUEUE_WAIT_RECHECK_SECONDS).
+-- through job_label_set_labels_gin (migration 0024: the labels qualified by the workspace,
+-- so another workspace's sets are never read, nor a set with a label the agent lacks
+-- unless it also has one the agent has). Then each source is read in claim order from its
+-- own index, the agent's from job_claim_order_idx and each set's from
+-- job_label_claim_order_idx, at most %(limit)s rows each, locked as they are read (SKIP
+-- LOCKED: a row another claimer holds is passed over, as in job_claim_available); `locked`
+-- keeps the first %(limit)s of them in claim order. So the claim reads at most %(limit)s
+-- rows a source, whatever number of jobs wait for labels it does not have (or for it), and
+-- claimers racing for one set each take the next rows as job_claim_available's do.
+-- The rows read and not kept (only when more than one source has jobs) stay locked until
+-- this statement's transaction ends (its autocommit): a claim racing it in that instant
+-- passes over them and may answer with fewer jobs than are queued, or a named claim of one
+-- of them 409 (the agents that wait are woken by the wake-up hub's re-check,
+-- JOBQUEUE_WAIT_RECHECK_SECONDS). Reading the candidates unlocked and locking only the kept
+-- ones instead left racing claimers of one set with nothing far more often (one snapshot's
+-- candidates, all taken by the others).
 --
 -- The claim writes the claiming agent into job_agent_id (a labelled job names the agent
 -- that claimed it last; its reports and heartbeats are that agent's), and `kept` writes the
 -- replaced claim's event for the agent that made it.
 WITH agent AS MATERIALIZED (
-    SELECT workspace_id, jobqueue_label_array(labels) AS labels FROM job_agent
+    SELECT workspace_id, jobqueue_label_array(workspace_id, labels) AS labels FROM job_agent
     WHERE id = %(agent)s
 ), sets AS MATERIALIZED (
     SELECT s.id FROM job_label_set s
     WHERE s.workspace_id = (SELECT workspace_id FROM agent)
-      AND jobqueue_label_array(s.labels) <@ (SELECT labels FROM agent)
+      AND jobqueue_label_array(s.workspace_id, s.labels) <@ (SELECT labels FROM agent)
 ), candidates AS MATERIALIZED (
-    SELECT own.id FROM (
-        SELECT id FROM job
+    SELECT own.* FROM (
+        SELECT id, job_agent_id, last_claim_id, attempt, started_at, claim_lease_seconds,
+               claim_holder, priority, available_at, created_at FROM job
         WHERE job_agent_id = %(agent)s AND label_set_id IS NULL
           AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
           AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
         ORDER BY priority DESC, available_at, created_at
-        LIMIT %(window)s
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
     ) AS own
     UNION ALL
-    SELECT routed.id FROM sets CROSS JOIN LATERAL (
-        SELECT id FROM job
+    SELECT routed.* FROM sets CROSS JOIN LATERAL (
+        SELECT id, job_agent_id, last_claim_id, attempt, started_at, claim_lease_seconds,
+               claim_holder, priority, available_at, created_at FROM job
         WHERE label_set_id = sets.id
           AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
           AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
         ORDER BY priority DESC, available_at, created_at
-        LIMIT %(window)s
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
     ) AS routed
 ), locked AS MATERIALIZED (
-    SELECT id, job_agent_id, last_claim_id, attempt, started_at, claim_lease_seconds,
-           claim_holder FROM job
-    WHERE id IN (SELECT id FROM candidates)
-      AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
-      AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
-    ORDER BY priority DESC, available_at, created_at
+    SELECT * FROM candidates ORDER BY priority DESC, available_at, created_at
     LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
 ), gate AS MATERIALIZED (
     SELECT job_agent.id FROM job_agent
     WHERE job_agent.id = %(agent)s AND job_agent.paused_at IS NULL
@@ -284,7 +287,8 @@ FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
 -- (migration 0024), never reading a set none of whose labels it has.
 SELECT id FROM job_label_set
 WHERE workspace_id = %(workspace)s
-  AND jobqueue_label_array(labels) <@ %(labels)s::text[]
+  AND jobqueue_label_array(workspace_id, labels)
+      <@ jobqueue_label_array(%(workspace)s::uuid, %(labels)s::jsonb)
 
 
 -- name: claim_key_lock

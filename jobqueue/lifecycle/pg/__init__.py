@@ -42,14 +42,7 @@ def claim_statement(limit: int, routed: bool = False) -> str:
     statement = sql.job_claim_available_routed if routed else sql.job_claim_available
     if limit > LITERAL_LIMITS:
         return statement
-    return statement.replace("LIMIT %(limit)s", f"LIMIT {int(limit):d}").replace(
-        "LIMIT %(window)s", f"LIMIT {claim_window(limit):d}")
-
-
-def claim_window(limit: int) -> int:
-    """How many candidates job_claim_available_routed reads a source for a batch of
-    `limit`: room for claimers racing it to take some."""
-    return 2 * limit + 8
+    return statement.replace("LIMIT %(limit)s", f"LIMIT {int(limit):d}")
 
 
 class PostgresBackend:
@@ -126,7 +119,6 @@ class PostgresBackend:
         params = {
             "agent": job_agent.id,
             "limit": limit,  # used by batches past LITERAL_LIMITS only
-            "window": claim_window(limit),  # the same (job_claim_available_routed)
             "lease": lease,
             "kind": JobEvent.CLAIMED,  # the replaced claim's event (the `kept` CTE)
             "actor": actor,

@@ -12,7 +12,6 @@ import pytest
 from django.db import connection
 
 from jobqueue import claimrule, lifecycle, states, wakeups
-from jobqueue.lifecycle.pg import claim_window
 from jobqueue.models import Job, JobAgent
 from tests.factories import WorkspaceFactory
 from tests.utils import run_threads
@@ -76,13 +75,11 @@ def test_a_claim_reads_no_job_it_does_not_match(limit):
     # job_agent); never a scan of the job table.
     assert ("Index Scan", "job_label_claim_order_idx") in scans, scans
     assert not any(kind == "Seq Scan" or "Bitmap" in kind for kind, _ in scans), scans
-    # The labelled rows it reads: at most its window a set it matches (two), beside 30,000
-    # it does not match; it locks only those it claims.
+    # The labelled rows it reads: at most `limit` a set it matches (two), beside 30,000 it
+    # does not match.
     read = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in nodes
                if n.get("Index Name") == "job_label_claim_order_idx")
-    assert 0 < read <= 2 * claim_window(limit), read
-    locked = [n for n in nodes if n["Node Type"] == "LockRows"]
-    assert locked and all(n["Actual Rows"] <= limit for n in locked), locked
+    assert 0 < read <= 2 * limit, read
 
     def label_buffers(plan):  # the pages its scans of the label sets read (index and heap)
         return sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0)
@@ -175,26 +172,26 @@ def _open_claim(agent):
     other = psycopg.connect(f"dbname={d['NAME']} user={d['USER']} host={d['HOST']} "
                             f"port={d['PORT']}")
     rows = other.execute(claim_statement(1, True), {
-        "agent": agent.id, "limit": 1, "window": claim_window(1), "lease": 60,
+        "agent": agent.id, "limit": 1, "lease": 60,
         "kind": "claimed", "actor": f"agent:{agent.id}", "holder": "", "key": None}).fetchall()
     return other, [row[0] for row in rows]
 
 
 @pytest.mark.postgres_only
-def test_a_claim_locks_only_the_rows_it_takes():
-    """A claim of an agent with labels reads candidates from each source but locks only the
-    jobs it claims: a claim racing it (claim-next or named) takes a job it passed over."""
+def test_a_claim_racing_one_that_holds_its_rows_takes_the_next_ones():
+    """Two agents of one label set: while one's claim holds the rows it read (its statement's
+    transaction open), the other's claim takes the next ones, as claim-next of one agent's
+    own jobs does (SKIP LOCKED as it reads each source)."""
     ws = WorkspaceFactory()
     x = lifecycle.create_job_agent(workspace=ws, name="x", labels=["gpu", "linux"])
-    y = lifecycle.create_job_agent(workspace=ws, name="y", labels=["linux"])
-    first = lifecycle.create_job(workspace=ws, labels=["gpu"], priority=10).job
-    second = lifecycle.create_job(workspace=ws, labels=["linux"]).job
-    third = lifecycle.create_job(workspace=ws, labels=["linux"]).job
+    y = lifecycle.create_job_agent(workspace=ws, name="y", labels=["gpu"])
+    jobs = [lifecycle.create_job(workspace=ws, labels=["gpu"], priority=9 - i).job
+            for i in range(3)]
     other, taken = _open_claim(x)
     try:
-        assert taken == [first.id]
-        assert [g.job.id for g in lifecycle.claim_next_jobs(y, 1)] == [second.id]
-        assert lifecycle.claim_job(y, third.id).job.id == third.id
+        assert taken == [jobs[0].id]
+        assert [g.job.id for g in lifecycle.claim_next_jobs(y, 1)] == [jobs[1].id]
+        assert lifecycle.claim_job(y, jobs[2].id).job.id == jobs[2].id
     finally:
         other.rollback()
         other.close()
@@ -203,8 +200,10 @@ def test_a_claim_locks_only_the_rows_it_takes():
 @pytest.mark.postgres_only
 def test_a_claim_reads_only_the_label_sets_within_its_labels():
     """20,000 label sets of the workspace that the agent does not match (a label each, as
-    `run=<id>`) are never read: the sets are found through their GIN index."""
+    `run=<id>`), and 20,000 of another workspace with its labels, are never read: the sets
+    are found through their GIN index, its elements qualified by the workspace."""
     ws = WorkspaceFactory()
+    elsewhere = WorkspaceFactory()
     agent = lifecycle.create_job_agent(workspace=ws, name="fleet", labels=["gpu", "linux"])
     lifecycle.create_job(workspace=ws, labels=["gpu"])
     lifecycle.create_job(workspace=ws, labels=["linux", "gpu"])
@@ -213,6 +212,10 @@ def test_a_claim_reads_only_the_label_sets_within_its_labels():
             "INSERT INTO job_label_set (workspace_id, labels, key, created_at) "
             "SELECT %s, jsonb_build_array('run=' || i), 'run=' || i, now() "
             "FROM generate_series(1, 20000) i", [ws.id])
+        cur.execute(
+            "INSERT INTO job_label_set (workspace_id, labels, key, created_at) "
+            "SELECT %s, jsonb_build_array('gpu', 'host=' || i), 'gpu,host=' || i, now() "
+            "FROM generate_series(1, 20000) i", [elsewhere.id])
         cur.execute("ANALYZE job_label_set")
     plan = _plan(agent, 1)
     sets = [n for n in _nodes(plan[0]["Plan"]) if n.get("Relation Name") == "job_label_set"

@@ -147,7 +147,7 @@ TEMPLATES = {"function_define", "function_call", "function_drop"}
 
 SAMPLES = {  # a value of each parameter's type (EXPLAIN plans, it does not run)
     "agent": uuid.uuid4(), "job": uuid.uuid4(), "claim": uuid.uuid4(), "workspace": None,
-    "limit": 3, "window": 14, "labels": ["gpu"], "lease": 60, "kind": "claimed",
+    "limit": 3, "labels": "[\"gpu\"]", "lease": 60, "kind": "claimed",
     "actor": "agent:x", "detail": "{}",
     "holder": "", "key": None, "expected": None, "lock": "jobqueue.claim:x:y",
     "status": "successful", "message": None, "result": None, "external_id": None,

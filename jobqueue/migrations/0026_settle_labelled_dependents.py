@@ -41,7 +41,7 @@ def restore(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("jobqueue", "0024_job_labels"),
+        ("jobqueue", "0025_job_label_claim_order_idx"),
     ]
 
     operations = [
