@@ -132,8 +132,12 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "jobs/{job_id}/effects", "jobs/{job_id}/effects/{key}",
         "jobs/{job_id}/effects/{key}/begin", "schedules", "schedules/{schedule_id}",
         "schedules/{schedule_id}/trigger", "jobs/{job_id}/explain",
+        "registration-tokens", "registration-tokens/{token_id}",
+        "job-agents/{agent_id}/tokens/rotate",
     ]:
         assert base + path in paths, path
+    assert "/v1/register" in paths
+    assert "patch" in doc["paths"][base + "job-agents/{agent_id}"]
     # The public version (no credential needed; tests/integration/ops/test_versions.py) and
     # the fencing tokens' key set (tests/integration/api/test_fencing.py).
     assert "/v1/version" in paths
