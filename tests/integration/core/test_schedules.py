@@ -5,6 +5,7 @@ times are put in the past by the database's clock (next_fire_at moved back), nev
 """
 
 import datetime as dt
+import time
 
 import pytest
 from django.core.management import call_command
@@ -33,8 +34,14 @@ def _schedule(agent=None, cron_expr="* * * * *", **options):
 
 def _due(schedule, ago: dt.timedelta) -> dt.datetime:
     """Move the schedule's next fire time back to the whole minute `ago` before now (the
-    database's): as if maintenance had not run since. Returns that fire time."""
-    when = db_now().replace(second=0, microsecond=0) - ago
+    database's): as if maintenance had not run since. Returns that fire time. In a minute's
+    last 15 s it waits for the next minute first, so that the test's fires run before the
+    minute turns (another fire time of an every-minute cron would fall due)."""
+    now = db_now()
+    if now.second >= 45:
+        time.sleep(60.5 - now.second - now.microsecond / 1e6)
+        now = db_now()
+    when = now.replace(second=0, microsecond=0) - ago
     Schedule.objects.filter(id=schedule.id).update(next_fire_at=when)
     return when
 
@@ -329,8 +336,8 @@ def test_a_deleted_schedules_jobs_stay_with_its_id():
 @pytest.mark.django_db(transaction=True)
 def test_run_maintenance_runs_the_schedules_service_and_records_it(capsys):
     assert service in loop.SERVICES
-    schedule = _schedule()
-    _due(schedule, dt.timedelta(0))
+    schedule = _schedule(cron_expr=YEARLY)  # one fire time due, whenever the minute turns
+    _recent(schedule)
     call_command("run_maintenance")
     assert "schedules: schedules 1, fired 1" in capsys.readouterr().out
     run = MaintenanceRun.objects.filter(service="schedules").get()
