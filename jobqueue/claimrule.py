@@ -21,8 +21,9 @@ Everything that decides claimability derives from here or is held to it by a tes
   `ORDER`, select_for_update(skip_locked=True) in transaction.atomic()), which SQLite runs;
 - `Job.objects.claimable()` and `.in_claim_order()` (jobqueue/models.py), which call this;
 - the wake-up hub's re-check (jobqueue/wakeups.py: `agents_with_claimable_jobs`);
-- the PostgreSQL claim statements (jobqueue/sql/postgresql.sql, job_claim_available and
-  job_claim_by_id): SQL written whole, whose locking SELECT, gate and answer order
+- the PostgreSQL claim statements (jobqueue/sql/postgresql.sql, job_claim_available,
+  job_claim_available_routed and job_claim_by_id): SQL written whole, whose locking SELECTs
+  (each source of the routed one), routing, gate and answer order
   tests/integration/core/test_claim_rule.py compares, clause by clause, with what the ORM
   compiles from these conditions. A condition added here fails that test until the
   statements say it too.
