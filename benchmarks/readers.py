@@ -50,6 +50,7 @@ class Context:
     unique_key: str = "u-5"
     schedule_id: object = None  # a schedule's (the fill makes none: its jobs are the few)
     label_set_id: object = None  # the label set of the fill's labelled jobs
+    concurrency_key: str = "tenant-7"  # a concurrency key (the fill makes none: its jobs are few)
 
 
 def _by_id(c):
@@ -71,6 +72,27 @@ def _labelled_claim(c):
     # job_claim_available_routed's source for one label set, and the queued poll of an agent
     # with labels (claimrule.labelled_jobs)
     return Job.objects.filter(label_set_id=c.label_set_id).claimable().in_claim_order()[:1]
+
+
+def _concurrency_held(c):
+    from jobqueue import states
+    from jobqueue.models import Job
+
+    # migration 0027, jobqueue_concurrency_admit: a key's next held job, in claim order
+    return Job.objects.filter(
+        workspace_id=c.workspace_id, concurrency_key=c.concurrency_key,
+        status=states.QUEUED, concurrency_held=True).in_claim_order()[:1]
+
+
+def _concurrency_live(c):
+    from jobqueue import states
+    from jobqueue.models import Job
+
+    # migration 0027, jobqueue_concurrency_admit: the key's slot holders, counted
+    return Job.objects.filter(
+        workspace_id=c.workspace_id, concurrency_key=c.concurrency_key,
+        concurrency_held__isnull=True, status__in=[states.QUEUED, states.IN_PROGRESS]
+    ).values_list("workspace_id")
 
 
 def _newest_first(c):
@@ -182,6 +204,10 @@ READERS = (
            _idempotent_create),
     Reader("job_unique_key_idx", "a create with a unique_key finds the live job with it (POST "
            "jobs)", _unique_create),
+    Reader("job_concurrency_held_idx", "a concurrency key's next held job, given a freed slot "
+           "(migration 0027's triggers)", _concurrency_held),
+    Reader("job_concurrency_live_idx", "a concurrency key's slot holders, counted before a "
+           "slot is given (migration 0027's triggers)", _concurrency_live),
     Reader("job_schedule_idx", "a buffer_one schedule's fire looks for its waiting job "
            "(maintenance's schedules service)", _schedule_waiting),
 )

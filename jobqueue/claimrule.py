@@ -63,6 +63,10 @@ JOB_CONDITIONS: tuple[Condition, ...] = (
               "its available_at has come (a retry's backoff, a release's retry_after)"),
     Condition("not_expired", lambda: Q(expires_at__isnull=True) | Q(expires_at__gt=Now()),
               "its expires_at, if any, has not passed (the reaper ends it expired)"),
+    Condition("concurrency_slot", lambda: Q(concurrency_held__isnull=True),
+              "its concurrency key, if any, has a slot for it (fewer than its limit of the "
+              "key's jobs in progress or holding a slot: concurrency_held is cleared when a "
+              "slot is given to it, jobqueue/sql/postgresql.sql jobqueue_concurrency_admit)"),
 )
 
 # On the job's agent (job_agent), not the job: a paused agent's claims hand out nothing.

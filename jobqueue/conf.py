@@ -83,6 +83,9 @@ DEFAULTS = {
     "JWKS_MAX_AGE_SECONDS": 300,
     # The oldest jobqueue-client (major.minor) the API supports; older ones are logged.
     "MIN_CLIENT_VERSION": "0.2",
+    # /metrics: the concurrency keys given series of their own (the most held back first;
+    # 0: none), jobqueue/keystats.py.
+    "METRICS_TOP_KEYS": 20,
 }
 
 

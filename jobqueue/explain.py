@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from jobqueue import claimrule, presence, states
 from jobqueue.exceptions import NotFound
 from jobqueue.lifecycle.dependencies import waiting_on
-from jobqueue.models import JobGroup
+from jobqueue.models import Job, JobGroup
 
 WAITING = frozenset({states.PENDING, states.QUEUED})
 # Every code a reason may have, in the order reasons come (docs/api.md lists their meaning).
 CODES = ("held", "waiting_on_dependencies", "in_progress", "finished", "not_before",
-         "deadline_passed", "agent_paused", "group_cancelled", "no_matching_agent",
-         "no_matching_agent_online")
+         "deadline_passed", "concurrency_limit", "agent_paused", "group_cancelled",
+         "no_matching_agent", "no_matching_agent_online")
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,22 @@ def _expired(found: claimrule.Verdict) -> dict:
                    expires_at=found.job.expires_at)
 
 
+def _concurrency_limit(found: claimrule.Verdict) -> dict:
+    """Held back by its concurrency key: `running`, the workspace's jobs with the key in
+    progress now (one count, read only for a job that is held back)."""
+    job = found.job
+    running = Job.objects.filter(workspace_id=job.workspace_id, status=states.IN_PROGRESS,
+                                 concurrency_key=job.concurrency_key).count()
+    taken = (f"{running} of them are in progress" if running >= (job.concurrency_limit or 0)
+             else f"{running} of them are in progress and the key's jobs ahead of it in claim "
+             "order hold the other slots")
+    return _reason("concurrency_limit", f"Its concurrency key holds it back: at most "
+                   f"{job.concurrency_limit} of the workspace's jobs with the key run at once, "
+                   f"and {taken}. A slot frees when one of them leaves in_progress; the key's "
+                   "jobs take the slots in claim order.",
+                   key=job.concurrency_key, running=running, limit=job.concurrency_limit)
+
+
 def _agent_paused(found: claimrule.Verdict) -> dict | None:
     if not found.agents:
         return None  # no agent to pause: no_matching_agent says so
@@ -97,6 +113,7 @@ REASONS: dict[str, Callable[[claimrule.Verdict], dict | None]] = {
     "queued": _not_queued,
     "available": _not_available,
     "not_expired": _expired,
+    "concurrency_slot": _concurrency_limit,
     "agent_not_paused": _agent_paused,
 }
 

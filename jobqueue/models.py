@@ -220,6 +220,17 @@ class Job(models.Model):
     # (jobqueue_settle_dependents, migration 0021; lifecycle/dependencies.py).
     has_parents = models.BooleanField(default=False, db_default=False, editable=False)
     has_dependents = models.BooleanField(default=False, db_default=False, editable=False)
+    # Concurrency keys (docs/api.md, "Concurrency keys"): a job with concurrency_key is
+    # claimable only while fewer than its concurrency_limit of the workspace's jobs with that
+    # key are in progress. None for a plain job (no bytes in its row, no index entry).
+    # concurrency_held: true while the key's slots keep it back (internal, never in the API):
+    # the triggers of migration 0027 give a key's slots to its queued jobs in claim order
+    # (migration 0027: jobqueue_concurrency_admit), and a claim passes over a held job without
+    # reading it (the claim indexes leave it out). A plain SmallIntegerField (no CHECK: adding
+    # a checked column scans the table under its lock); inputs.concurrency bounds it.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True, editable=False)
+    concurrency_limit = models.SmallIntegerField(null=True, blank=True, editable=False)
+    concurrency_held = models.BooleanField(null=True, blank=True, editable=False)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
     idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
     # The claim id of the latest claim. Kept on the job so that a retried terminal
@@ -273,12 +284,14 @@ class Job(models.Model):
             # agent's claim passes over it (claimrule.own_jobs). Not made partial on
             # label_set: the release before reads it with its own statement during an
             # upgrade, and the index is not rebuilt.
+            # A job its concurrency key holds back (concurrency_held) is not in it: a claim
+            # never reads the jobs of a full key (migration 0028 rebuilt it so).
             models.Index(
                 "job_agent",
                 models.F("priority").desc(),
                 "available_at",
                 "created_at",
-                condition=Q(status=states.QUEUED),
+                condition=Q(status=states.QUEUED, concurrency_held__isnull=True),
                 name="job_claim_order_idx",
             ),
             # The same for labelled jobs, by label set (claimrule.labelled_jobs). Partial: a
@@ -288,8 +301,27 @@ class Job(models.Model):
                 models.F("priority").desc(),
                 "available_at",
                 "created_at",
-                condition=Q(status=states.QUEUED, label_set__isnull=False),
+                condition=Q(status=states.QUEUED, label_set__isnull=False,
+                            concurrency_held__isnull=True),
                 name="job_label_claim_order_idx",
+            ),
+            # Concurrency keys (migration 0027's triggers): a key's held jobs in claim order
+            # (the next to be given a slot), and its slot holders (counted before slots are
+            # given out). Partial: a job without a key never enters them, nor do its updates.
+            models.Index(
+                "workspace",
+                "concurrency_key",
+                models.F("priority").desc(),
+                "available_at",
+                "created_at",
+                condition=Q(status=states.QUEUED, concurrency_held=True),
+                name="job_concurrency_held_idx",
+            ),
+            models.Index(
+                fields=["workspace", "concurrency_key"],
+                condition=Q(concurrency_key__isnull=False, concurrency_held__isnull=True,
+                            status__in=[states.QUEUED, states.IN_PROGRESS]),
+                name="job_concurrency_live_idx",
             ),
             models.Index(fields=["workspace", "-created_at"], name="job_workspace_created_idx"),
             models.Index(fields=["workspace", "status"], name="job_workspace_status_idx"),

@@ -51,6 +51,8 @@ CHANNEL = "jobqueue_wake"
 LISTENER_NAME = "jobqueue-wakeups"  # the listener's application_name in pg_stat_activity
 WAKE_FILE_ROTATE_BYTES = 256 * 1024
 TIMER_MARGIN = 0.01  # a delayed wake-up fires this much after its delay
+SETTLE_RETRY_SECONDS = 0.02  # a concurrency key whose lock was held: again after this (x tries)
+SETTLE_TRIES = 20
 
 
 def agent_key(job_agent_id) -> str:
@@ -148,6 +150,7 @@ class Hub:
         self._capped = 0
         self._warm = 0  # waiters keeping their database connection (WARM_WAITS)
         self._timers: list[tuple[float, str]] = []
+        self._settle_tries: dict[str, int] = {}  # concurrency keys whose lock was held
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         # close() writes to it: a thread blocked reading its source returns at once
@@ -209,7 +212,11 @@ class Hub:
 
     def wake(self, key: str) -> None:
         """An agent's key: one job became claimable, so one waiter (not yet woken) re-checks,
-        one that kept its connection if there is one; a job's key: every waiter for it."""
+        one that kept its connection if there is one; a job's key: every waiter for it; a
+        concurrency key's: settle it (`settle`)."""
+        if key.startswith("k:"):
+            self.settle(key)
+            return
         with self._lock:
             if key.startswith("l:"):
                 group = self._matching(key)
@@ -231,6 +238,29 @@ class Hub:
         return [w for group in self._waiters.values() for w in group
                 if w.route is not None and w.route[0] == workspace
                 and matches(w.route[1], wanted)]
+
+    def settle(self, key: str) -> None:
+        """A transaction freed a slot of a concurrency key ('k:<workspace>:<key>') while
+        another held the key's lock: give the key's free slots out now that it committed
+        (lifecycle/concurrency.py; the jobs given one are announced by their route's key).
+        While the lock is held, again SETTLE_RETRY_SECONDS later, at most SETTLE_TRIES times
+        (the reaper's sweep settles what is left)."""
+        from jobqueue.lifecycle.concurrency import settle_key
+
+        workspace, _, name = key[2:].partition(":")
+        try:
+            settled = settle_key(workspace, name)
+        except Exception:  # the database is away: the reaper's sweep settles it
+            log.warning("settling concurrency key %s failed", key, exc_info=True)
+            settled = True
+        finally:
+            close_old_connections()
+        with self._lock:
+            tries = self._settle_tries.pop(key, 0) + 1
+            if not settled and tries < SETTLE_TRIES:
+                self._settle_tries[key] = tries
+                heapq.heappush(self._timers,
+                               (time.monotonic() + SETTLE_RETRY_SECONDS * tries, key))
 
     def wake_key(self, key: str) -> None:
         """Every waiter for `key` (a re-check found work for them)."""

@@ -14,7 +14,9 @@ Two kinds of numbers, on purpose:
   are right whatever process did the work: the reaper is a separate process, and it and the
   admin's "reap now" record every sweep in `reaper_run`.
 
-Labels never carry dispatch_context, results or tokens; agents appear by id.
+Labels never carry dispatch_context, results or tokens; agents and workspaces appear by id.
+A concurrency key appears as itself (the producer's name of the key), only for the few keys
+with the most jobs held back (JOBQUEUE_METRICS_TOP_KEYS): the number of series is bounded.
 """
 
 from __future__ import annotations
@@ -128,6 +130,8 @@ class DatabaseCollector:
         return []
 
     def collect(self):
+        from jobqueue.conf import jobqueue_settings
+        from jobqueue.keystats import busiest_keys
         from jobqueue.models import (
             Job,
             JobAgent,
@@ -167,6 +171,7 @@ class DatabaseCollector:
             )
             fires = Schedule.objects.aggregate(
                 fired=Sum("fired"), skipped=Sum("skipped"), missed=Sum("missed"))
+            keys = busiest_keys(int(jobqueue_settings()["METRICS_TOP_KEYS"]))
         except DatabaseError as exc:
             log.warning("metrics: database unavailable (%s)", type(exc).__name__)
             up.add_metric([], 0)
@@ -223,12 +228,38 @@ class DatabaseCollector:
         for outcome in ("fired", "skipped", "missed"):
             schedule_fires.add_metric([outcome], fires[outcome] or 0)
         yield schedule_fires
+        yield from concurrency_families(keys)
         last = runs["last"]
         yield GaugeMetricFamily(
             "jobqueue_reaper_last_run_timestamp_seconds",
             "When the last reaper sweep finished (Unix time; 0 when it never ran).",
             value=last.timestamp() if last else 0,
         )
+
+
+def concurrency_families(keys) -> list[GaugeMetricFamily]:
+    """Per concurrency key, for the keys jobqueue.keystats.busiest_keys read (at most
+    JOBQUEUE_METRICS_TOP_KEYS of them, the most held back first: bounded label cardinality)."""
+    labels = ["workspace_id", "key"]
+    running = GaugeMetricFamily(
+        "jobqueue_concurrency_running",
+        "Jobs of a concurrency key in progress (the keys with the most jobs held back only, "
+        "JOBQUEUE_METRICS_TOP_KEYS).", labels=labels)
+    limit = GaugeMetricFamily(
+        "jobqueue_concurrency_limit",
+        "A concurrency key's limit: the largest concurrency_limit among its live jobs (the "
+        "keys with the most jobs held back only).", labels=labels)
+    held = GaugeMetricFamily(
+        "jobqueue_concurrency_held",
+        "Queued jobs a concurrency key holds back: its slots are taken (the keys with the most "
+        "jobs held back only, JOBQUEUE_METRICS_TOP_KEYS).", labels=labels)
+    for key in keys:
+        values = [str(key.workspace_id), key.key]
+        running.add_metric(values, key.running)
+        if key.limit is not None:
+            limit.add_metric(values, key.limit)
+        held.add_metric(values, key.held)
+    return [running, limit, held]
 
 
 PROCESS_REGISTRY.register(DatabaseCollector())

@@ -21,6 +21,14 @@ class ExplainReasonSerializer(serializers.Serializer):
         required=False, help_text="not_before: when it becomes claimable.")
     expires_at = serializers.DateTimeField(
         required=False, help_text="deadline_passed: the deadline that passed.")
+    key = serializers.CharField(
+        required=False, help_text="concurrency_limit: the job's concurrency_key.")
+    running = serializers.IntegerField(
+        required=False, help_text="concurrency_limit: the workspace's jobs with the key in "
+        "progress now.")
+    limit = serializers.IntegerField(
+        required=False, help_text="concurrency_limit: the job's concurrency_limit (jobs of the "
+        "key that may run at once).")
     group = serializers.CharField(required=False, help_text="group_cancelled: its group.")
     labels = serializers.ListField(
         child=serializers.CharField(), required=False,

@@ -83,6 +83,13 @@ class JobSummarySerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField()
     idempotency_key = serializers.CharField(allow_null=True)
     unique_key = serializers.CharField(allow_null=True)
+    concurrency_key = serializers.CharField(
+        allow_null=True, help_text="The job is claimable only while fewer than its "
+        "concurrency_limit of the workspace's jobs with this key are in_progress (null: no "
+        "key).")
+    concurrency_limit = serializers.IntegerField(
+        allow_null=True, help_text="How many of the workspace's jobs with the "
+        "concurrency_key may be in_progress at once (null for a job without a key).")
     schedule_id = serializers.UUIDField(
         allow_null=True, help_text="The schedule whose fire made the job (null: none).")
     scheduled_for = serializers.DateTimeField(
@@ -221,8 +228,9 @@ class JobDetailSerializer(JobSerializer):
 JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "labels", "status", "external_id", "group",
                  "attempt",
                  "max_attempts", "priority", "available_at", "created_at", "started_at",
-                 "completed_at", "updated_at", "idempotency_key", "unique_key", "schedule_id",
-                 "scheduled_for", "has_parents"]
+                 "completed_at", "updated_at", "idempotency_key", "unique_key",
+                 "concurrency_key", "concurrency_limit", "schedule_id", "scheduled_for",
+                 "has_parents"]
 JobPage = page_of(JobSummarySerializer, "JobPage")
 
 
@@ -321,6 +329,19 @@ class JobCreateInput(ApiInput):
         help_text="With debounce_seconds (and at least it): no push past this long after the "
         "job's first create. Stored on the job by the create that makes it; later creates' "
         "own values (or their absence) change nothing.",
+    )
+    # Concurrency keys (docs/api.md): the rule between the two is the lifecycle's
+    # (jobqueue.lifecycle.inputs.concurrency), a 400 naming its field.
+    concurrency_key = StrictCharField(
+        required=False, allow_null=True, min_length=1,
+        max_length=inputs.MAX_CONCURRENCY_KEY_LENGTH, trim_whitespace=False,
+        help_text="1 to 255 printable characters: the job is claimable only while fewer than "
+        "its concurrency_limit of the workspace's jobs with this key are in_progress.",
+    )
+    concurrency_limit = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, max_value=inputs.MAX_CONCURRENCY_LIMIT,
+        help_text="With concurrency_key: how many of the workspace's jobs with the key may be "
+        "in_progress at once (1 to 1000, default 1).",
     )
     depends_on = serializers.ListField(
         child=StrictUUIDField(), required=False, allow_null=True, allow_empty=False,

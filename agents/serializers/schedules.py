@@ -110,6 +110,8 @@ class ScheduleJobSerializer(serializers.Serializer):
     on_conflict = serializers.CharField(required=False)
     debounce_seconds = serializers.IntegerField(required=False)
     debounce_max_seconds = serializers.IntegerField(required=False)
+    concurrency_key = serializers.CharField(required=False)
+    concurrency_limit = serializers.IntegerField(required=False)
     dispatch_context_keys = serializers.ListField(child=serializers.CharField())
 
     class Meta:

@@ -151,6 +151,8 @@ class JobViewSet(ApiViewSet):
             debounce_seconds=data.get("debounce_seconds"),
             debounce_max_seconds=data.get("debounce_max_seconds"),
             depends_on=data.get("depends_on"),
+            concurrency_key=data.get("concurrency_key"),
+            concurrency_limit=data.get("concurrency_limit"),
             actor=self.principal.actor,
         )
         return Response(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from benchmarks.scenarios import (
     completion,
+    concurrency,
     core,
     growth,
     heartbeat,
@@ -37,6 +38,7 @@ SCENARIOS = {
     "pickup": pickup,
     "completion": completion,
     "labels": labels,
+    "concurrency": concurrency,
     "wal": wal,
     "wal_levers": wal_levers,
     "readers": readers,

@@ -8,7 +8,8 @@ Jobs, claims and events are read-only here: a job changes status only through th
 One module per page family: `jobs` (the job list and page, the repair actions; its timeline
 is templates/admin/jobqueue/job/timeline.html), `groups` (the job list's group filter and the
 cancel-groups confirmation), `recovery`
-(the Recovery page and reap-now), `runs` (the maintenance record), `schedules` (their last
+(the Recovery page and reap-now), `concurrency` (the Concurrency keys page, the job list's
+key filters), `runs` (the maintenance record), `schedules` (their last
 and next fires, pause and resume), `webhooks` (endpoints, the delivery log, redeliver),
 `workspaces`; `common` holds what they share (the database's clock,
 how a span of time reads). Job agents and their credentials are administered by the edge

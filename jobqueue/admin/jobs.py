@@ -7,7 +7,8 @@ result, external id, attempts, event details, logs) is shown through jobqueue.re
 Claim ids are never rendered either, nor filterable from the query string.
 
 Beside it: the group filter and the cancel-groups action's flow (groups.py), the live page's
-endpoint (live.py), the Recovery page (recovery.py), the timeline's markup
+endpoint (live.py), the Recovery page (recovery.py), the Concurrency keys page and the key
+filters (concurrency.py), the timeline's markup
 (templates/admin/jobqueue/job/timeline.html) and a log tail's redaction
 (jobqueue.lifecycle.logs, LogSlice.redacted_text).
 """
@@ -33,6 +34,7 @@ from jobqueue.models import Job, JobArtifact, JobDependency, JobEffect, JobEvent
 from jobqueue.redaction import redact_text, redact_value, secret_strings
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
+from .concurrency import ConcurrencyFilter, ConcurrencyKeyFilter, ConcurrencyViews, key_jobs_url
 from .groups import GroupFilter, confirm_cancel_groups
 from .live import LIVE_POLL_MS, LiveJobViews
 from .recovery import RecoveryViews
@@ -83,22 +85,25 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
+class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, admin.ModelAdmin):
     list_display = [
         "id",
         "job_agent",
         "labels_display",
         "status",
         "group",
+        "concurrency_column",
         "attempts",
         "lease",
         "last_heartbeat",
         "created_at",
     ]
-    list_filter = ["status", "job_agent", "workspace", GroupFilter, LeaseStateFilter]
+    list_filter = ["status", "job_agent", "workspace", GroupFilter, LeaseStateFilter,
+                   ConcurrencyFilter, ConcurrencyKeyFilter]
     list_select_related = ["job_agent", "claim"]
     search_fields = ["=id", "=idempotency_key", "=external_id"]
-    search_help_text = "Search by job id, idempotency key or external id (exact)."
+    search_help_text = ("Search by job id, idempotency key, external id or concurrency key "
+                        "(exact).")
     actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed", "cancel_groups"]
     show_full_result_count = False
     # Never filterable from the query string: a `?dispatch_context__key__startswith=` would
@@ -130,6 +135,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
         "external_id_display",
         "idempotency_key",
         "unique_key",
+        "concurrency_display",
         "dependencies_display",
         "dependents_display",
         "message_display",
@@ -176,7 +182,8 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
 
     def get_search_results(self, request, queryset, search_term):
         return id_or(
-            queryset, search_term, lambda term: Q(idempotency_key=term) | Q(external_id=term)
+            queryset, search_term,
+            lambda term: Q(idempotency_key=term) | Q(external_id=term) | Q(concurrency_key=term)
         )
 
     # --- columns
@@ -202,7 +209,29 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
             return "—"
         return describe_age(claim.heartbeat_at, row_db_now(obj), never="none yet")
 
+    @admin.display(description="concurrency key")
+    def concurrency_column(self, obj):
+        """Its key and limit; "held back" while the key's slots keep it back."""
+        if obj.concurrency_key is None:
+            return "—"
+        if _held(obj):
+            return format_html('<code>{}</code> ≤ {} <strong class="jq-held">held back</strong>',
+                               obj.concurrency_key, obj.concurrency_limit)
+        return format_html("<code>{}</code> ≤ {}", obj.concurrency_key, obj.concurrency_limit)
+
     # --- detail fields
+
+    @admin.display(description="concurrency")
+    def concurrency_display(self, obj):
+        """Its key, its limit, whether the key's slots hold it back (read-only; live)."""
+        if obj.concurrency_key is None:
+            return "No concurrency key."
+        return format_html(
+            '<code>{}</code>: at most {} of the workspace\'s jobs with the key in progress at '
+            'once.{} <a href="{}">The key\'s jobs</a>', obj.concurrency_key,
+            obj.concurrency_limit,
+            " Held back: the key's slots are taken; claimable once one frees." if _held(obj)
+            else "", key_jobs_url(obj.workspace_id, obj.concurrency_key))
 
     @admin.display(description="retry backoff")
     def retry_backoff(self, obj):
@@ -426,6 +455,7 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
             **(extra_context or {}),
             "recovery_url": reverse("admin:jobqueue_job_recovery"),
             "reap_url": reverse("admin:jobqueue_job_reap"),
+            "concurrency_url": reverse("admin:jobqueue_job_concurrency"),
             "can_act": self.can_act(request),
         }
         return super().changelist_view(request, extra_context)
@@ -487,6 +517,11 @@ class JobAdmin(LiveJobViews, RecoveryViews, admin.ModelAdmin):
                   permissions=["change"])
     def cancel_groups(self, request, queryset):
         return confirm_cancel_groups(self, request, queryset)
+
+
+def _held(job) -> bool:
+    """Held back by its concurrency key now (the triggers of migration 0027 keep the mark)."""
+    return job.status == states.QUEUED and bool(job.concurrency_held)
 
 
 LOG_TAIL_BYTES = 4096

@@ -16,6 +16,9 @@ effects.py, groups.py, jobqueue.wakeups) are written once:
                                            current (within its deadline): its attempt, or None
     settle_dependents(ended)               settle the dependents of jobs a transition other
                                            than a report ended (lifecycle/dependencies.py)
+    settle_concurrency(workspace_id, key)  give a concurrency key's free slots out now (False:
+                                           another transaction holds its lock)
+    concurrency_keys_held()                the (workspace_id, key) with held jobs
     notify(channel, payloads) / listener(hub)   wake-ups: NOTIFY/LISTEN, or the wake file
     now(), ping()                          the database's clock; a round trip
     reports_announce_ended                 whether the report statements wake the producers

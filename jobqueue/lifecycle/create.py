@@ -137,6 +137,8 @@ def create_job(
     debounce_seconds: int | None = None,
     debounce_max_seconds: int | None = None,
     depends_on=None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
     schedule_id=None,
     scheduled_for=None,
     actor: str = "",
@@ -157,6 +159,9 @@ def create_job(
     claimable by every agent of the workspace whose labels include all of them
     (jobqueue/claimrule.py), and takes the service's defaults (max_attempts) where a job of
     an agent takes its agent's.
+    With `concurrency_key` (and `concurrency_limit`, default 1), the job is claimable only
+    while fewer than its limit of the workspace's jobs with the key are in progress
+    (inputs.concurrency; docs/api.md, "Concurrency keys").
     """
     if (job_agent is None) == (labels is None):
         raise InvalidInput("A job targets exactly one of job_agent_id and labels.",
@@ -177,6 +182,7 @@ def create_job(
     unique = inputs.uniqueness(unique_key, unique_states, on_conflict, debounce_seconds,
                                debounce_max_seconds)
     parents = inputs.depends_on(depends_on)
+    concurrency = inputs.concurrency(concurrency_key, concurrency_limit)
     if parents is not None and hold:
         raise InvalidInput("A job with dependencies is queued by them: no hold.",
                            field="depends_on")
@@ -189,7 +195,8 @@ def create_job(
              "unique_states": None if unique_states is None else sorted(unique_states),
              "on_conflict": on_conflict, "debounce_seconds": debounce_seconds,
              "debounce_max_seconds": debounce_max_seconds,
-             "depends_on": None if parents is None else sorted(str(p) for p in parents)}
+             "depends_on": None if parents is None else sorted(str(p) for p in parents),
+             "concurrency_key": concurrency_key, "concurrency_limit": concurrency_limit}
     fingerprint = ""
     payload: dict = {}
     if inputs.idempotency_key(idempotency_key) is not None:
@@ -224,6 +231,8 @@ def create_job(
         idempotency_key=idempotency_key,
         idempotency_fingerprint=fingerprint,
         unique_key=None if unique is None else unique.key,
+        concurrency_key=concurrency[0],
+        concurrency_limit=concurrency[1],
         schedule_id=schedule_id,
         scheduled_for=scheduled_for,
     )

@@ -49,6 +49,8 @@ class FlowJob:
     expires_at: object = None
     external_id: str = ""
     group: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     depends_on_refs: list = dataclasses.field(default_factory=list)
     depends_on: list | None = None
 
@@ -114,6 +116,8 @@ def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str,
                             else item.job_agent.effective_max_attempts))
         expires_at = _checked(i, inputs.expires_at, item.expires_at)
         delay = _checked(i, inputs.delay_seconds, item.delay_seconds)
+        concurrency_key, concurrency_limit = _checked(
+            i, inputs.concurrency, item.concurrency_key, item.concurrency_limit)
         job = Job(
             id=uuid.uuid4(), workspace=workspace, job_agent=item.job_agent,
             labels=labels, label_set=None if labels is None else label_set(labels),
@@ -129,6 +133,7 @@ def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str,
                                  or getattr(item.job_agent, "max_runtime_seconds", None)),
             expires_at=expires_at, external_id=item.external_id or "",
             group=_checked(i, inputs.group_name, item.group),
+            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
             has_parents=bool(earlier or existing),
         )
         if delay:

@@ -231,6 +231,29 @@ def uniqueness(key: str | None, unique_states=None, on_conflict: str | None = No
                       debounce_max_seconds)
 
 
+MAX_CONCURRENCY_KEY_LENGTH = 255
+MAX_CONCURRENCY_LIMIT = 1000
+DEFAULT_CONCURRENCY_LIMIT = 1
+
+
+def concurrency(key: str | None, limit: int | None = None) -> tuple[str | None, int | None]:
+    """A job's concurrency key and limit (docs/api.md, "Concurrency keys"): (None, None) for
+    a plain job; else the key, 1 to 255 printable characters, and the limit, an integer from
+    1 to 1000 (default 1). A limit needs a key."""
+    if key is None:
+        if limit is not None:
+            raise InvalidInput("concurrency_limit applies only with a concurrency_key.",
+                               field="concurrency_limit")
+        return None, None
+    if (not isinstance(key, str) or not 1 <= len(key) <= MAX_CONCURRENCY_KEY_LENGTH
+            or not key.isprintable()):
+        raise InvalidInput(f"concurrency_key must be 1 to {MAX_CONCURRENCY_KEY_LENGTH} "
+                           "printable characters.", field="concurrency_key")
+    if limit is None:
+        return key, DEFAULT_CONCURRENCY_LIMIT
+    return key, bounded_int(limit, "concurrency_limit", 1, MAX_CONCURRENCY_LIMIT)
+
+
 MAX_DEPENDENCIES = 100
 
 

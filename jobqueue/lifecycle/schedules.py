@@ -44,6 +44,7 @@ TEMPLATE_FIELDS = (
     "labels", "job_agent_config", "dispatch_context", "priority", "max_attempts", "delay_seconds",
     "retry_backoff_seconds", "max_runtime_seconds", "external_id", "hold", "group",
     "unique_key", "unique_states", "on_conflict", "debounce_seconds", "debounce_max_seconds",
+    "concurrency_key", "concurrency_limit",
 )
 
 
@@ -95,6 +96,7 @@ def _template(job: dict) -> dict:
         inputs.uniqueness(template.get("unique_key"), template.get("unique_states"),
                           template.get("on_conflict"), template.get("debounce_seconds"),
                           template.get("debounce_max_seconds"))
+        inputs.concurrency(template.get("concurrency_key"), template.get("concurrency_limit"))
     except InvalidInput as exc:
         raise InvalidInput(f"{exc.context.get('field')}: {exc.detail}", field="job") from None
     if "unique_states" in template:

@@ -90,6 +90,15 @@ class SqliteBackend(OrmBackend):
         return JobGroup.objects.filter(workspace_id=workspace_id, name=name).values_list(
             "cancelled_at", "finished_at").first()
 
+    def settle_concurrency(self, workspace_id, key: str) -> bool:
+        """Nothing to settle: SQLite's triggers (migration 0027) give a key's free slots out
+        in the transaction that freed them (its writers are serialized)."""
+        return True
+
+    def concurrency_keys_held(self) -> list[tuple]:
+        """None to settle (settle_concurrency)."""
+        return []
+
     def notify(self, channel: str, payloads: list[str]) -> None:
         """Append the wake-ups to the wake file once the transaction commits (every process
         of the node reads it)."""

@@ -61,6 +61,7 @@ WITH locked AS MATERIALIZED (
     WHERE job_agent_id = %(agent)s AND label_set_id IS NULL
       AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
       AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
+      AND concurrency_held IS NULL
     ORDER BY priority DESC, available_at, created_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -82,7 +83,8 @@ WITH locked AS MATERIALIZED (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -148,6 +150,7 @@ WITH agent AS MATERIALIZED (
         WHERE job_agent_id = %(agent)s AND label_set_id IS NULL
           AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
           AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
+          AND concurrency_held IS NULL
         ORDER BY priority DESC, available_at, created_at
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
@@ -159,6 +162,7 @@ WITH agent AS MATERIALIZED (
         WHERE label_set_id = sets.id
           AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
           AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
+          AND concurrency_held IS NULL
         ORDER BY priority DESC, available_at, created_at
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
@@ -184,7 +188,8 @@ WITH agent AS MATERIALIZED (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -234,6 +239,7 @@ WITH locked AS MATERIALIZED (
       AND (%(expected)s::integer IS NULL OR attempt = %(expected)s::integer)
       AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
       AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
+      AND concurrency_held IS NULL
     FOR NO KEY UPDATE SKIP LOCKED
 ), gate AS MATERIALIZED (
     SELECT job_agent.id FROM job_agent
@@ -253,7 +259,8 @@ WITH locked AS MATERIALIZED (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -295,6 +302,21 @@ WHERE workspace_id = %(workspace)s
 -- Serialize the keyed claims of one agent and idempotency key until the transaction ends,
 -- so that a retry racing its own first request finds the first's claims.
 SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0))
+
+
+-- name: concurrency_settle
+-- Give a concurrency key's free slots to its held jobs (migration 0027,
+-- jobqueue_concurrency_try) if no transaction holds the key's lock: true; false: one does
+-- (it gives them out itself, or announces the key again). Run by the wake-up hub for a key
+-- a transaction announced ('k:<workspace>:<key>') and by maintenance for every key with
+-- held jobs, each in its own transaction.
+SELECT jobqueue_concurrency_try(%(workspace)s::uuid, %(key)s::text)
+
+
+-- name: concurrency_keys_held
+-- The keys with held jobs (maintenance settles each): job_concurrency_held_idx.
+SELECT DISTINCT workspace_id, concurrency_key FROM job
+WHERE status = 'queued' AND concurrency_held
 
 
 -- name: unique_key_lock
@@ -354,7 +376,8 @@ WITH done AS (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -427,7 +450,8 @@ WITH done AS (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -481,7 +505,8 @@ WITH done AS (
         job.idempotency_key, job.unique_key, job.debounce_until, job.schedule_id,
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
-        job.has_parents, job.has_dependents, job.labels, job.label_set_id, job.created_at,
+        job.has_parents, job.has_dependents, job.labels, job.label_set_id,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)

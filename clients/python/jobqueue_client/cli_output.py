@@ -44,6 +44,7 @@ OPTION_OF_FIELD = {
     "max_runtime_seconds": "--max-runtime-seconds", "expires_at": "--expires-at",
     "external_id": "--external-id", "group": "--group", "hold": "--hold",
     "idempotency_key": "--idempotency-key", "reason": "--reason", "status": "--status",
+    "concurrency_key": "--concurrency-key", "concurrency_limit": "--concurrency-limit",
     "attempt": "--attempt", "page_size": "--limit",
 }
 
@@ -223,6 +224,8 @@ def job_text(job: dict, *, events: bool = False) -> str:
         ("external_id", job.get("external_id")),
         ("idempotency_key", job.get("idempotency_key")),
         ("unique_key", job.get("unique_key")),
+        ("concurrency_key", job.get("concurrency_key")),
+        ("concurrency_limit", job.get("concurrency_limit")),
         ("depends_on", ", ".join(job.get("depends_on") or []) or None),
         ("waiting_on", ", ".join(job.get("waiting_on") or []) or None),
         ("max_runtime", f"{job['max_runtime_seconds']} s"

@@ -203,7 +203,9 @@ class ProducerClient(ApiClient):
                    unique_key: str | None = None, unique_states: list[str] | None = None,
                    on_conflict: str | None = None, debounce_seconds: int | None = None,
                    debounce_max_seconds: int | None = None,
-                   depends_on: list[str] | None = None) -> dict:
+                   depends_on: list[str] | None = None,
+                   concurrency_key: str | None = None,
+                   concurrency_limit: int | None = None) -> dict:
         """POST jobs: create a job for `job_agent_id`, or for `labels` (1 to 16: any job agent
         of the workspace whose labels include all of them may claim it), exactly one of the
         two (else ValueError, nothing sent); queued, `pending` with hold=True (see
@@ -227,6 +229,10 @@ class ProducerClient(ApiClient):
         (message "dependency_failed: <id>") when one ends otherwise. Its claim carries
         `claim["parents"]`: each parent's job_id, status and result.
 
+        With `concurrency_key` (1 to 255 characters), the job is claimed only while fewer
+        than `concurrency_limit` (1 to 1000, default 1; only with a key) of the workspace's
+        jobs with that key are in progress.
+
         With `idempotency_key`, a replay with the same fields returns the first job, so a
         lost answer is sent again; the same key with other fields raises
         IdempotencyKeyReused. Without one, the request is sent once. Raises GroupCancelled
@@ -246,6 +252,7 @@ class ProducerClient(ApiClient):
             "on_conflict": on_conflict, "debounce_seconds": debounce_seconds,
             "debounce_max_seconds": debounce_max_seconds,
             "depends_on": None if depends_on is None else [str(j) for j in depends_on],
+            "concurrency_key": concurrency_key, "concurrency_limit": concurrency_limit,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
         if hold:

@@ -273,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --debounce-seconds: push no later than S seconds after the "
                              "job's first create (the cap that create gave the job holds, "
                              "whatever later creates send)")
+    create.add_argument("--concurrency-key", metavar="KEY",
+                        help="claim the job only while fewer than --concurrency-limit jobs of "
+                             "the workspace with KEY are in progress (1-255 characters)")
+    create.add_argument("--concurrency-limit", type=_positive_int, metavar="N",
+                        help="with --concurrency-key: how many of its jobs may run at once "
+                             "(1-1000, default 1)")
     create.add_argument("--depends-on", type=_ids, metavar="ID[,ID]",
                         help="wait (pending) until these jobs of the workspace are all "
                              "successful (1 to 100); cancelled if one ends otherwise")

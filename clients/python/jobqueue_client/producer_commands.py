@@ -88,7 +88,8 @@ def cmd_create(client: ProducerClient, args, out: Output) -> int:
         idempotency_key=args.idempotency_key, unique_key=args.unique_key,
         unique_states=args.unique_states, on_conflict=args.on_conflict,
         debounce_seconds=args.debounce_seconds,
-        debounce_max_seconds=args.debounce_max_seconds, depends_on=args.depends_on)
+        debounce_max_seconds=args.debounce_max_seconds, depends_on=args.depends_on,
+        concurrency_key=args.concurrency_key, concurrency_limit=args.concurrency_limit)
     if job.get("deduplicated"):
         out.note(f"a live job with that unique key answered: {job['id']} ({job['status']}); "
                  "no job created")

@@ -102,6 +102,19 @@ class PostgresBackend:
         self._one(sql.job_settle_dependents, {"jobs": [job_id for job_id, _ in ended],
                                               "statuses": [status for _, status in ended]})
 
+    def settle_concurrency(self, workspace_id, key: str) -> bool:
+        """Give the concurrency key's free slots to its held jobs now, in the caller's
+        transaction (jobqueue_concurrency_try, migration 0027): False when another
+        transaction holds the key's lock (the caller tries again later)."""
+        return bool(self._one(sql.concurrency_settle, {"workspace": workspace_id,
+                                                       "key": key})[0])
+
+    def concurrency_keys_held(self) -> list[tuple]:
+        """(workspace_id, key) of every concurrency key with held jobs."""
+        with self.db.cursor() as cursor:
+            cursor.execute(sql.concurrency_keys_held, {})
+            return cursor.fetchall()
+
     def notify(self, channel: str, payloads: list[str]) -> None:
         """Send the wake-ups, delivered to every listener when the transaction commits."""
         self._one(sql.wake_notify, {"channel": channel, "payloads": payloads})

@@ -34,6 +34,7 @@ def test_every_page_renders_for_an_operator(op_client, jobs, agent):
         reverse("admin:jobqueue_job_change", args=[job.pk]),
         reverse("admin:jobqueue_job_history", args=[job.pk]),
         reverse("admin:jobqueue_job_recovery"),
+        reverse("admin:jobqueue_job_concurrency"),
         reverse("admin:jobqueue_job_reap"),
         reverse("admin:jobqueue_reaperrun_changelist"),
         reverse("admin:jobqueue_reaperrun_change", args=[run.pk]),

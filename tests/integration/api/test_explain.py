@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 from jobqueue import lifecycle
 from jobqueue.db import NowPlusSeconds
 from jobqueue.models import Job, JobAgent, JobGroup
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -211,6 +212,27 @@ def test_deadline_passed(world):
     assert body["reasons"][0]["expires_at"].replace("Z", "+00:00") == expires_at.isoformat()
     assert _claims(world.agent) == []
     Job.objects.filter(id=job.id).update(expires_at=NowPlusSeconds(3600))
+    _ready(world, job.id)
+    assert _claims(world.agent) == [job.id]
+
+
+def test_concurrency_limit(world):
+    """Held back by its concurrency key (limit 1, one job of the key in progress): explain
+    names the key and its slots; when that job ends, the slot goes to this one and the next
+    claim takes it. The held state is set as the key's triggers set it (concurrency_held)."""
+    _seen(world.agent)
+    first = JobFactory(job_agent=world.agent, concurrency_key="tenant-1", concurrency_limit=1)
+    assert _claims(world.agent) == [first.id]
+    job = JobFactory(job_agent=world.agent, concurrency_key="tenant-1", concurrency_limit=1)
+    Job.objects.filter(id=job.id).update(concurrency_held=True)
+    body = _explain(world, job.id)
+    assert body["claimable"] is False and _codes(body) == ["concurrency_limit"]
+    assert {k: body["reasons"][0][k] for k in ("key", "running", "limit")} == {
+        "key": "tenant-1", "running": 1, "limit": 1}
+    assert _claims(world.agent) == []
+    lifecycle.report_status(first.id, Job.objects.get(id=first.id).last_claim_id,
+                            "successful")
+    Job.objects.filter(id=job.id).update(concurrency_held=None)  # the slot it was given
     _ready(world, job.id)
     assert _claims(world.agent) == [job.id]
 

@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 
 from jobqueue import claimrule, explain, lifecycle
 from jobqueue.exceptions import NotFound
-from jobqueue.models import JobAgent
+from jobqueue.models import Job, JobAgent
 from tests.factories import JobAgentFactory, JobFactory, WorkspaceFactory
 
 pytestmark = pytest.mark.django_db
@@ -74,3 +74,35 @@ def test_explain_of_a_job_of_another_workspace_is_not_found():
     with pytest.raises(NotFound):
         explain.explain_job(uuid.uuid4(), workspace_id=job.workspace_id)
     assert explain.explain_job(job.id, workspace_id=job.workspace_id).status == "queued"
+
+
+def test_a_job_held_back_by_its_concurrency_key_names_the_key_and_its_slots():
+    """concurrency_slot's reason: the key, the workspace's jobs with it in progress, the job's
+    limit. The held state is set here as the key's triggers set it (concurrency_held true:
+    the key's slots keep the queued job back), then cleared as when a slot is given to it."""
+    agent = JobAgentFactory()
+    JobAgent.objects.filter(id=agent.id).update(last_seen_at=Now())
+    JobFactory(job_agent=agent, concurrency_key="tenant-1", concurrency_limit=2,
+               in_progress=True)
+    # Neither another workspace's job with the key nor a job of another key counts.
+    JobFactory(concurrency_key="tenant-1", concurrency_limit=2, in_progress=True)
+    JobFactory(job_agent=agent, concurrency_key="tenant-2", concurrency_limit=2,
+               in_progress=True)
+    job = JobFactory(job_agent=agent, concurrency_key="tenant-1", concurrency_limit=2)
+    Job.objects.filter(id=job.id).update(concurrency_held=True)
+
+    found = explain.explain_job(job.id, workspace_id=agent.workspace_id)
+    assert (found.status, found.claimable) == ("queued", False)
+    [reason] = found.reasons
+    assert reason == {"code": "concurrency_limit", "detail": reason["detail"],
+                      "key": "tenant-1", "running": 1, "limit": 2}
+    # One in progress of two: the other slot is held by a job of the key ahead of it.
+    assert "at most 2" in reason["detail"] and "ahead of it" in reason["detail"]
+    assert claimrule.unmet(job.id) == ["concurrency_slot"]
+    assert explain.CODES.index("concurrency_limit") == explain.CODES.index(
+        "deadline_passed") + 1  # in the rule's order
+
+    Job.objects.filter(id=job.id).update(concurrency_held=None)  # a slot is given to it
+    found = explain.explain_job(job.id, workspace_id=agent.workspace_id)
+    assert (found.claimable, found.reasons) == (True, [])
+    assert claimrule.unmet(job.id) == []

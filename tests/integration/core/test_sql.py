@@ -12,7 +12,7 @@ from django.db import connection
 
 from jobqueue import claimrule, lifecycle, sql, states, wakeups
 from jobqueue.db import SQLITE_DATETIME_FORMAT, db_now
-from jobqueue.lifecycle import effects
+from jobqueue.lifecycle import concurrency, effects
 from jobqueue.lifecycle.backends import backend
 from jobqueue.models import Job
 from tests.factories import JobAgentFactory, JobFactory
@@ -104,6 +104,10 @@ def _cycle(agent):
     lifecycle.report_status(parent.id, done.claim_id, states.SUCCESSFUL)
     child.refresh_from_db()
     assert child.status == states.QUEUED
+    # A concurrency key's slots given out by the hub's and the reaper's settle.
+    lifecycle.create_job(workspace=ws, job_agent=agent, concurrency_key="k")
+    concurrency.settle_key(ws.id, "k")
+    concurrency.settle_held_keys()
     # A labelled job, claimed by an agent with labels (its own statement).
     labelled = lifecycle.create_job_agent(workspace=ws, name="gpu-1", labels=["gpu"])
     job = lifecycle.create_job(workspace=ws, labels=["gpu"])[0]

@@ -267,3 +267,50 @@ def test_labelled_jobs_count_under_their_claimer_or_none(client):
     values = scrape(client)
     assert value(values, "jobqueue_jobs", status="queued", job_agent_id="") == 1
     assert value(values, "jobqueue_jobs", status="in_progress", job_agent_id=agent.id) == 1
+
+
+def _keyed(agent, key, limit, *, running=0, held=0):
+    """`running` jobs of the key in progress and `held` queued ones its slots keep back (the
+    mark the key's triggers keep, set here as they set it)."""
+    from jobqueue.models import Job
+
+    for _ in range(running):
+        JobFactory(job_agent=agent, concurrency_key=key, concurrency_limit=limit,
+                   in_progress=True)
+    ids = [JobFactory(job_agent=agent, concurrency_key=key, concurrency_limit=limit).id
+           for _ in range(held)]
+    Job.objects.filter(id__in=ids).update(concurrency_held=True)
+
+
+def test_concurrency_keys_are_gauged_for_the_most_held_back_keys_only(client, settings):
+    agent = JobAgentFactory()
+    other = JobAgentFactory()  # another workspace: its key "a" is another key
+    _keyed(agent, "a", 1, running=1, held=3)
+    _keyed(agent, "b", 3, running=1)  # its limit: the largest of its jobs'
+    _keyed(agent, "b", 2, running=1, held=1)
+    _keyed(agent, "c", 1, running=1)
+    JobFactory(job_agent=agent, concurrency_key="d", concurrency_limit=1)  # given a slot
+    _keyed(other, "a", 4, running=2)
+    JobFactory(job_agent=agent, concurrency_key="done", concurrency_limit=1, successful=True)
+    ws, ows = str(agent.workspace_id), str(other.workspace_id)
+
+    def gauges(values) -> dict:
+        """{(workspace_id, key): (running, limit, held)}"""
+        found = {}
+        for (metric, pairs), n in values.items():
+            if metric.startswith("jobqueue_concurrency_"):
+                labels = dict(pairs)
+                found.setdefault((labels["workspace_id"], labels["key"]), {})[metric] = n
+        return {key: tuple(of.get(f"jobqueue_concurrency_{name}")
+                           for name in ("running", "limit", "held"))
+                for key, of in found.items()}
+
+    # Default: every key with a job running or held back (at most 20), the finished one not.
+    assert gauges(scrape(client)) == {(ws, "a"): (1, 1, 3), (ws, "b"): (2, 3, 1),
+                                      (ws, "c"): (1, 1, 0), (ows, "a"): (2, 4, 0)}
+    # Bounded: the most held back first, then the most running.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_TOP_KEYS": 3}
+    assert set(gauges(scrape(client))) == {(ws, "a"), (ws, "b"), (ows, "a")}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_TOP_KEYS": 0}
+    values = scrape(client)
+    assert gauges(values) == {} and value(values, "jobqueue_database_up") == 1

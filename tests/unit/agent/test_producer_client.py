@@ -83,6 +83,18 @@ def test_create_sends_the_unique_key_and_its_options_when_given():
     assert second == {"job_agent_id": "ag", "unique_key": "other"}
 
 
+def test_create_sends_the_concurrency_key_and_limit_when_given():
+    keyed = {**JOB, "concurrency_key": "deploy", "concurrency_limit": 2}
+    client, server = make((201, keyed), (201, JOB), (201, JOB))
+    assert client.create_job("ag", concurrency_key="deploy", concurrency_limit=2) == keyed
+    client.create_job("ag", concurrency_key="deploy")
+    client.create_job(labels=["gpu"], concurrency_key=None, concurrency_limit=None)
+    first, second, third = server.bodies()
+    assert first == {"job_agent_id": "ag", "concurrency_key": "deploy", "concurrency_limit": 2}
+    assert second == {"job_agent_id": "ag", "concurrency_key": "deploy"}
+    assert third == {"labels": ["gpu"]}
+
+
 def test_a_keyed_create_is_sent_again_with_the_same_key_and_an_unkeyed_one_is_not():
     client, server = make(httpx.ReadError("lost"), (503, {"code": "server_error"}), (200, JOB))
     assert client.create_job("ag", idempotency_key="k-1") == JOB

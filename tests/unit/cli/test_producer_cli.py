@@ -201,6 +201,32 @@ def test_create_sends_the_unique_key_and_its_options(env, capsys):
     assert "no job created" not in out.err
 
 
+def test_create_sends_the_concurrency_key_and_limit_and_shows_them(env, capsys):
+    code, server = run(["jobs", "create", "--agent", "ag", "--concurrency-key", "deploy:prod",
+                        "--concurrency-limit", "3"],
+                       (201, job(concurrency_key="deploy:prod", concurrency_limit=3,
+                                 deduplicated=False)))
+    assert code == 0
+    assert server.body() == {"job_agent_id": "ag", "concurrency_key": "deploy:prod",
+                             "concurrency_limit": 3}
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["concurrency_key", "deploy:prod"] in rows and ["concurrency_limit", "3"] in rows
+    # Without the options nothing is sent; a plain job shows neither row.
+    code, server = run(["jobs", "create", "--agent", "ag"],
+                       (201, job(concurrency_key=None, concurrency_limit=None)))
+    assert code == 0 and server.body() == {"job_agent_id": "ag"}
+    assert "concurrency" not in capsys.readouterr().out
+
+
+def test_a_refused_concurrency_field_names_its_option(env, capsys):
+    answer = (400, {"code": "validation_error", "detail": "Invalid input.",
+                    "fields": {"concurrency_limit": ["concurrency_limit applies only with a "
+                                                     "concurrency_key."]}})
+    code, _ = run(["jobs", "create", "--agent", "ag", "--concurrency-limit", "2"], answer)
+    assert code == 2
+    assert "--concurrency-limit" in capsys.readouterr().err
+
+
 def test_create_says_when_a_live_job_answered_instead(env, capsys):
     code, _ = run(["jobs", "create", "--agent", "ag", "--unique-key", "nightly"],
                   (200, job(status="in_progress", deduplicated=True)))
@@ -498,7 +524,8 @@ def test_every_field_of_post_jobs_has_its_option():
     options = {o for a in create._actions for o in a.option_strings}
     fields = {"job_agent_id", "job_agent_config", "dispatch_context", "priority",
               "max_attempts", "delay_seconds", "retry_backoff_seconds", "max_runtime_seconds",
-              "expires_at", "external_id", "group", "hold", "idempotency_key", "labels"}
+              "expires_at", "external_id", "group", "hold", "idempotency_key", "labels",
+              "concurrency_key", "concurrency_limit"}
     for field in fields:
         assert OPTION_OF_FIELD[field].split()[0] in options, field
 

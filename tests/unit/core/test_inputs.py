@@ -179,3 +179,29 @@ def test_uniqueness_defaults_and_options():
 ])
 def test_uniqueness_refuses_each_bad_option_naming_it(args, field):
     assert refused(inputs.uniqueness, *args).context == {"field": field}
+
+
+def test_concurrency_defaults_the_limit_to_1_with_a_key_and_none_without():
+    assert inputs.concurrency(None) == (None, None)
+    assert inputs.concurrency(None, None) == (None, None)
+    assert inputs.concurrency("deploy:prod") == ("deploy:prod", 1)
+    assert inputs.concurrency("k", 5) == ("k", 5)
+    assert inputs.concurrency("k" * 255, 1000) == ("k" * 255, 1000)
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    ((None, 2), "concurrency_limit"),
+    (("",), "concurrency_key"),
+    (("k" * 256,), "concurrency_key"),
+    (("new\nline",), "concurrency_key"),
+    ((7,), "concurrency_key"),
+    ((["k"],), "concurrency_key"),
+    (("k", 0), "concurrency_limit"),
+    (("k", 1001), "concurrency_limit"),
+    (("k", -1), "concurrency_limit"),
+    (("k", "2"), "concurrency_limit"),
+    (("k", 2.0), "concurrency_limit"),
+    (("k", True), "concurrency_limit"),
+])
+def test_concurrency_refuses_each_bad_value_naming_it(args, field):
+    assert refused(inputs.concurrency, *args).context == {"field": field}

@@ -1,0 +1,223 @@
+# Concurrency keys (#29; docs/api.md "Concurrency keys"): job.concurrency_key,
+# concurrency_limit and the internal concurrency_held (all NULL for a plain job: no bytes in
+# its row, no rewrite of the table), and the triggers that give a key's slots to its jobs.
+#
+# The design: a key's *slots* are held by its jobs that are in progress and by its queued
+# jobs that were given one (concurrency_held NULL); its other queued jobs are held
+# (concurrency_held true), and a claim never takes a held job (claimrule's concurrency_slot;
+# 0028 leaves them out of the claim indexes, so a claim does not even read them). A claim
+# takes a job that holds a slot, so it changes no count and takes no lock: the claim path is
+# the plain one. Slots change hands where the count changes: when a job of the key enters the
+# queue (created, released by its dependencies, requeued, retried: it becomes held, then may
+# be given a slot at once) and when one leaves the queue or its run (reported, released,
+# reaped, cancelled, expired, deleted). There the AFTER trigger gives the key's free slots to
+# its held jobs in claim order (jobqueue_concurrency_admit): a held job gets one while the
+# key's slot holders are fewer than its own limit; the first that does not fit stops it (the
+# key's claim order holds). A job given a slot is announced to its waiters (its route's
+# wake-up key, as a queued job's is).
+#
+# Race-safe (PostgreSQL, READ COMMITTED): slots are given only under the key's advisory lock,
+# counted by a statement that starts after the lock was taken (each statement of a VOLATILE
+# function takes a fresh snapshot), so no two transactions give out the same free slot. The
+# trigger only *tries* the lock (a transaction that changes jobs of two keys never waits on a
+# key while holding another: no deadlock, whatever order a batch report or a group cancel
+# updates its rows in); when another transaction holds it, this one announces the key
+# ('k:<workspace>:<key>' on jobqueue_wake) and the wake-up hub of every listening process
+# runs jobqueue_concurrency_settle(workspace, key) after this transaction committed: it
+# takes the lock (tries, and again a moment later) and gives the slots out then. The
+# maintenance loop settles every key with held jobs too (lifecycle/maintenance), for a key
+# whose announcement nobody heard. SQLite serializes its writers: its triggers give the
+# slots out at once.
+
+from django.db import migrations, models
+
+PG_FUNCTIONS = r"""
+CREATE OR REPLACE FUNCTION jobqueue_concurrency_mark() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    -- BEFORE INSERT, or UPDATE OF status, of a job with a concurrency key: a job that enters
+    -- the queue is held until a slot is given to it (the AFTER trigger, at once when one is
+    -- free); a job that leaves it holds nothing.
+    IF NEW.status = 'queued' THEN
+        IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM 'queued' THEN
+            NEW.concurrency_held := true;
+        END IF;
+    ELSE
+        NEW.concurrency_held := NULL;
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION jobqueue_concurrency_admit(ws uuid, ckey text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+-- Give the key's free slots to its held jobs, in claim order: one while the key's slot
+-- holders (in progress, or queued and given one) are fewer than the held job's own limit;
+-- the first that does not fit stops it. The caller holds the key's lock. Each job given a
+-- slot is announced to its waiters. Answers how many were given one.
+DECLARE
+    holders integer;
+    given integer := 0;
+    h record;
+BEGIN
+    SELECT count(*) INTO holders FROM job
+    WHERE workspace_id = ws AND concurrency_key = ckey AND concurrency_held IS NULL
+      AND status IN ('queued', 'in_progress');
+    LOOP
+        SELECT id, concurrency_limit, job_agent_id, label_set_id INTO h FROM job
+        WHERE workspace_id = ws AND concurrency_key = ckey AND status = 'queued'
+          AND concurrency_held
+        ORDER BY priority DESC, available_at, created_at
+        LIMIT 1
+        FOR NO KEY UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND OR holders >= coalesce(h.concurrency_limit, 1);
+        UPDATE job SET concurrency_held = NULL WHERE id = h.id;
+        PERFORM pg_notify('jobqueue_wake',
+            CASE WHEN h.label_set_id IS NULL THEN 'a:' || h.job_agent_id::text
+                 ELSE 'l:' || ws::text || ':'
+                      || (SELECT s.key FROM job_label_set s WHERE s.id = h.label_set_id) END);
+        holders := holders + 1;
+        given := given + 1;
+    END LOOP;
+    RETURN given;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION jobqueue_concurrency_try(ws uuid, ckey text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $fn$
+-- Take the key's lock if no one holds it, and then give its free slots out: true. False:
+-- another transaction holds it (nothing done; the caller announces the key).
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtextextended(
+            'jobqueue.concurrency:' || ws::text || ':' || ckey, 0)) THEN
+        RETURN false;
+    END IF;
+    PERFORM jobqueue_concurrency_admit(ws, ckey);
+    RETURN true;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION jobqueue_concurrency_changed() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+-- AFTER a job of a key entered or left the queue or its run: give the key's free slots out,
+-- or, when another transaction holds the key's lock, announce the key (the hubs settle it
+-- once this transaction committed).
+DECLARE
+    j job;
+BEGIN
+    IF TG_OP = 'DELETE' THEN j := OLD; ELSE j := NEW; END IF;
+    IF NOT jobqueue_concurrency_try(j.workspace_id, j.concurrency_key) THEN
+        PERFORM pg_notify('jobqueue_wake',
+                          'k:' || j.workspace_id::text || ':' || j.concurrency_key);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE TRIGGER job_concurrency_mark_insert BEFORE INSERT ON job FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL)
+    EXECUTE FUNCTION jobqueue_concurrency_mark();
+CREATE TRIGGER job_concurrency_mark_update BEFORE UPDATE OF status ON job FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
+          AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress'))
+    EXECUTE FUNCTION jobqueue_concurrency_mark();
+CREATE TRIGGER job_concurrency_inserted AFTER INSERT ON job FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL AND NEW.status = 'queued')
+    EXECUTE FUNCTION jobqueue_concurrency_changed();
+CREATE TRIGGER job_concurrency_moved AFTER UPDATE OF status ON job FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
+          AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress')
+          AND (NEW.status = 'queued' OR OLD.status IN ('queued', 'in_progress')))
+    EXECUTE FUNCTION jobqueue_concurrency_changed();
+CREATE TRIGGER job_concurrency_deleted AFTER DELETE ON job FOR EACH ROW
+    WHEN (OLD.concurrency_key IS NOT NULL AND OLD.concurrency_held IS NULL
+          AND OLD.status IN ('queued', 'in_progress'))
+    EXECUTE FUNCTION jobqueue_concurrency_changed();
+"""
+
+PG_DROP = """
+DROP TRIGGER IF EXISTS job_concurrency_mark_insert ON job;
+DROP TRIGGER IF EXISTS job_concurrency_mark_update ON job;
+DROP TRIGGER IF EXISTS job_concurrency_inserted ON job;
+DROP TRIGGER IF EXISTS job_concurrency_moved ON job;
+DROP TRIGGER IF EXISTS job_concurrency_deleted ON job;
+DROP FUNCTION IF EXISTS jobqueue_concurrency_changed();
+DROP FUNCTION IF EXISTS jobqueue_concurrency_try(uuid, text);
+DROP FUNCTION IF EXISTS jobqueue_concurrency_admit(uuid, text);
+DROP FUNCTION IF EXISTS jobqueue_concurrency_mark();
+"""
+
+
+def _sqlite_admit(row: str) -> str:
+    """SQLite's jobqueue_concurrency_admit for the key of `row` (NEW or OLD), one statement:
+    the held jobs in claim order before the first that does not fit (its rank plus the slot
+    holders passes its limit) are given a slot."""
+    key = (f"workspace_id = {row}.workspace_id AND concurrency_key = {row}.concurrency_key")
+    ranked = (f"SELECT id, coalesce(concurrency_limit, 1) AS lim, ROW_NUMBER() OVER "
+              f"(ORDER BY priority DESC, available_at, created_at) AS rn FROM job "
+              f"WHERE {key} AND status = 'queued' AND concurrency_held")
+    holders = (f"(SELECT count(*) FROM job WHERE {key} AND concurrency_held IS NULL "
+               f"AND status IN ('queued', 'in_progress'))")
+    return (f"UPDATE job SET concurrency_held = NULL WHERE id IN ("
+            f"SELECT r.id FROM ({ranked}) r WHERE r.rn < (SELECT coalesce(min(f.rn), "
+            f"1000000000) FROM ({ranked}) f WHERE {holders} + f.rn > f.lim));")
+
+
+SQLITE_TRIGGERS = [
+    "CREATE TRIGGER job_concurrency_inserted AFTER INSERT ON job "
+    "WHEN NEW.concurrency_key IS NOT NULL AND NEW.status = 'queued' BEGIN "
+    "UPDATE job SET concurrency_held = 1 WHERE id = NEW.id; " + _sqlite_admit("NEW") + " END",
+    "CREATE TRIGGER job_concurrency_moved AFTER UPDATE OF status ON job "
+    "WHEN NEW.concurrency_key IS NOT NULL AND OLD.status IS NOT NEW.status "
+    "AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress') BEGIN "
+    "UPDATE job SET concurrency_held = CASE WHEN NEW.status = 'queued' THEN 1 END "
+    "WHERE id = NEW.id; " + _sqlite_admit("NEW") + " END",
+    "CREATE TRIGGER job_concurrency_deleted AFTER DELETE ON job "
+    "WHEN OLD.concurrency_key IS NOT NULL AND OLD.concurrency_held IS NULL "
+    "AND OLD.status IN ('queued', 'in_progress') BEGIN " + _sqlite_admit("OLD") + " END",
+]
+SQLITE_DROP = ["DROP TRIGGER IF EXISTS job_concurrency_inserted",
+               "DROP TRIGGER IF EXISTS job_concurrency_moved",
+               "DROP TRIGGER IF EXISTS job_concurrency_deleted"]
+
+
+def add_triggers(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(PG_FUNCTIONS)
+    else:
+        for statement in SQLITE_TRIGGERS:
+            schema_editor.execute(statement)
+
+
+def drop_triggers(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(PG_DROP)
+    else:
+        for statement in SQLITE_DROP:
+            schema_editor.execute(statement)
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("jobqueue", "0026_settle_labelled_dependents"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="job",
+            name="concurrency_key",
+            field=models.CharField(blank=True, editable=False, max_length=255, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="concurrency_limit",
+            field=models.SmallIntegerField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="concurrency_held",
+            field=models.BooleanField(blank=True, editable=False, null=True),
+        ),
+        migrations.RunPython(add_triggers, drop_triggers),
+    ]

@@ -1,0 +1,111 @@
+# The indexes of concurrency keys (#29; 0027): the claim indexes rebuilt without the jobs a
+# key holds back (a claim never reads them, however many wait behind a full key), and the two
+# the triggers read (a key's held jobs in claim order, its slot holders). On PostgreSQL each
+# built CONCURRENTLY (a plain CREATE INDEX on `job` would hold every claim and report for the
+# scan): a claim index is built beside the old one under a new name, the old one dropped,
+# the new one renamed, so a claim always has one. A build that failed leaves an INVALID
+# index behind: it is dropped first when `migrate` runs again. The release before reads
+# job_claim_order_idx with its own statement, which does not say `concurrency_held IS NULL`:
+# upgrade its replicas before a job with a concurrency key is created (docs/deploy.md).
+
+from django.db import migrations, models
+
+CLAIM = models.Index(
+    models.F("job_agent"), models.OrderBy(models.F("priority"), descending=True),
+    models.F("available_at"), models.F("created_at"),
+    condition=models.Q(("concurrency_held__isnull", True), ("status", "queued")),
+    name="job_claim_order_idx")
+LABEL_CLAIM = models.Index(
+    models.F("label_set"), models.OrderBy(models.F("priority"), descending=True),
+    models.F("available_at"), models.F("created_at"),
+    condition=models.Q(("concurrency_held__isnull", True), ("label_set__isnull", False),
+                       ("status", "queued")),
+    name="job_label_claim_order_idx")
+HELD = models.Index(
+    models.F("workspace"), models.F("concurrency_key"),
+    models.OrderBy(models.F("priority"), descending=True), models.F("available_at"),
+    models.F("created_at"),
+    condition=models.Q(("concurrency_held", True), ("status", "queued")),
+    name="job_concurrency_held_idx")
+LIVE = models.Index(
+    fields=["workspace", "concurrency_key"],
+    condition=models.Q(("concurrency_held__isnull", True), ("concurrency_key__isnull", False),
+                       ("status__in", ["queued", "in_progress"])),
+    name="job_concurrency_live_idx")
+
+OLD_CLAIM = models.Index(
+    models.F("job_agent"), models.OrderBy(models.F("priority"), descending=True),
+    models.F("available_at"), models.F("created_at"),
+    condition=models.Q(("status", "queued")), name="job_claim_order_idx")
+OLD_LABEL_CLAIM = models.Index(
+    models.F("label_set"), models.OrderBy(models.F("priority"), descending=True),
+    models.F("available_at"), models.F("created_at"),
+    condition=models.Q(("label_set__isnull", False), ("status", "queued")),
+    name="job_label_claim_order_idx")
+
+
+def _concurrently(model, schema_editor, index, name=None):
+    if name is not None:
+        index = index.clone()
+        index.name = name
+    schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{index.name}"')
+    schema_editor.execute(str(index.create_sql(model, schema_editor, concurrently=True)))
+
+
+def _swap(model, schema_editor, new, old):
+    """Build `new` beside `old` (same name), drop `old`, give `new` its name."""
+    _concurrently(model, schema_editor, new, name=f"{new.name}_next")
+    schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{old.name}"')
+    schema_editor.execute(f'ALTER INDEX "{new.name}_next" RENAME TO "{new.name}"')
+
+
+def forwards(apps, schema_editor):
+    model = apps.get_model("jobqueue", "Job")
+    if schema_editor.connection.vendor == "postgresql":
+        _swap(model, schema_editor, CLAIM, OLD_CLAIM)
+        _swap(model, schema_editor, LABEL_CLAIM, OLD_LABEL_CLAIM)
+        _concurrently(model, schema_editor, HELD)
+        _concurrently(model, schema_editor, LIVE)
+        return
+    for old, new in ((OLD_CLAIM, CLAIM), (OLD_LABEL_CLAIM, LABEL_CLAIM)):
+        schema_editor.remove_index(model, old)
+        schema_editor.add_index(model, new)
+    schema_editor.add_index(model, HELD)
+    schema_editor.add_index(model, LIVE)
+
+
+def backwards(apps, schema_editor):
+    model = apps.get_model("jobqueue", "Job")
+    if schema_editor.connection.vendor == "postgresql":
+        for index in (LIVE, HELD):
+            schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{index.name}"')
+        _swap(model, schema_editor, OLD_LABEL_CLAIM, LABEL_CLAIM)
+        _swap(model, schema_editor, OLD_CLAIM, CLAIM)
+        return
+    for index in (LIVE, HELD):
+        schema_editor.remove_index(model, index)
+    for old, new in ((OLD_CLAIM, CLAIM), (OLD_LABEL_CLAIM, LABEL_CLAIM)):
+        schema_editor.remove_index(model, new)
+        schema_editor.add_index(model, old)
+
+
+class Migration(migrations.Migration):
+    atomic = False  # CREATE INDEX CONCURRENTLY runs outside a transaction
+
+    dependencies = [
+        ("jobqueue", "0027_job_concurrency_keys"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            database_operations=[migrations.RunPython(forwards, backwards)],
+            state_operations=[
+                migrations.RemoveIndex(model_name="job", name="job_claim_order_idx"),
+                migrations.RemoveIndex(model_name="job", name="job_label_claim_order_idx"),
+                migrations.AddIndex(model_name="job", index=CLAIM),
+                migrations.AddIndex(model_name="job", index=LABEL_CLAIM),
+                migrations.AddIndex(model_name="job", index=HELD),
+                migrations.AddIndex(model_name="job", index=LIVE),
+            ],
+        ),
+    ]

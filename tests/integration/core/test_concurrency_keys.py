@@ -1,0 +1,261 @@
+"""Concurrency keys (#29 item 1) in the core: a key's slots go to its jobs in claim order, a
+claim never takes a held job, a slot freed by any path goes to the next held job at once, and
+racing claims never run more than the limit (PostgreSQL)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from jobqueue import claimrule, lifecycle, states
+from jobqueue.lifecycle.inputs import ReportItem
+from jobqueue.models import Job
+from tests.factories import JobAgentFactory, JobFactory
+
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("wakeups_stopped_after")]
+
+
+def _keyed(agent, key="tenant-a", limit=1, n=1, **extra):
+    return [JobFactory(job_agent=agent, concurrency_key=key, concurrency_limit=limit, **extra)
+            for _ in range(n)]
+
+
+def _held(jobs):
+    return {j.id: Job.objects.get(id=j.id).concurrency_held for j in jobs}
+
+
+def _running(agent, key):
+    return Job.objects.filter(workspace_id=agent.workspace_id, concurrency_key=key,
+                              status=states.IN_PROGRESS).count()
+
+
+def _claim(agent, limit=None):
+    return lifecycle.claim_next(agent, limit=limit or 1)
+
+
+def test_a_key_gives_its_limit_of_slots_in_claim_order():
+    agent = JobAgentFactory()
+    first = JobFactory(job_agent=agent, concurrency_key="k", concurrency_limit=2, priority=5)
+    rest = _keyed(agent, "k", 2, 3)
+    held = _held([first, *rest])
+    assert held[first.id] is None and held[rest[0].id] is None
+    assert [held[j.id] for j in rest[1:]] == [True, True]
+    # Claims take the two with a slot, then nothing, however many ask.
+    got = _claim(agent, 10)
+    assert {g.job.id for g in got} == {first.id, rest[0].id}
+    assert _claim(agent, 10) == []
+    assert claimrule.unmet(rest[1].id) == ["concurrency_slot"]
+
+
+def test_a_named_claim_of_a_held_job_is_409_job_not_claimable():
+    from jobqueue.exceptions import JobNotClaimable
+
+    agent = JobAgentFactory()
+    first, second = _keyed(agent, "k", 1, 2)
+    with pytest.raises(JobNotClaimable):
+        lifecycle.claim_job(agent, second.id)
+    assert lifecycle.claim_job(agent, first.id).job.id == first.id
+
+
+def test_a_plain_job_pays_nothing_and_is_never_held():
+    agent = JobAgentFactory()
+    plain = JobFactory(job_agent=agent)
+    row = Job.objects.values("concurrency_key", "concurrency_limit", "concurrency_held").get(
+        id=plain.id)
+    assert row == {"concurrency_key": None, "concurrency_limit": None, "concurrency_held": None}
+
+
+def test_a_held_job_never_holds_back_other_keys_or_plain_jobs():
+    agent = JobAgentFactory()
+    _keyed(agent, "busy", 1, 5, priority=9)
+    other = _keyed(agent, "other", 1, 1)[0]
+    plain = JobFactory(job_agent=agent)
+    got = {g.job.id for g in _claim(agent, 10)}
+    assert other.id in got and plain.id in got and len(got) == 3
+
+
+@pytest.mark.parametrize("path", ["report", "batch_report", "release", "fail_retry",
+                                  "cancel", "requeue", "reap", "group_cancel", "delete"])
+def test_a_slot_freed_by_any_path_goes_to_the_next_job(path):
+    agent = JobAgentFactory()
+    jobs = _keyed(agent, "k", 1, 3)
+    if path == "group_cancel":
+        other = lifecycle.create_job(workspace=agent.workspace, job_agent=agent, group="g")
+        lifecycle.cancel_job(other.job.id, actor="test")
+        Job.objects.filter(id=jobs[0].id).update(group="g")
+    (grant,) = _claim(agent)
+    assert grant.job.id == jobs[0].id
+    assert _claim(agent) == []
+    if path == "report":
+        lifecycle.report_status(grant.job.id, grant.claim_id, states.SUCCESSFUL,
+                                job_agent_id=agent.id)
+    elif path == "batch_report":
+        lifecycle.report_many(agent.id, [ReportItem(grant.job.id, grant.claim_id,
+                                                    states.SUCCESSFUL)])
+    elif path == "release":
+        lifecycle.release_job(grant.job.id, grant.claim_id, job_agent_id=agent.id,
+                              retry_after_seconds=3600)
+    elif path == "fail_retry":
+        Job.objects.filter(id=grant.job.id).update(max_attempts=5)
+        lifecycle.report_status(grant.job.id, grant.claim_id, states.FAILURE,
+                                job_agent_id=agent.id, retry=True)
+    elif path == "cancel":
+        lifecycle.cancel_job(grant.job.id, actor="test")
+    elif path == "requeue":
+        lifecycle.requeue_job(grant.job.id, actor="test")
+    elif path == "reap":
+        from jobqueue.models import JobClaim
+
+        JobClaim.objects.filter(job_id=grant.job.id).update(
+            claim_expires_at="2000-01-01T00:00:00Z")
+        lifecycle.reap_expired_claims_once(100, actor="reaper")
+    elif path == "group_cancel":
+        lifecycle.cancel_group(agent.workspace_id, "g", actor="test")
+    elif path == "delete":
+        Job.objects.filter(id=grant.job.id).delete()
+    nxt = _claim(agent)
+    assert len(nxt) == 1, path
+    if path == "requeue":  # back in the queue first in claim order: it takes its slot again
+        assert nxt[0].job.id in {jobs[0].id, jobs[1].id}
+    else:
+        assert nxt[0].job.id == jobs[1].id, path
+    assert _running(agent, "k") == 1
+    assert _claim(agent) == []
+
+
+def test_keys_and_limits_belong_to_one_workspace():
+    a, b = JobAgentFactory(), JobAgentFactory()
+    _keyed(a, "shared", 1, 2)
+    _keyed(b, "shared", 1, 2)
+    assert len(_claim(a, 5)) == 1 and len(_claim(b, 5)) == 1
+
+
+def test_a_pending_job_waits_for_a_slot_when_its_dependencies_release_it():
+    agent = JobAgentFactory()
+    ws = agent.workspace
+    parent = lifecycle.create_job(workspace=ws, job_agent=agent).job
+    (busy,) = _keyed(agent, "k", 1, 1)
+    child = lifecycle.create_job(workspace=ws, job_agent=agent, depends_on=[parent.id]).job
+    Job.objects.filter(id=child.id).update(concurrency_key="k", concurrency_limit=1)
+    grants = {g.job.id: g for g in _claim(agent, 10)}
+    assert set(grants) == {parent.id, busy.id}
+    lifecycle.report_status(parent.id, grants[parent.id].claim_id, states.SUCCESSFUL,
+                            job_agent_id=agent.id)
+    child.refresh_from_db()
+    assert child.status == states.QUEUED and child.concurrency_held is True
+    lifecycle.report_status(busy.id, grants[busy.id].claim_id, states.SUCCESSFUL,
+                            job_agent_id=agent.id)
+    assert [g.job.id for g in _claim(agent)] == [child.id]
+
+
+@pytest.mark.postgres_only
+def test_racing_claimers_never_run_more_than_the_limit():
+    """8 claimers, 200 jobs of one key at limit 3: the running count, read at every claim in
+    the claim's own transaction, never passes 3; every job runs once."""
+    agent = JobAgentFactory()
+    _keyed(agent, "hot", 3, 200)
+    seen, done, errors = [], set(), []
+    lock = threading.Lock()
+
+    def claimer():
+        try:
+            while True:
+                with lock:
+                    if len(done) >= 200:
+                        return
+                grants = lifecycle.claim_next(agent, limit=2)
+                with connection.cursor() as cur:
+                    cur.execute("SELECT count(*) FROM job WHERE concurrency_key = 'hot' "
+                                "AND status = 'in_progress'")
+                    running = cur.fetchone()[0]
+                with lock:
+                    seen.append(running)
+                for g in grants:
+                    lifecycle.report_status(g.job.id, g.claim_id, states.SUCCESSFUL,
+                                            job_agent_id=agent.id)
+                    with lock:
+                        assert g.job.id not in done
+                        done.add(g.job.id)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(done) == 200
+    assert max(seen) <= 3
+    assert Job.objects.filter(concurrency_key="hot", concurrency_held=True).count() == 0
+
+
+class _KeyLocked:
+    """Another transaction holds the key's lock (as a racing create or release would)."""
+
+    def __init__(self, workspace_id, key):
+        import psycopg
+
+        d = connection.settings_dict
+        self.conn = psycopg.connect(dbname=d["NAME"], user=d.get("USER") or "postgres",
+                                    host=d.get("HOST") or "127.0.0.1",
+                                    port=d.get("PORT") or 5432)
+        self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended("
+                          "'jobqueue.concurrency:' || %s::text || ':' || %s, 0))",
+                          [str(workspace_id), key])
+
+    def release(self):
+        self.conn.rollback()
+        self.conn.close()
+
+
+@pytest.mark.postgres_only
+def test_a_slot_freed_while_another_holds_the_key_is_given_out_by_the_hub():
+    import time
+
+    from jobqueue import wakeups
+
+    agent = JobAgentFactory()
+    _, second = _keyed(agent, "k", 1, 2)
+    (grant,) = _claim(agent)
+    got = {}
+    waiter = threading.Thread(target=lambda: (got.update(
+        grants=lifecycle.claim_next(agent, wait_seconds=15)), connection.close()))
+    waiter.start()
+    assert wakeups.hub().connected.wait(5)
+    time.sleep(0.3)  # the waiter has checked once and waits
+    lock = _KeyLocked(agent.workspace_id, "k")
+    try:
+        lifecycle.report_status(grant.job.id, grant.claim_id, states.SUCCESSFUL,
+                                job_agent_id=agent.id)
+        assert _held([second]) == {second.id: True}  # the report could not give it out
+        time.sleep(0.3)
+    finally:
+        lock.release()
+    started = time.monotonic()
+    waiter.join(15)
+    assert [g.job.id for g in got["grants"]] == [second.id]
+    assert time.monotonic() - started < 5  # the hub's retries, not the wait's deadline
+
+
+@pytest.mark.postgres_only
+def test_the_reapers_sweep_settles_a_key_no_hub_heard():
+    from jobqueue.maintenance import reaper
+
+    agent = JobAgentFactory()
+    _, second = _keyed(agent, "k", 1, 2)
+    (grant,) = _claim(agent)
+    lock = _KeyLocked(agent.workspace_id, "k")
+    try:
+        lifecycle.report_status(grant.job.id, grant.claim_id, states.SUCCESSFUL,
+                                job_agent_id=agent.id)
+    finally:
+        lock.release()
+    assert _claim(agent) == []  # held: nobody gave the freed slot out yet
+    reaper.sweep(record=False)
+    assert [g.job.id for g in _claim(agent)] == [second.id]
