@@ -126,6 +126,17 @@ def test_a_slot_freed_by_any_path_goes_to_the_next_job(path):
     assert _claim(agent) == []
 
 
+def test_labelled_jobs_of_a_key_share_its_slots_across_agents():
+    agent = JobAgentFactory(labels=["gpu"])
+    other = JobAgentFactory(workspace=agent.workspace, labels=["gpu", "linux"])
+    ws = agent.workspace
+    jobs = [lifecycle.create_job(workspace=ws, labels=["gpu"], concurrency_key="model",
+                                 concurrency_limit=2).job for _ in range(4)]
+    got = [g.job.id for g in _claim(agent)] + [g.job.id for g in _claim(other, 5)]
+    assert got == [jobs[0].id, jobs[1].id]
+    assert _claim(agent) == [] and _claim(other) == []
+
+
 def test_keys_and_limits_belong_to_one_workspace():
     a, b = JobAgentFactory(), JobAgentFactory()
     _keyed(a, "shared", 1, 2)
@@ -153,8 +164,8 @@ def test_a_pending_job_waits_for_a_slot_when_its_dependencies_release_it():
 
 @pytest.mark.postgres_only
 def test_racing_claimers_never_run_more_than_the_limit():
-    """8 claimers, 200 jobs of one key at limit 3: the running count, read at every claim in
-    the claim's own transaction, never passes 3; every job runs once."""
+    """8 claimers, 200 jobs of one key at limit 3: the running count, read right after every
+    claim returns (before its jobs are reported), never passes 3; every job runs once."""
     agent = JobAgentFactory()
     _keyed(agent, "hot", 3, 200)
     seen, done, errors = [], set(), []
@@ -259,3 +270,55 @@ def test_the_reapers_sweep_settles_a_key_no_hub_heard():
     assert _claim(agent) == []  # held: nobody gave the freed slot out yet
     reaper.sweep(record=False)
     assert [g.job.id for g in _claim(agent)] == [second.id]
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("limit", [1, 10])
+def test_a_claim_never_reads_a_held_back_job(limit):
+    """3,000 jobs of one key wait ahead of everything else in claim order (higher priority);
+    the claim reads the agent's claim index and at most `limit` rows of it: none of them."""
+    import json
+
+    from jobqueue.lifecycle.pg import claim_statement
+
+    agent = JobAgentFactory()
+    _keyed(agent, "flood", 1, 1, priority=50)
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO job (id, workspace_id, job_agent_id, status, job_agent_config, "
+            "dispatch_context, message, external_id, attempt, max_attempts, "
+            "initial_max_attempts, priority, available_at, idempotency_fingerprint, "
+            "created_at, updated_at, concurrency_key, concurrency_limit) "
+            "SELECT gen_random_uuid(), %s, %s, 'queued', '{}', '{}', '', '', 0, 3, 3, 50, "
+            "now() - interval '1 hour', '', now(), now(), 'flood', 1 "
+            "FROM generate_series(1, 3000)", [agent.workspace_id, agent.id])
+        cur.execute("ANALYZE job")
+    plain = [JobFactory(job_agent=agent) for _ in range(12)]
+    assert Job.objects.filter(concurrency_key="flood", concurrency_held=True).count() == 3000
+    params = {"agent": agent.id, "limit": limit, "lease": 60, "kind": "claimed",
+              "actor": "test", "holder": "", "key": None}
+    with connection.cursor() as cur:
+        cur.execute("BEGIN")
+        try:
+            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_statement(limit), params)
+            (plan,) = cur.fetchone()
+        finally:
+            cur.execute("ROLLBACK")
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", ()):
+            yield from nodes(child)
+
+    scans = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "job"
+             and n["Node Type"].startswith("Index")]
+    assert {n["Index Name"] for n in scans} >= {"job_claim_order_idx"}
+    claim_scan = next(n for n in scans if n["Index Name"] == "job_claim_order_idx")
+    assert claim_scan["Actual Rows"] <= limit
+    assert claim_scan.get("Rows Removed by Filter", 0) == 0
+    got = {g.job.id for g in _claim(agent, limit)}
+    flood = set(Job.objects.filter(concurrency_key="flood").values_list("id", flat=True))
+    # the key's one slot first (priority 50), then the plain jobs; no second job of the key
+    assert len(got & flood) == 1 and len(got) == limit
+    assert got - flood <= {j.id for j in plain}
