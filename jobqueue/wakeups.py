@@ -38,6 +38,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from urllib.parse import unquote
 
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
 
@@ -71,6 +72,13 @@ def route_key(job) -> str:
     if job.label_set_id is None:
         return agent_key(job.job_agent_id)
     return label_key(job.workspace_id, job.labels)
+
+
+def concurrency_key(workspace_id, key: str) -> str:
+    """A concurrency key whose free slots are to be given out (lifecycle/concurrency.py): the
+    hubs settle it. % and space escaped as in a URL (a payload's space separates its delay),
+    as migration 0027's jobqueue_concurrency_announce writes it."""
+    return f"k:{workspace_id}:{key.replace('%', '%25').replace(' ', '%20')}"
 
 
 def job_key(job_id) -> str:
@@ -249,7 +257,7 @@ class Hub:
 
         workspace, _, name = key[2:].partition(":")
         try:
-            settled = settle_key(workspace, name)
+            settled = settle_key(workspace, unquote(name))
         except Exception:  # the database is away: the reaper's sweep settles it
             log.warning("settling concurrency key %s failed", key, exc_info=True)
             settled = True

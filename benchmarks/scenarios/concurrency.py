@@ -37,16 +37,26 @@ def _setup(name):
 
 def _fill(ws, agent, n, keys):
     """n queued jobs of the agent, straight in SQL; with `keys`, spread over that many keys at
-    limit 1 (the triggers hold all but the first of each back)."""
-    key = "'tenant-' || (i %% %(keys)s)" if keys else "NULL"
+    limit 1, each key's first job in claim order given its slot and the others held back, as
+    the triggers would leave them (written directly: the triggers fire on status changes and
+    inserts, and 100,000 inserts in one statement would each count their key's jobs with a
+    plan made when the table was empty)."""
     sql("INSERT INTO job (id, workspace_id, job_agent_id, status, job_agent_config, "
         "dispatch_context, message, external_id, attempt, max_attempts, initial_max_attempts, "
-        "priority, available_at, idempotency_fingerprint, created_at, updated_at, "
-        "concurrency_key, concurrency_limit) "
-        f"SELECT gen_random_uuid(), %(ws)s, %(agent)s, 'queued', '{{}}', '{{}}', '', '', 0, 3, "
-        f"3, i %% 3, now() - interval '1 hour', '', now() - make_interval(secs => %(n)s - i), "
-        f"now(), {key}, {'1' if keys else 'NULL'} FROM generate_series(1, %(n)s) i",
-        {"ws": ws.id, "agent": agent.id, "n": n, "keys": keys or 1})
+        "priority, available_at, idempotency_fingerprint, created_at, updated_at) "
+        "SELECT gen_random_uuid(), %(ws)s, %(agent)s, 'queued', '{}', '{}', '', '', 0, 3, "
+        "3, i %% 3, now() - interval '1 hour', '', now() - make_interval(secs => %(n)s - i), "
+        "now() FROM generate_series(1, %(n)s) i",
+        {"ws": ws.id, "agent": agent.id, "n": n})
+    if keys:
+        sql("UPDATE job SET concurrency_key = k.key, concurrency_limit = 1, "
+            "concurrency_held = CASE WHEN k.rn = 1 THEN NULL ELSE true END "
+            "FROM (SELECT id, key, row_number() OVER (PARTITION BY key ORDER BY "
+            "priority DESC, available_at, created_at) AS rn FROM (SELECT id, priority, "
+            "available_at, created_at, 'tenant-' || (row_number() OVER (ORDER BY "
+            "created_at) %% %(keys)s) AS key FROM job WHERE workspace_id = %(ws)s) n) k "
+            "WHERE job.id = k.id",
+            {"ws": ws.id, "keys": keys})
 
 
 def _claim(agent, lat, keyed):

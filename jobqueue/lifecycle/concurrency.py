@@ -27,3 +27,40 @@ def settle_held_keys() -> int:
     transaction held is left to it)."""
     return sum(settle_key(workspace_id, key)
                for workspace_id, key in backend().concurrency_keys_held())
+
+
+def settle_keys(keys) -> None:
+    """Give the free slots of these (workspace_id, key) out in the caller's transaction, or,
+    for a key another transaction holds, announce it (the hubs settle it after commit)."""
+    from jobqueue import wakeups
+
+    for workspace_id, key in sorted(set(keys), key=lambda k: (str(k[0]), k[1])):
+        if not backend().settle_concurrency(workspace_id, key):
+            wakeups.announce(wakeups.concurrency_key(workspace_id, key))
+
+
+def agent_paused(job_agent_id) -> None:
+    """A paused agent cannot claim: its own queued jobs that hold a slot give it back (held
+    back again) and their keys' slots go to jobs another agent can take. In the pause's
+    transaction."""
+    from jobqueue import states
+    from jobqueue.models import Job
+
+    jobs = Job.objects.filter(job_agent_id=job_agent_id, label_set__isnull=True,
+                              status=states.QUEUED, concurrency_key__isnull=False,
+                              concurrency_held__isnull=True)
+    keys = list(jobs.values_list("workspace_id", "concurrency_key").distinct())
+    if keys:
+        jobs.update(concurrency_held=True)
+        settle_keys(keys)
+
+
+def agent_resumed(job_agent_id) -> None:
+    """A resumed agent can claim again: the keys of its held-back jobs give their free slots
+    out. In the resume's transaction."""
+    from jobqueue import states
+    from jobqueue.models import Job
+
+    settle_keys(Job.objects.filter(
+        job_agent_id=job_agent_id, label_set__isnull=True, status=states.QUEUED,
+        concurrency_held=True).values_list("workspace_id", "concurrency_key").distinct())

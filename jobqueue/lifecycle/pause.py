@@ -1,6 +1,8 @@
 """Pause and resume a job agent: while paused, its claims hand out nothing (claim-next
 answers 204 / an empty batch, a named claim 409 `agent_paused`); jobs already claimed go
-on (heartbeats, reports and releases are untouched), and nothing else changes.
+on (heartbeats, reports and releases are untouched), and nothing else changes but the
+slots of concurrency keys: a paused agent's own queued jobs give theirs back, so that jobs
+another agent can take get them, and take them again when it resumes (lifecycle/concurrency.py).
 
 Each is one conditional UPDATE of the agent's row, by the database's clock. On PostgreSQL
 the claim statement reads `paused_at` under a share lock (jobqueue/sql/postgresql.sql, the gate), so
@@ -18,14 +20,19 @@ from django.db.models.functions import Now
 from jobqueue import observe, wakeups
 from jobqueue.models import JobAgent
 
+from . import concurrency
+
 log = logging.getLogger("jobqueue.lifecycle")
 
 
 def pause_job_agent(job_agent: JobAgent, actor: str, reason: str = "") -> tuple[JobAgent, bool]:
     """Pause the agent's claims: (the agent as it is now, whether this call paused it)."""
-    changed = JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=True).update(
-        paused_at=Now(), paused_by=actor, paused_reason=(reason or "")[:500]
-    ) == 1
+    with transaction.atomic():
+        changed = JobAgent.objects.filter(id=job_agent.id, paused_at__isnull=True).update(
+            paused_at=Now(), paused_by=actor, paused_reason=(reason or "")[:500]
+        ) == 1
+        if changed:
+            concurrency.agent_paused(job_agent.id)
     return _after(job_agent, changed, "paused", actor, reason)
 
 
@@ -37,6 +44,7 @@ def resume_job_agent(job_agent: JobAgent, actor: str, reason: str = "") -> tuple
             paused_at=None, paused_by="", paused_reason=""
         ) == 1
         if changed:
+            concurrency.agent_resumed(job_agent.id)
             wakeups.announce(wakeups.every_waiter_key(job_agent.id))
     return _after(job_agent, changed, "resumed", actor, reason)
 

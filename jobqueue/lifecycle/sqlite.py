@@ -91,13 +91,17 @@ class SqliteBackend(OrmBackend):
             "cancelled_at", "finished_at").first()
 
     def settle_concurrency(self, workspace_id, key: str) -> bool:
-        """Nothing to settle: SQLite's triggers (migration 0027) give a key's free slots out
-        in the transaction that freed them (its writers are serialized)."""
+        """Give the key's free slots out now (concurrency_admit; the caller's transaction is
+        the writer: no lock to wait for). SQLite's triggers (migration 0027) do the same in
+        the transaction that freed a slot; this is for what no status change announces (a
+        held-back job that became due, an agent paused or resumed)."""
+        self._run(sql.concurrency_admit, {"workspace": _hex(uuid.UUID(str(workspace_id))),
+                                           "key": key})
         return True
 
     def concurrency_keys_held(self) -> list[tuple]:
-        """None to settle (settle_concurrency)."""
-        return []
+        """(workspace_id, key) of every concurrency key with held-back jobs."""
+        return [(uuid.UUID(ws), key) for ws, key in self._run(sql.concurrency_keys_held, {})]
 
     def notify(self, channel: str, payloads: list[str]) -> None:
         """Append the wake-ups to the wake file once the transaction commits (every process

@@ -35,11 +35,13 @@ PG_FUNCTIONS = r"""
 CREATE OR REPLACE FUNCTION jobqueue_concurrency_mark() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    -- BEFORE INSERT, or UPDATE OF status, of a job with a concurrency key: a job that enters
-    -- the queue is held until a slot is given to it (the AFTER trigger, at once when one is
-    -- free); a job that leaves it holds nothing.
+    -- BEFORE INSERT, or UPDATE OF status or available_at, of a job with a concurrency key: a
+    -- job that enters the queue, or whose available_at moves while queued, is held back until
+    -- a slot is given to it (the AFTER trigger, at once when one is free and a claim could
+    -- take it now); a job that leaves the queue holds nothing.
     IF NEW.status = 'queued' THEN
-        IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM 'queued' THEN
+        IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM 'queued'
+           OR OLD.available_at IS DISTINCT FROM NEW.available_at THEN
             NEW.concurrency_held := true;
         END IF;
     ELSE
@@ -49,28 +51,73 @@ BEGIN
 END
 $fn$;
 
+CREATE OR REPLACE FUNCTION jobqueue_concurrency_announce(ws uuid, ckey text, delay double precision)
+RETURNS void LANGUAGE sql VOLATILE AS $fn$
+-- 'k:<workspace>:<key>' on jobqueue_wake (the key with the percent sign and the space
+-- escaped, as in a URL: a payload's space separates its delay), `delay` seconds from now when > 0: the wake-up hubs
+-- settle the key then (jobqueue.wakeups, Hub.settle).
+SELECT pg_notify('jobqueue_wake', 'k:' || ws::text || ':'
+    || replace(replace(ckey, chr(37), chr(37) || '25'), ' ', chr(37) || '20')
+    || CASE WHEN delay > 0 THEN ' ' || round(delay::numeric, 3)::text ELSE '' END)
+$fn$;
+
 CREATE OR REPLACE FUNCTION jobqueue_concurrency_admit(ws uuid, ckey text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
--- Give the key's free slots to its held jobs, in claim order: one while the key's slot
--- holders (in progress, or queued and given one) are fewer than the held job's own limit;
--- the first that does not fit stops it. The caller holds the key's lock. Each job given a
--- slot is announced to its waiters. Answers how many were given one.
+-- Give the key's free slots to its held-back jobs that a claim could take now (due, not
+-- past expires_at, not the job of a paused agent), in claim order: one while the key's slot
+-- holders (in progress, or queued and given one) are fewer than the job's own limit; the
+-- first that does not fit stops it. The caller holds the key's lock. Each job given a slot
+-- is announced to its waiters. When a slot stays free and held-back jobs remain that could
+-- take it later (one becomes due, or another transaction holds its row), the key is
+-- announced for then. Answers how many were given one.
 DECLARE
     holders integer;
     given integer := 0;
+    fits integer;
+    due timestamptz;
     h record;
 BEGIN
     SELECT count(*) INTO holders FROM job
     WHERE workspace_id = ws AND concurrency_key = ckey AND concurrency_held IS NULL
       AND status IN ('queued', 'in_progress');
     LOOP
-        SELECT id, concurrency_limit, job_agent_id, label_set_id INTO h FROM job
+        -- The next one a claim could take, read without a lock: does it fit?
+        SELECT coalesce(concurrency_limit, 1) INTO fits FROM job
         WHERE workspace_id = ws AND concurrency_key = ckey AND status = 'queued'
-          AND concurrency_held
+          AND concurrency_held AND available_at <= STATEMENT_TIMESTAMP()
+          AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+          AND (label_set_id IS NOT NULL OR NOT EXISTS (
+              SELECT 1 FROM job_agent a WHERE a.id = job.job_agent_id
+                AND a.paused_at IS NOT NULL))
+        ORDER BY priority DESC, available_at, created_at
+        LIMIT 1;
+        IF NOT FOUND THEN
+            -- None now: the first to become due, if a slot is free for it then.
+            SELECT min(available_at) INTO due FROM job
+            WHERE workspace_id = ws AND concurrency_key = ckey AND status = 'queued'
+              AND concurrency_held AND available_at > STATEMENT_TIMESTAMP();
+            IF due IS NOT NULL THEN
+                PERFORM jobqueue_concurrency_announce(
+                    ws, ckey, greatest(0.001, extract(epoch FROM due - STATEMENT_TIMESTAMP())));
+            END IF;
+            EXIT;
+        END IF;
+        EXIT WHEN holders >= fits;
+        SELECT id, job_agent_id, label_set_id INTO h FROM job
+        WHERE workspace_id = ws AND concurrency_key = ckey AND status = 'queued'
+          AND concurrency_held AND available_at <= STATEMENT_TIMESTAMP()
+          AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
+          AND (label_set_id IS NOT NULL OR NOT EXISTS (
+              SELECT 1 FROM job_agent a WHERE a.id = job.job_agent_id
+                AND a.paused_at IS NOT NULL))
         ORDER BY priority DESC, available_at, created_at
         LIMIT 1
         FOR NO KEY UPDATE SKIP LOCKED;
-        EXIT WHEN NOT FOUND OR holders >= coalesce(h.concurrency_limit, 1);
+        IF NOT FOUND THEN
+            -- Another transaction holds their rows: again in a moment.
+            PERFORM jobqueue_concurrency_announce(ws, ckey, 0.2);
+            EXIT;
+        END IF;
         UPDATE job SET concurrency_held = NULL WHERE id = h.id;
         PERFORM pg_notify('jobqueue_wake',
             CASE WHEN h.label_set_id IS NULL THEN 'a:' || h.job_agent_id::text
@@ -99,16 +146,15 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION jobqueue_concurrency_changed() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
--- AFTER a job of a key entered or left the queue or its run: give the key's free slots out,
--- or, when another transaction holds the key's lock, announce the key (the hubs settle it
--- once this transaction committed).
+-- AFTER a job of a key entered or left the queue or its run (or moved its available_at while
+-- queued): give the key's free slots out, or, when another transaction holds the key's
+-- lock, announce the key (the hubs settle it once this transaction committed).
 DECLARE
     j job;
 BEGIN
     IF TG_OP = 'DELETE' THEN j := OLD; ELSE j := NEW; END IF;
     IF NOT jobqueue_concurrency_try(j.workspace_id, j.concurrency_key) THEN
-        PERFORM pg_notify('jobqueue_wake',
-                          'k:' || j.workspace_id::text || ':' || j.concurrency_key);
+        PERFORM jobqueue_concurrency_announce(j.workspace_id, j.concurrency_key, 0);
     END IF;
     RETURN NULL;
 END
@@ -117,17 +163,23 @@ $fn$;
 CREATE TRIGGER job_concurrency_mark_insert BEFORE INSERT ON job FOR EACH ROW
     WHEN (NEW.concurrency_key IS NOT NULL)
     EXECUTE FUNCTION jobqueue_concurrency_mark();
-CREATE TRIGGER job_concurrency_mark_update BEFORE UPDATE OF status ON job FOR EACH ROW
-    WHEN (NEW.concurrency_key IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
+CREATE TRIGGER job_concurrency_mark_update BEFORE UPDATE OF status, available_at ON job
+    FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL
+          AND (OLD.status IS DISTINCT FROM NEW.status
+               OR OLD.available_at IS DISTINCT FROM NEW.available_at)
           AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress'))
     EXECUTE FUNCTION jobqueue_concurrency_mark();
 CREATE TRIGGER job_concurrency_inserted AFTER INSERT ON job FOR EACH ROW
     WHEN (NEW.concurrency_key IS NOT NULL AND NEW.status = 'queued')
     EXECUTE FUNCTION jobqueue_concurrency_changed();
-CREATE TRIGGER job_concurrency_moved AFTER UPDATE OF status ON job FOR EACH ROW
-    WHEN (NEW.concurrency_key IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
-          AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress')
-          AND (NEW.status = 'queued' OR OLD.status IN ('queued', 'in_progress')))
+CREATE TRIGGER job_concurrency_moved AFTER UPDATE OF status, available_at ON job FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL
+          AND ((OLD.status IS DISTINCT FROM NEW.status
+                AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress')
+                AND (NEW.status = 'queued' OR OLD.status IN ('queued', 'in_progress')))
+               OR (NEW.status = 'queued' AND OLD.status = 'queued'
+                   AND OLD.available_at IS DISTINCT FROM NEW.available_at)))
     EXECUTE FUNCTION jobqueue_concurrency_changed();
 CREATE TRIGGER job_concurrency_deleted AFTER DELETE ON job FOR EACH ROW
     WHEN (OLD.concurrency_key IS NOT NULL AND OLD.concurrency_held IS NULL
@@ -144,32 +196,51 @@ DROP TRIGGER IF EXISTS job_concurrency_deleted ON job;
 DROP FUNCTION IF EXISTS jobqueue_concurrency_changed();
 DROP FUNCTION IF EXISTS jobqueue_concurrency_try(uuid, text);
 DROP FUNCTION IF EXISTS jobqueue_concurrency_admit(uuid, text);
+DROP FUNCTION IF EXISTS jobqueue_concurrency_announce(uuid, text, double precision);
 DROP FUNCTION IF EXISTS jobqueue_concurrency_mark();
 """
 
 
-def _sqlite_admit(row: str) -> str:
-    """SQLite's jobqueue_concurrency_admit for the key of `row` (NEW or OLD), one statement:
-    the held jobs in claim order before the first that does not fit (its rank plus the slot
-    holders passes its limit) are given a slot."""
-    key = (f"workspace_id = {row}.workspace_id AND concurrency_key = {row}.concurrency_key")
+# SQLite's clock, as jobqueue/sql/sqlite.sql writes it (a literal % doubled).
+SQLITE_NOW = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
+
+
+def sqlite_admit(workspace: str, key: str) -> str:
+    """SQLite's jobqueue_concurrency_admit for a key (SQL expressions: NEW.workspace_id and
+    NEW.concurrency_key in a trigger), one statement: of the key's held-back jobs a claim
+    could take now (due, not past expires_at, not a paused agent's), in claim order, those
+    before the first that does not fit (its rank plus the key's slot holders passes its
+    limit) are given a slot. jobqueue/sql/sqlite.sql's concurrency_admit is this statement
+    for parameters (tests/integration/core/test_concurrency_keys.py holds them equal)."""
+    where = (f"workspace_id = {workspace} AND concurrency_key = {key} AND status = 'queued' "
+             f"AND concurrency_held AND available_at <= {SQLITE_NOW} "
+             f"AND (expires_at IS NULL OR expires_at > {SQLITE_NOW}) "
+             f"AND (label_set_id IS NOT NULL OR job_agent_id NOT IN "
+             f"(SELECT id FROM job_agent WHERE paused_at IS NOT NULL))")
     ranked = (f"SELECT id, coalesce(concurrency_limit, 1) AS lim, ROW_NUMBER() OVER "
               f"(ORDER BY priority DESC, available_at, created_at) AS rn FROM job "
-              f"WHERE {key} AND status = 'queued' AND concurrency_held")
-    holders = (f"(SELECT count(*) FROM job WHERE {key} AND concurrency_held IS NULL "
+              f"WHERE {where}")
+    holders = (f"(SELECT count(*) FROM job WHERE workspace_id = {workspace} "
+               f"AND concurrency_key = {key} AND concurrency_held IS NULL "
                f"AND status IN ('queued', 'in_progress'))")
     return (f"UPDATE job SET concurrency_held = NULL WHERE id IN ("
             f"SELECT r.id FROM ({ranked}) r WHERE r.rn < (SELECT coalesce(min(f.rn), "
-            f"1000000000) FROM ({ranked}) f WHERE {holders} + f.rn > f.lim));")
+            f"1000000000) FROM ({ranked}) f WHERE {holders} + f.rn > f.lim))")
+
+
+def _sqlite_admit(row: str) -> str:
+    return sqlite_admit(f"{row}.workspace_id", f"{row}.concurrency_key") + ";"
 
 
 SQLITE_TRIGGERS = [
     "CREATE TRIGGER job_concurrency_inserted AFTER INSERT ON job "
     "WHEN NEW.concurrency_key IS NOT NULL AND NEW.status = 'queued' BEGIN "
     "UPDATE job SET concurrency_held = 1 WHERE id = NEW.id; " + _sqlite_admit("NEW") + " END",
-    "CREATE TRIGGER job_concurrency_moved AFTER UPDATE OF status ON job "
-    "WHEN NEW.concurrency_key IS NOT NULL AND OLD.status IS NOT NEW.status "
-    "AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress') BEGIN "
+    "CREATE TRIGGER job_concurrency_moved AFTER UPDATE OF status, available_at ON job "
+    "WHEN NEW.concurrency_key IS NOT NULL AND ((OLD.status IS NOT NEW.status "
+    "AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress')) "
+    "OR (NEW.status = 'queued' AND OLD.status = 'queued' "
+    "AND OLD.available_at IS NOT NEW.available_at)) BEGIN "
     "UPDATE job SET concurrency_held = CASE WHEN NEW.status = 'queued' THEN 1 END "
     "WHERE id = NEW.id; " + _sqlite_admit("NEW") + " END",
     "CREATE TRIGGER job_concurrency_deleted AFTER DELETE ON job "

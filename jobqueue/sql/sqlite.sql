@@ -78,3 +78,46 @@ SELECT STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
 -- name: database_ping
 -- The health check's round trip (/healthz).
 SELECT 1
+
+
+-- name: concurrency_admit
+-- Give a concurrency key's free slots to its held-back jobs (migration 0027, whose triggers
+-- run this statement for the key of the row they fire for, built by its sqlite_admit): of
+-- the key's held-back jobs a claim could take now (due, not past expires_at, not a paused
+-- agent's), in claim order, those before the first that does not fit (its rank plus the
+-- key's slot holders passes its own limit). Run by the reaper's sweep and by a pause or a
+-- resume of an agent (lifecycle/concurrency.py); the caller's transaction is the writer.
+UPDATE job SET concurrency_held = NULL WHERE id IN (
+    SELECT r.id FROM (
+        SELECT id, coalesce(concurrency_limit, 1) AS lim,
+               ROW_NUMBER() OVER (ORDER BY priority DESC, available_at, created_at) AS rn
+        FROM job
+        WHERE workspace_id = %(workspace)s AND concurrency_key = %(key)s
+          AND status = 'queued' AND concurrency_held
+          AND available_at <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+          AND (expires_at IS NULL OR expires_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'))
+          AND (label_set_id IS NOT NULL OR job_agent_id NOT IN
+               (SELECT id FROM job_agent WHERE paused_at IS NOT NULL))
+    ) r
+    WHERE r.rn < (
+        SELECT coalesce(min(f.rn), 1000000000) FROM (
+            SELECT id, coalesce(concurrency_limit, 1) AS lim,
+                   ROW_NUMBER() OVER (ORDER BY priority DESC, available_at, created_at) AS rn
+            FROM job
+            WHERE workspace_id = %(workspace)s AND concurrency_key = %(key)s
+              AND status = 'queued' AND concurrency_held
+              AND available_at <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+              AND (expires_at IS NULL OR expires_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'))
+              AND (label_set_id IS NOT NULL OR job_agent_id NOT IN
+                   (SELECT id FROM job_agent WHERE paused_at IS NOT NULL))
+        ) f
+        WHERE (SELECT count(*) FROM job
+               WHERE workspace_id = %(workspace)s AND concurrency_key = %(key)s
+                 AND concurrency_held IS NULL AND status IN ('queued', 'in_progress'))
+              + f.rn > f.lim))
+
+
+-- name: concurrency_keys_held
+-- The keys with held-back jobs (the reaper's sweep settles each): job_concurrency_held_idx.
+SELECT DISTINCT workspace_id, concurrency_key FROM job
+WHERE status = 'queued' AND concurrency_held

@@ -322,3 +322,137 @@ def test_a_claim_never_reads_a_held_back_job(limit):
     # the key's one slot first (priority 50), then the plain jobs; no second job of the key
     assert len(got & flood) == 1 and len(got) == limit
     assert got - flood <= {j.id for j in plain}
+
+
+def test_a_job_that_is_not_due_takes_no_slot():
+    """A held-back job whose available_at has not come is passed over: the slot goes to the
+    next one a claim could take now."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    agent = JobAgentFactory()
+    (running,) = _keyed(agent, "k", 1, 1)
+    (grant,) = _claim(agent)
+    (later,) = _keyed(agent, "k", 1, 1, priority=9,
+                      available_at=timezone.now() + dt.timedelta(hours=1))
+    (ready,) = _keyed(agent, "k", 1, 1)
+    lifecycle.report_status(grant.job.id, grant.claim_id, states.SUCCESSFUL,
+                            job_agent_id=agent.id)
+    assert _held([later, ready]) == {later.id: True, ready.id: None}
+    assert [g.job.id for g in _claim(agent)] == [ready.id]
+
+
+def test_a_job_that_becomes_due_gets_the_free_slot_when_the_key_is_settled():
+    import datetime as dt
+    import time
+
+    from django.utils import timezone
+
+    from jobqueue.lifecycle import concurrency
+
+    agent = JobAgentFactory()
+    (later,) = _keyed(agent, "k", 1, 1,
+                      available_at=timezone.now() + dt.timedelta(seconds=1))
+    assert _held([later]) == {later.id: True}
+    time.sleep(1.2)
+    concurrency.settle_held_keys()  # the reaper's sweep
+    assert [g.job.id for g in _claim(agent)] == [later.id]
+
+
+def test_a_paused_agents_job_gives_its_slot_to_another_agents():
+
+    a = JobAgentFactory()
+    b = JobAgentFactory(workspace=a.workspace)
+    (mine,) = _keyed(a, "deploy", 1, 1, priority=5)
+    (theirs,) = _keyed(b, "deploy", 1, 1)
+    assert _held([mine, theirs]) == {mine.id: None, theirs.id: True}
+    lifecycle.pause_job_agent(a, actor="test")
+    assert _held([mine, theirs]) == {mine.id: True, theirs.id: None}
+    (grant,) = _claim(b)
+    assert grant.job.id == theirs.id
+    lifecycle.resume_job_agent(a, actor="test")
+    assert _claim(a) == []  # the key's one slot is b's job's, in progress
+    lifecycle.report_status(grant.job.id, grant.claim_id, states.SUCCESSFUL,
+                            job_agent_id=b.id)
+    assert [g.job.id for g in _claim(a)] == [mine.id]
+
+
+def test_sqlites_settle_statement_is_its_triggers():
+    import importlib
+    import re
+
+    from jobqueue import sql
+
+    migration = importlib.import_module("jobqueue.migrations.0027_job_concurrency_keys")
+
+    def words(text):
+        return re.sub(r"\s+", " ", re.sub(r"\(\s+", "(", re.sub(r"\s+\)", ")", text))).strip()
+
+    assert words(dict(sql.sqlite)["concurrency_admit"]) == words(
+        migration.sqlite_admit("%(workspace)s", "%(key)s"))
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("key", ["k", "deploy prod", "50% off"])
+def test_a_slot_whose_next_job_another_transaction_holds_is_given_when_it_lets_go(key):
+    """The held-back job's row is locked by another transaction (an edit of it) while the
+    slot frees: it is passed over, the key announced again a moment later, and given out
+    when the row is free; a waiting agent takes it. Keys with a space or % travel escaped."""
+    import time
+
+    import psycopg
+
+    from jobqueue import wakeups
+
+    agent = JobAgentFactory()
+    _, second = _keyed(agent, key, 1, 2)
+    (grant,) = _claim(agent)
+    got = {}
+    waiter = threading.Thread(target=lambda: (got.update(
+        grants=lifecycle.claim_next(agent, wait_seconds=15)), connection.close()))
+    waiter.start()
+    assert wakeups.hub().connected.wait(5)
+    time.sleep(0.3)
+    d = connection.settings_dict
+    other = psycopg.connect(dbname=d["NAME"], user=d.get("USER") or "postgres",
+                            host=d.get("HOST") or "127.0.0.1", port=d.get("PORT") or 5432)
+    try:
+        other.execute("SELECT 1 FROM job WHERE id = %s FOR NO KEY UPDATE", [second.id])
+        lifecycle.report_status(grant.job.id, grant.claim_id, states.SUCCESSFUL,
+                                job_agent_id=agent.id)
+        time.sleep(0.5)
+        assert not got
+    finally:
+        other.rollback()
+        other.close()
+    waiter.join(15)
+    assert [g.job.id for g in got["grants"]] == [second.id]
+
+
+@pytest.mark.postgres_only
+def test_a_held_back_job_that_becomes_due_is_taken_by_a_waiting_agent():
+    """No transition announces a job becoming due: the slot's last release announced the key
+    for then, and the hubs settle it when the time comes."""
+    import datetime as dt
+    import time
+
+    from django.utils import timezone
+
+    from jobqueue import wakeups
+
+    agent = JobAgentFactory()
+    (first,) = _keyed(agent, "k", 1, 1)
+    (grant,) = _claim(agent)
+    (later,) = _keyed(agent, "k", 1, 1,
+                      available_at=timezone.now() + dt.timedelta(seconds=1.5))
+    got = {}
+    waiter = threading.Thread(target=lambda: (got.update(
+        grants=lifecycle.claim_next(agent, wait_seconds=15)), connection.close()))
+    waiter.start()
+    assert wakeups.hub().connected.wait(5)
+    time.sleep(0.3)
+    lifecycle.report_status(grant.job.id, grant.claim_id, states.SUCCESSFUL,
+                            job_agent_id=agent.id)
+    waiter.join(15)
+    assert [g.job.id for g in got["grants"]] == [later.id]
