@@ -35,15 +35,13 @@ PG_FUNCTIONS = r"""
 CREATE OR REPLACE FUNCTION jobqueue_concurrency_mark() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    -- BEFORE INSERT, or UPDATE OF status or available_at, of a job with a concurrency key: a
-    -- job that enters the queue, or whose available_at moves while queued, is held back until
+    -- BEFORE INSERT of a job with a concurrency key: a job created queued is held back until
     -- a slot is given to it (the AFTER trigger, at once when one is free and a claim could
-    -- take it now); a job that leaves the queue holds nothing.
+    -- take it now). An UPDATE is marked by the AFTER trigger instead: a BEFORE UPDATE row
+    -- trigger, even one whose WHEN is false, locks every row an UPDATE of its columns
+    -- writes, and so would cost every plain job's report a row-lock record.
     IF NEW.status = 'queued' THEN
-        IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM 'queued'
-           OR OLD.available_at IS DISTINCT FROM NEW.available_at THEN
-            NEW.concurrency_held := true;
-        END IF;
+        NEW.concurrency_held := true;
     ELSE
         NEW.concurrency_held := NULL;
     END IF;
@@ -147,12 +145,21 @@ $fn$;
 CREATE OR REPLACE FUNCTION jobqueue_concurrency_changed() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 -- AFTER a job of a key entered or left the queue or its run (or moved its available_at while
--- queued): give the key's free slots out, or, when another transaction holds the key's
+-- queued): mark it (held back in the queue, else nothing), then give the key's free slots out, or, when another transaction holds the key's
 -- lock, announce the key (the hubs settle it once this transaction committed).
 DECLARE
     j job;
 BEGIN
     IF TG_OP = 'DELETE' THEN j := OLD; ELSE j := NEW; END IF;
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.status = 'queued' THEN
+            -- It entered the queue, or its available_at moved: held back until given a slot.
+            UPDATE job SET concurrency_held = true WHERE id = NEW.id AND concurrency_held IS NULL;
+        ELSIF NEW.concurrency_held THEN
+            -- A held-back job left the queue: it holds nothing.
+            UPDATE job SET concurrency_held = NULL WHERE id = NEW.id;
+        END IF;
+    END IF;
     IF NOT jobqueue_concurrency_try(j.workspace_id, j.concurrency_key) THEN
         PERFORM jobqueue_concurrency_announce(j.workspace_id, j.concurrency_key, 0);
     END IF;
@@ -162,13 +169,6 @@ $fn$;
 
 CREATE TRIGGER job_concurrency_mark_insert BEFORE INSERT ON job FOR EACH ROW
     WHEN (NEW.concurrency_key IS NOT NULL)
-    EXECUTE FUNCTION jobqueue_concurrency_mark();
-CREATE TRIGGER job_concurrency_mark_update BEFORE UPDATE OF status, available_at ON job
-    FOR EACH ROW
-    WHEN (NEW.concurrency_key IS NOT NULL
-          AND (OLD.status IS DISTINCT FROM NEW.status
-               OR OLD.available_at IS DISTINCT FROM NEW.available_at)
-          AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress'))
     EXECUTE FUNCTION jobqueue_concurrency_mark();
 CREATE TRIGGER job_concurrency_inserted AFTER INSERT ON job FOR EACH ROW
     WHEN (NEW.concurrency_key IS NOT NULL AND NEW.status = 'queued')
@@ -189,7 +189,6 @@ CREATE TRIGGER job_concurrency_deleted AFTER DELETE ON job FOR EACH ROW
 
 PG_DROP = """
 DROP TRIGGER IF EXISTS job_concurrency_mark_insert ON job;
-DROP TRIGGER IF EXISTS job_concurrency_mark_update ON job;
 DROP TRIGGER IF EXISTS job_concurrency_inserted ON job;
 DROP TRIGGER IF EXISTS job_concurrency_moved ON job;
 DROP TRIGGER IF EXISTS job_concurrency_deleted ON job;
