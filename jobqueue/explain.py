@@ -89,8 +89,9 @@ def _concurrency_limit(found: claimrule.Verdict) -> dict:
     running = Job.objects.filter(workspace_id=job.workspace_id, status=states.IN_PROGRESS,
                                  concurrency_key=job.concurrency_key).count()
     taken = (f"{running} of them are in progress" if running >= (job.concurrency_limit or 0)
-             else f"{running} of them are in progress and the key's jobs ahead of it in claim "
-             "order hold the other slots")
+             else f"{running} of them are in progress and queued jobs of the key that were "
+             "given a slot before it hold the others (or it is not due, or its agent is "
+             "paused: a slot goes only to a job a claim could take now)")
     return _reason("concurrency_limit", f"Its concurrency key holds it back: at most "
                    f"{job.concurrency_limit} of the workspace's jobs with the key run at once, "
                    f"and {taken}. A slot frees when one of them leaves in_progress; the key's "
