@@ -90,10 +90,11 @@ BEGIN
         ORDER BY priority DESC, available_at, created_at
         LIMIT 1;
         IF NOT FOUND THEN
-            -- None now: the first to become due, if a slot is free for it then.
+            -- None now: the first to become due that a slot is free for, if any.
             SELECT min(available_at) INTO due FROM job
             WHERE workspace_id = ws AND concurrency_key = ckey AND status = 'queued'
-              AND concurrency_held AND available_at > STATEMENT_TIMESTAMP();
+              AND concurrency_held AND available_at > STATEMENT_TIMESTAMP()
+              AND coalesce(concurrency_limit, 1) > holders;
             IF due IS NOT NULL THEN
                 PERFORM jobqueue_concurrency_announce(
                     ws, ckey, greatest(0.001, extract(epoch FROM due - STATEMENT_TIMESTAMP())));

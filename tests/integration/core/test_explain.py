@@ -96,8 +96,8 @@ def test_a_job_held_back_by_its_concurrency_key_names_the_key_and_its_slots():
     [reason] = found.reasons
     assert reason == {"code": "concurrency_limit", "detail": reason["detail"],
                       "key": "tenant-1", "running": 1, "limit": 2}
-    # One in progress of two: the other slot is held by a job of the key ahead of it.
-    assert "at most 2" in reason["detail"] and "ahead of it" in reason["detail"]
+    # One in progress of two: the other slot is held by a queued job given it before.
+    assert "at most 2" in reason["detail"] and "given a slot before it" in reason["detail"]
     assert claimrule.unmet(job.id) == ["concurrency_slot"]
     assert explain.CODES.index("concurrency_limit") == explain.CODES.index(
         "deadline_passed") + 1  # in the rule's order
