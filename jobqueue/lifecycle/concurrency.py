@@ -42,17 +42,16 @@ def settle_keys(keys) -> None:
 def agent_paused(job_agent_id) -> None:
     """A paused agent cannot claim: its own queued jobs that hold a slot give it back (held
     back again) and their keys' slots go to jobs another agent can take. In the pause's
-    transaction."""
+    transaction, after the agent's row: settling a key does both under its lock (the admit
+    re-holds a paused agent's jobs first, passing over the rows a claim in flight holds: no
+    job row is locked here, against a claim that holds its job and waits for the agent)."""
     from jobqueue import states
     from jobqueue.models import Job
 
-    jobs = Job.objects.filter(job_agent_id=job_agent_id, label_set__isnull=True,
-                              status=states.QUEUED, concurrency_key__isnull=False,
-                              concurrency_held__isnull=True)
-    keys = list(jobs.values_list("workspace_id", "concurrency_key").distinct())
-    if keys:
-        jobs.update(concurrency_held=True)
-        settle_keys(keys)
+    settle_keys(Job.objects.filter(
+        job_agent_id=job_agent_id, label_set__isnull=True, status=states.QUEUED,
+        concurrency_key__isnull=False, concurrency_held__isnull=True,
+    ).values_list("workspace_id", "concurrency_key").distinct())
 
 
 def agent_resumed(job_agent_id) -> None:

@@ -94,9 +94,11 @@ class SqliteBackend(OrmBackend):
         """Give the key's free slots out now (concurrency_admit; the caller's transaction is
         the writer: no lock to wait for). SQLite's triggers (migration 0027) do the same in
         the transaction that freed a slot; this is for what no status change announces (a
-        held-back job that became due, an agent paused or resumed)."""
-        self._run(sql.concurrency_admit, {"workspace": _hex(uuid.UUID(str(workspace_id))),
-                                           "key": key})
+        held-back job that became due, an agent paused or resumed): a paused agent's own
+        queued jobs give their slots back first (concurrency_hold_paused)."""
+        params = {"workspace": _hex(uuid.UUID(str(workspace_id))), "key": key}
+        self._run(sql.concurrency_hold_paused, params)
+        self._run(sql.concurrency_admit, params)
         return True
 
     def concurrency_keys_held(self) -> list[tuple]:

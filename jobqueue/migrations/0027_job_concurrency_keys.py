@@ -65,9 +65,8 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 -- past expires_at, not the job of a paused agent), in claim order: one while the key's slot
 -- holders (in progress, or queued and given one) are fewer than the job's own limit; the
 -- first that does not fit stops it. The caller holds the key's lock. Each job given a slot
--- is announced to its waiters. When a slot stays free and held-back jobs remain that could
--- take it later (one becomes due, or another transaction holds its row), the key is
--- announced for then. Answers how many were given one.
+-- is announced to its waiters. When a slot stays free and a held-back job that fits it is
+-- not due yet, the key is announced for when it is. Answers how many were given one.
 DECLARE
     holders integer;
     given integer := 0;
@@ -75,6 +74,14 @@ DECLARE
     due timestamptz;
     h record;
 BEGIN
+    -- A paused agent's own queued jobs give their slots back (a pause that committed after
+    -- an earlier admit read the agent; rows a claim in flight holds are passed over).
+    UPDATE job SET concurrency_held = true WHERE id IN (
+        SELECT id FROM job
+        WHERE workspace_id = ws AND concurrency_key = ckey AND status = 'queued'
+          AND concurrency_held IS NULL AND label_set_id IS NULL
+          AND job_agent_id IN (SELECT a.id FROM job_agent a WHERE a.paused_at IS NOT NULL)
+        FOR NO KEY UPDATE SKIP LOCKED);
     SELECT count(*) INTO holders FROM job
     WHERE workspace_id = ws AND concurrency_key = ckey AND concurrency_held IS NULL
       AND status IN ('queued', 'in_progress');
@@ -102,7 +109,7 @@ BEGIN
             EXIT;
         END IF;
         EXIT WHEN holders >= fits;
-        SELECT id, job_agent_id, label_set_id INTO h FROM job
+        SELECT id, concurrency_limit, job_agent_id, label_set_id INTO h FROM job
         WHERE workspace_id = ws AND concurrency_key = ckey AND status = 'queued'
           AND concurrency_held AND available_at <= STATEMENT_TIMESTAMP()
           AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
@@ -112,11 +119,9 @@ BEGIN
         ORDER BY priority DESC, available_at, created_at
         LIMIT 1
         FOR NO KEY UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            -- Another transaction holds their rows: again in a moment.
-            PERFORM jobqueue_concurrency_announce(ws, ckey, 0.2);
-            EXIT;
-        END IF;
+        -- None unlocked (another transaction holds their rows: the reaper's sweep gives the
+        -- slot out), or the one taken (a later one) does not fit its own limit.
+        EXIT WHEN NOT FOUND OR holders >= coalesce(h.concurrency_limit, 1);
         UPDATE job SET concurrency_held = NULL WHERE id = h.id;
         PERFORM pg_notify('jobqueue_wake',
             CASE WHEN h.label_set_id IS NULL THEN 'a:' || h.job_agent_id::text

@@ -121,3 +121,12 @@ UPDATE job SET concurrency_held = NULL WHERE id IN (
 -- The keys with held-back jobs (the reaper's sweep settles each): job_concurrency_held_idx.
 SELECT DISTINCT workspace_id, concurrency_key FROM job
 WHERE status = 'queued' AND concurrency_held
+
+
+-- name: concurrency_hold_paused
+-- Before concurrency_admit, outside the triggers: a paused agent's own queued jobs of the
+-- key give their slots back (PostgreSQL's jobqueue_concurrency_admit does the same first).
+UPDATE job SET concurrency_held = 1
+WHERE workspace_id = %(workspace)s AND concurrency_key = %(key)s AND status = 'queued'
+  AND concurrency_held IS NULL AND label_set_id IS NULL
+  AND job_agent_id IN (SELECT id FROM job_agent WHERE paused_at IS NOT NULL)
