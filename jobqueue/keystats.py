@@ -27,19 +27,18 @@ class KeyStats:
     running: int
     held: int
     waiting: int
-    limit: int | None
+    limit: int
 
 
-def busiest_keys(top: int, *, workspace_id=None) -> list[KeyStats]:
-    """At most `top` keys (of one workspace when given) with jobs held back or running: the
-    most held back first, then the most running, then by workspace and key."""
+def busiest_keys(top: int) -> list[KeyStats]:
+    """At most `top` keys with jobs held back or running: the most held back first, then the
+    most running, then by workspace and key. A key's limit is 1 when its jobs give none (a
+    job written without one: the triggers read it as 1 too)."""
     from jobqueue.models import Job
 
     if top <= 0:
         return []
     jobs = Job.objects.filter(concurrency_key__isnull=False, status__in=sorted(states.ACTIVE))
-    if workspace_id is not None:
-        jobs = jobs.filter(workspace_id=workspace_id)
     rows = (
         jobs.order_by().values("workspace_id", "concurrency_key")
         .annotate(
@@ -52,4 +51,4 @@ def busiest_keys(top: int, *, workspace_id=None) -> list[KeyStats]:
         .order_by("-held", "-running", "workspace_id", "concurrency_key")[:top]
     )
     return [KeyStats(row["workspace_id"], row["concurrency_key"], row["running"], row["held"],
-                     row["waiting"], row["most"]) for row in rows]
+                     row["waiting"], row["most"] or 1) for row in rows]

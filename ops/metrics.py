@@ -256,8 +256,7 @@ def concurrency_families(keys) -> list[GaugeMetricFamily]:
     for key in keys:
         values = [str(key.workspace_id), key.key]
         running.add_metric(values, key.running)
-        if key.limit is not None:
-            limit.add_metric(values, key.limit)
+        limit.add_metric(values, key.limit)
         held.add_metric(values, key.held)
     return [running, limit, held]
 

@@ -467,3 +467,46 @@ def test_settling_takes_back_a_slot_a_paused_agents_job_was_given():
     concurrency.settle_held_keys()  # the reaper's sweep
     assert _held([mine, theirs]) == {mine.id: True, theirs.id: None}
     assert [g.job.id for g in _claim(b)] == [theirs.id]
+
+
+@pytest.mark.postgres_only
+def test_a_pause_whose_key_another_transaction_holds_announces_it_for_the_hubs():
+    """The pause cannot take the key's lock: it announces the key (escaped), and a hub gives
+    the paused agent's slot to another agent's job once the holder let go."""
+    import time
+
+    from jobqueue import wakeups
+
+    a = JobAgentFactory()
+    b = JobAgentFactory(workspace=a.workspace)
+    (mine,) = _keyed(a, "deploy prod", 1, 1, priority=5)
+    (theirs,) = _keyed(b, "deploy prod", 1, 1)
+    got = {}
+    waiter = threading.Thread(target=lambda: (got.update(
+        grants=lifecycle.claim_next(b, wait_seconds=15)), connection.close()))
+    waiter.start()
+    assert wakeups.hub().connected.wait(5)
+    time.sleep(0.3)
+    lock = _KeyLocked(a.workspace_id, "deploy prod")
+    try:
+        lifecycle.pause_job_agent(a, actor="test")
+        assert _held([mine, theirs]) == {mine.id: None, theirs.id: True}  # not yet
+        time.sleep(0.3)
+    finally:
+        lock.release()
+    waiter.join(15)
+    assert [g.job.id for g in got["grants"]] == [theirs.id]
+    assert _held([mine]) == {mine.id: True}
+
+
+def test_a_hub_that_cannot_settle_a_key_leaves_it_to_the_sweep(caplog):
+    """A settle that fails (here: no such workspace id) is logged and not retried."""
+    from jobqueue import wakeups
+
+    hub = wakeups.Hub()
+    try:
+        hub.settle(wakeups.concurrency_key("not-a-workspace", "k"))
+        assert hub._timers == [] and hub._settle_tries == {}
+        assert "settling concurrency key" in caplog.text
+    finally:
+        hub.close()
