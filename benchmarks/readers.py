@@ -51,6 +51,7 @@ class Context:
     schedule_id: object = None  # a schedule's (the fill makes none: its jobs are the few)
     label_set_id: object = None  # the label set of the fill's labelled jobs
     concurrency_key: str = "tenant-7"  # a concurrency key (the fill makes none: its jobs are few)
+    rate_limit_key: str = "api-7"  # a rate limit key (the fill makes none: its jobs are few)
 
 
 def _by_id(c):
@@ -93,6 +94,37 @@ def _concurrency_live(c):
         workspace_id=c.workspace_id, concurrency_key=c.concurrency_key,
         concurrency_held__isnull=True, status__in=[states.QUEUED, states.IN_PROGRESS]
     ).values_list("workspace_id")
+
+
+def _rate_held(c):
+    from jobqueue import states
+    from jobqueue.models import Job
+
+    # migration 0029, jobqueue_rate_admit: a key's next held jobs, in claim order
+    return Job.objects.filter(
+        workspace_id=c.workspace_id, rate_limit_key=c.rate_limit_key,
+        status=states.QUEUED, rate_held=True).in_claim_order()[:1]
+
+
+def _rate_window(c):
+    from django.db.models.functions import Now
+
+    from jobqueue.models import Job
+
+    # migration 0029, jobqueue_rate_admit: the key's jobs claimed in the window, counted
+    return Job.objects.filter(
+        workspace_id=c.workspace_id, rate_limit_key=c.rate_limit_key,
+        started_at__gt=Now()).values_list("workspace_id")
+
+
+def _rate_permit(c):
+    from jobqueue import states
+    from jobqueue.models import Job
+
+    # migration 0029, jobqueue_rate_admit: the key's queued jobs given a permit, counted
+    return Job.objects.filter(
+        workspace_id=c.workspace_id, rate_limit_key=c.rate_limit_key,
+        rate_held__isnull=True, status=states.QUEUED).values_list("workspace_id")
 
 
 def _newest_first(c):
@@ -208,6 +240,12 @@ READERS = (
            "(migration 0027's triggers)", _concurrency_held),
     Reader("job_concurrency_live_idx", "a concurrency key's slot holders, counted before a "
            "slot is given (migration 0027's triggers)", _concurrency_live),
+    Reader("job_rate_held_idx", "a rate limit key's next held jobs, given its free permits "
+           "(migration 0029's triggers)", _rate_held),
+    Reader("job_rate_window_idx", "a rate limit key's jobs claimed in its window, counted "
+           "before permits are given (migration 0029's triggers)", _rate_window),
+    Reader("job_rate_permit_idx", "a rate limit key's queued jobs given a permit, counted "
+           "before permits are given (migration 0029's triggers)", _rate_permit),
     Reader("job_schedule_idx", "a buffer_one schedule's fire looks for its waiting job "
            "(maintenance's schedules service)", _schedule_waiting),
 )

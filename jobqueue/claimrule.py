@@ -67,6 +67,10 @@ JOB_CONDITIONS: tuple[Condition, ...] = (
               "its concurrency key, if any, has a slot for it (fewer than its limit of the "
               "key's jobs in progress or holding a slot: concurrency_held is cleared when a "
               "slot is given to it, jobqueue/sql/postgresql.sql jobqueue_concurrency_admit)"),
+    Condition("rate_permit", lambda: Q(rate_held__isnull=True),
+              "its rate limit key, if any, has a permit for it (fewer than the key's count of "
+              "its jobs claimed in the window or holding a permit: rate_held is cleared when a "
+              "permit is given to it, migration 0029 jobqueue_rate_admit)"),
 )
 
 # On the job's agent (job_agent), not the job: a paused agent's claims hand out nothing.

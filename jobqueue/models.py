@@ -231,6 +231,14 @@ class Job(models.Model):
     concurrency_key = models.CharField(max_length=255, null=True, blank=True, editable=False)
     concurrency_limit = models.SmallIntegerField(null=True, blank=True, editable=False)
     concurrency_held = models.BooleanField(null=True, blank=True, editable=False)
+    # Rate limits (docs/api.md, "Rate limits"): a job with rate_limit_key is claimable only
+    # while fewer than its key's RateLimit.count jobs of the key were claimed in the last
+    # period_seconds (a key without a RateLimit limits nothing). None for a plain job.
+    # rate_held: true while the key's window keeps it back (internal, never in the API): the
+    # triggers of migration 0029 give a key's free permits to its queued jobs in claim order
+    # (jobqueue_rate_admit), and a claim passes over a held job without reading it.
+    rate_limit_key = models.CharField(max_length=255, null=True, blank=True, editable=False)
+    rate_held = models.BooleanField(null=True, blank=True, editable=False)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
     idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
     # The claim id of the latest claim. Kept on the job so that a retried terminal
@@ -291,7 +299,8 @@ class Job(models.Model):
                 models.F("priority").desc(),
                 "available_at",
                 "created_at",
-                condition=Q(status=states.QUEUED, concurrency_held__isnull=True),
+                condition=Q(status=states.QUEUED, concurrency_held__isnull=True,
+                            rate_held__isnull=True),
                 name="job_claim_order_idx",
             ),
             # The same for labelled jobs, by label set (claimrule.labelled_jobs). Partial: a
@@ -302,7 +311,7 @@ class Job(models.Model):
                 "available_at",
                 "created_at",
                 condition=Q(status=states.QUEUED, label_set__isnull=False,
-                            concurrency_held__isnull=True),
+                            concurrency_held__isnull=True, rate_held__isnull=True),
                 name="job_label_claim_order_idx",
             ),
             # Concurrency keys (migration 0027's triggers): a key's held jobs in claim order
@@ -322,6 +331,30 @@ class Job(models.Model):
                 condition=Q(concurrency_key__isnull=False, concurrency_held__isnull=True,
                             status__in=[states.QUEUED, states.IN_PROGRESS]),
                 name="job_concurrency_live_idx",
+            ),
+            # Rate limits (migration 0029's triggers): a key's held jobs in claim order (the
+            # next to be given a permit), its jobs by their latest claim (the window), and
+            # its queued jobs given a permit (counted with the window before permits are
+            # given out). Partial: a job without a key never enters them.
+            models.Index(
+                "workspace",
+                "rate_limit_key",
+                models.F("priority").desc(),
+                "available_at",
+                "created_at",
+                condition=Q(status=states.QUEUED, rate_held=True),
+                name="job_rate_held_idx",
+            ),
+            models.Index(
+                fields=["workspace", "rate_limit_key", "started_at"],
+                condition=Q(rate_limit_key__isnull=False, started_at__isnull=False),
+                name="job_rate_window_idx",
+            ),
+            models.Index(
+                fields=["workspace", "rate_limit_key"],
+                condition=Q(rate_limit_key__isnull=False, rate_held__isnull=True,
+                            status=states.QUEUED),
+                name="job_rate_permit_idx",
             ),
             models.Index(fields=["workspace", "-created_at"], name="job_workspace_created_idx"),
             models.Index(fields=["workspace", "status"], name="job_workspace_status_idx"),
@@ -748,6 +781,31 @@ class Schedule(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class RateLimit(models.Model):
+    """A rate limit of a workspace's `rate_limit_key` (docs/api.md, "Rate limits"): a job with
+    the key is claimed only while fewer than `count` of the key's jobs were claimed in the
+    last `period_seconds` (on the database clock; a job counts by its latest claim). Set by
+    PUT rate-limits/{key}; a key without one limits nothing."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+",
+                                  db_index=False)
+    key = models.CharField(max_length=255)
+    count = models.PositiveIntegerField()
+    period_seconds = models.PositiveIntegerField()
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "rate_limit"
+        ordering = ["key"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "key"], name="rate_limit_key_unique"),
+        ]
+
+    def __str__(self):
+        return f"{self.key}: {self.count} / {self.period_seconds}s"
 
 
 class ScheduleFire(models.Model):

@@ -81,6 +81,12 @@ def concurrency_key(workspace_id, key: str) -> str:
     return f"k:{workspace_id}:{key.replace('%', '%25').replace(' ', '%20')}"
 
 
+def rate_key(workspace_id, key: str) -> str:
+    """A rate limit key whose free permits are to be given out (lifecycle/ratelimits.py),
+    escaped as concurrency_key, as migration 0029's jobqueue_rate_announce writes it."""
+    return f"r:{workspace_id}:{key.replace('%', '%25').replace(' ', '%20')}"
+
+
 def job_key(job_id) -> str:
     return f"j:{job_id}"
 
@@ -221,8 +227,8 @@ class Hub:
     def wake(self, key: str) -> None:
         """An agent's key: one job became claimable, so one waiter (not yet woken) re-checks,
         one that kept its connection if there is one; a job's key: every waiter for it; a
-        concurrency key's: settle it (`settle`)."""
-        if key.startswith("k:"):
+        concurrency key's or a rate limit key's: settle it (`settle`)."""
+        if key.startswith(("k:", "r:")):
             self.settle(key)
             return
         with self._lock:
@@ -249,17 +255,19 @@ class Hub:
 
     def settle(self, key: str) -> None:
         """A transaction freed a slot of a concurrency key ('k:<workspace>:<key>') while
-        another held the key's lock: give the key's free slots out now that it committed
-        (lifecycle/concurrency.py; the jobs given one are announced by their route's key).
-        While the lock is held, again SETTLE_RETRY_SECONDS later, at most SETTLE_TRIES times
-        (the reaper's sweep settles what is left)."""
-        from jobqueue.lifecycle.concurrency import settle_key
+        another held the key's lock, or a rate limit key's window opens ('r:...'): give the
+        key's free slots or permits out now (lifecycle/concurrency.py, ratelimits.py; the
+        jobs given one are announced by their route's key). While the lock is held, again
+        SETTLE_RETRY_SECONDS later, at most SETTLE_TRIES times (the reaper's sweep settles
+        what is left)."""
+        from jobqueue.lifecycle import concurrency, ratelimits
 
+        settle_key = concurrency.settle_key if key.startswith("k:") else ratelimits.settle_key
         workspace, _, name = key[2:].partition(":")
         try:
             settled = settle_key(workspace, unquote(name))
         except Exception:  # the database is away: the reaper's sweep settles it
-            log.warning("settling concurrency key %s failed", key, exc_info=True)
+            log.warning("settling key %s failed", key, exc_info=True)
             settled = True
         finally:
             close_old_connections()
@@ -362,7 +370,8 @@ class Hub:
         return last_recheck, max(0.0, min(block, 1.0))
 
     def recheck(self) -> None:
-        """One query for the whole process: wake the waiters whose wait is over."""
+        """One query for the whole process: wake the waiters whose wait is over; and one for
+        the rate limit keys whose window no timer of this hub watches."""
         keys = self.keys()
         if not keys:
             return
@@ -378,6 +387,7 @@ class Hub:
             if jobs:
                 ready.update(job_key(j) for j in Job.objects.filter(
                     id__in=jobs, status__in=states.TERMINAL).values_list("id", flat=True))
+            self._settle_unwatched_rate_keys()
         except Exception:  # the database is away: the waiters' deadlines still hold
             log.warning("wake-up re-check failed", exc_info=True)
             return
@@ -385,6 +395,21 @@ class Hub:
             close_old_connections()
         for key in ready:
             self.wake_key(key)
+
+    def _settle_unwatched_rate_keys(self) -> None:
+        """The rate limit keys with held-back jobs that this hub has no timer for (their
+        window's announcement came before it listened, or never came): settled now, which
+        gives out what their window lets through and announces them for when it next opens
+        (the timer this hub keeps from then on). One query (job_rate_held_idx) when every
+        key has its timer, or none is held."""
+        from jobqueue.lifecycle import ratelimits
+        from jobqueue.lifecycle.backends import backend
+
+        with self._lock:
+            watched = {key for _, key in self._timers}
+        for workspace_id, key in backend().rate_keys_held():
+            if rate_key(workspace_id, key) not in watched:
+                ratelimits.settle_key(workspace_id, key)
 
 
 def _seconds(text: str) -> float:

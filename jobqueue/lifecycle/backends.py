@@ -19,6 +19,10 @@ effects.py, groups.py, jobqueue.wakeups) are written once:
     settle_concurrency(workspace_id, key)  give a concurrency key's free slots out now (False:
                                            another transaction holds its lock)
     concurrency_keys_held()                the (workspace_id, key) with held jobs
+    settle_rate(workspace_id, key)         give a rate limit key's free permits out now, and
+                                           announce it for when its window opens (False:
+                                           another transaction holds its lock)
+    rate_keys_held()                       the (workspace_id, key) with held jobs
     notify(channel, payloads) / listener(hub)   wake-ups: NOTIFY/LISTEN, or the wake file
     now(), ping()                          the database's clock; a round trip
     reports_announce_ended                 whether the report statements wake the producers

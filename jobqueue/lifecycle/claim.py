@@ -19,7 +19,7 @@ from jobqueue.conf import jobqueue_settings
 from jobqueue.exceptions import AgentPaused, JobNotClaimable, NotFound
 from jobqueue.models import CLAIM_ORDER, Job, JobAgent, JobClaim
 
-from . import dependencies, inputs
+from . import dependencies, inputs, ratelimits
 from .backends import backend
 from .checkpoints import checkpoints_for
 from .clocks import attempt_deadline, lease_end
@@ -62,7 +62,19 @@ def _claim(job_agent: JobAgent, limit: int, job_id: uuid.UUID | None = None, *,
     if not jobs:
         return []
     observe.emit("claimed", job_agent_id=job_agent.id, count=len(jobs))
+    _claimed_rate_limited(jobs)
     return grants(jobs, lease, now)
+
+
+def _claimed_rate_limited(jobs: list[Job]) -> None:
+    """A rate limit key's claims fill its window: settled now (in a transaction of its own),
+    the key is announced for when the window opens again if jobs wait for it, so that the
+    waiting agents take them then (docs/api.md, "Rate limits"). Nothing for a job without a
+    key."""
+    keys = {(job.workspace_id, job.rate_limit_key) for job in jobs if job.rate_limit_key}
+    if keys:
+        with transaction.atomic():
+            ratelimits.settle_keys(keys)
 
 
 def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:

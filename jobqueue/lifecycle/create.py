@@ -139,6 +139,7 @@ def create_job(
     depends_on=None,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    rate_limit_key: str | None = None,
     schedule_id=None,
     scheduled_for=None,
     actor: str = "",
@@ -161,7 +162,9 @@ def create_job(
     an agent takes its agent's.
     With `concurrency_key` (and `concurrency_limit`, default 1), the job is claimable only
     while fewer than its limit of the workspace's jobs with the key are in progress
-    (inputs.concurrency; docs/api.md, "Concurrency keys").
+    (inputs.concurrency; docs/api.md, "Concurrency keys"). With `rate_limit_key`, it is
+    claimable only while its key's rate limit, if one is set, lets a claim through
+    (docs/api.md, "Rate limits").
     """
     if (job_agent is None) == (labels is None):
         raise InvalidInput("A job targets exactly one of job_agent_id and labels.",
@@ -183,6 +186,7 @@ def create_job(
                                debounce_max_seconds)
     parents = inputs.depends_on(depends_on)
     concurrency = inputs.concurrency(concurrency_key, concurrency_limit)
+    rate_limit_key = inputs.rate_limit_key(rate_limit_key)
     if parents is not None and hold:
         raise InvalidInput("A job with dependencies is queued by them: no hold.",
                            field="depends_on")
@@ -196,7 +200,8 @@ def create_job(
              "on_conflict": on_conflict, "debounce_seconds": debounce_seconds,
              "debounce_max_seconds": debounce_max_seconds,
              "depends_on": None if parents is None else sorted(str(p) for p in parents),
-             "concurrency_key": concurrency_key, "concurrency_limit": concurrency_limit}
+             "concurrency_key": concurrency_key, "concurrency_limit": concurrency_limit,
+             "rate_limit_key": rate_limit_key}
     fingerprint = ""
     payload: dict = {}
     if inputs.idempotency_key(idempotency_key) is not None:
@@ -233,6 +238,7 @@ def create_job(
         unique_key=None if unique is None else unique.key,
         concurrency_key=concurrency[0],
         concurrency_limit=concurrency[1],
+        rate_limit_key=rate_limit_key,
         schedule_id=schedule_id,
         scheduled_for=scheduled_for,
     )

@@ -233,6 +233,9 @@ def uniqueness(key: str | None, unique_states=None, on_conflict: str | None = No
 
 MAX_CONCURRENCY_KEY_LENGTH = 255
 MAX_CONCURRENCY_LIMIT = 1000
+MAX_RATE_LIMIT_KEY_LENGTH = 255
+MAX_RATE_LIMIT_COUNT = 100_000
+MAX_RATE_LIMIT_PERIOD_SECONDS = 86_400
 DEFAULT_CONCURRENCY_LIMIT = 1
 
 
@@ -424,3 +427,28 @@ def _batch(items: Sequence, field: str, limit: int, job_of: Callable) -> Sequenc
             raise InvalidInput(f"each job_id may appear only once in {field}.", field=field)
         seen.add(job_id)
     return items
+
+
+def key_text(key, field: str, max_length: int = MAX_RATE_LIMIT_KEY_LENGTH) -> str:
+    """A flow-control key (a rate limit's, a fairness key): 1 to 255 printable characters."""
+    if not isinstance(key, str) or not 1 <= len(key) <= max_length or not key.isprintable():
+        raise InvalidInput(f"{field} must be 1 to {max_length} printable characters.",
+                           field=field)
+    return key
+
+
+def rate_limit_key(key) -> str | None:
+    """A job's rate limit key (docs/api.md, "Rate limits"): None for a plain job; else 1 to
+    255 printable characters."""
+    return None if key is None else key_text(key, "rate_limit_key")
+
+
+def rate_limit(count, period_seconds) -> tuple[int, int]:
+    """A rate limit (PUT rate-limits/{key}): count 1 to 100,000 claims in period_seconds 1 to
+    86,400, both required integers."""
+    if count is None:
+        raise InvalidInput("count is required.", field="count")
+    if period_seconds is None:
+        raise InvalidInput("period_seconds is required.", field="period_seconds")
+    return (bounded_int(count, "count", 1, MAX_RATE_LIMIT_COUNT),
+            bounded_int(period_seconds, "period_seconds", 1, MAX_RATE_LIMIT_PERIOD_SECONDS))

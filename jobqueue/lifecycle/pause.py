@@ -20,7 +20,7 @@ from django.db.models.functions import Now
 from jobqueue import observe, wakeups
 from jobqueue.models import JobAgent
 
-from . import concurrency
+from . import concurrency, ratelimits
 
 log = logging.getLogger("jobqueue.lifecycle")
 
@@ -33,6 +33,7 @@ def pause_job_agent(job_agent: JobAgent, actor: str, reason: str = "") -> tuple[
         ) == 1
         if changed:
             concurrency.agent_paused(job_agent.id)
+            ratelimits.agent_paused(job_agent.id)
     return _after(job_agent, changed, "paused", actor, reason)
 
 
@@ -45,6 +46,7 @@ def resume_job_agent(job_agent: JobAgent, actor: str, reason: str = "") -> tuple
         ) == 1
         if changed:
             concurrency.agent_resumed(job_agent.id)
+            ratelimits.agent_resumed(job_agent.id)
             wakeups.announce(wakeups.every_waiter_key(job_agent.id))
     return _after(job_agent, changed, "resumed", actor, reason)
 

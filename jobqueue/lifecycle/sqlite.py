@@ -101,6 +101,28 @@ class SqliteBackend(OrmBackend):
         self._run(sql.concurrency_admit, params)
         return True
 
+    def settle_rate(self, workspace_id, key: str) -> bool:
+        """Give the rate limit key's free permits out now (rate_admit; the caller's
+        transaction is the writer). SQLite's triggers (migration 0029) do the same in the
+        transaction that changed a job of the key; this is for what no job's change
+        announces (its window opened, its limit changed, an agent paused or resumed): the
+        permits a claim could not use go back first (rate_hold_paused). When held-back jobs
+        remain, the key is announced for when its window opens (rate_window_opens: the
+        wake-up hub settles it then, as PostgreSQL's jobqueue_rate_admit announces it)."""
+        from jobqueue import wakeups
+
+        params = {"workspace": _hex(uuid.UUID(str(workspace_id))), "key": key}
+        self._run(sql.rate_hold_paused, params)
+        self._run(sql.rate_admit, params)
+        opens = self._run(sql.rate_window_opens, params)
+        if opens and self._run(sql.rate_keys_held_of, params):
+            wakeups.announce(wakeups.rate_key(workspace_id, key), max(0.001, opens[0][0]))
+        return True
+
+    def rate_keys_held(self) -> list[tuple]:
+        """(workspace_id, key) of every rate limit key with held-back jobs."""
+        return [(uuid.UUID(ws), key) for ws, key in self._run(sql.rate_keys_held, {})]
+
     def concurrency_keys_held(self) -> list[tuple]:
         """(workspace_id, key) of every concurrency key with held-back jobs."""
         return [(uuid.UUID(ws), key) for ws, key in self._run(sql.concurrency_keys_held, {})]

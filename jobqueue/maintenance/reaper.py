@@ -25,7 +25,7 @@ from django.db.models.functions import Now
 from jobqueue import lifecycle
 from jobqueue.actors import REAPER
 from jobqueue.conf import jobqueue_settings
-from jobqueue.lifecycle import concurrency
+from jobqueue.lifecycle import concurrency, ratelimits
 from jobqueue.models import ReaperRun
 
 log = logging.getLogger("jobqueue.reaper")
@@ -88,6 +88,8 @@ def sweep(*, batch_size: int | None = None, max_batches: int | None = None,
                 todo.append(reap)
         # A concurrency key whose freed slot no wake-up hub gave out (lifecycle/concurrency).
         concurrency.settle_held_keys()
+        # A rate limit key whose window opened with no wake-up hub to give its permits out.
+        ratelimits.settle_held_keys()
     result.duration_seconds = time.monotonic() - started
     idle = not dry_run and not (result.requeued or result.expired)
     if record and idle and idle_run_id is not None:

@@ -10,6 +10,8 @@
 
 from django.db import migrations, models
 
+from jobqueue.migrations import _indexes
+
 CLAIM = models.Index(
     models.F("job_agent"), models.OrderBy(models.F("priority"), descending=True),
     models.F("available_at"), models.F("created_at"),
@@ -44,28 +46,13 @@ OLD_LABEL_CLAIM = models.Index(
     name="job_label_claim_order_idx")
 
 
-def _concurrently(model, schema_editor, index, name=None):
-    if name is not None:
-        index = index.clone()
-        index.name = name
-    schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{index.name}"')
-    schema_editor.execute(str(index.create_sql(model, schema_editor, concurrently=True)))
-
-
-def _swap(model, schema_editor, new, old):
-    """Build `new` beside `old` (same name), drop `old`, give `new` its name."""
-    _concurrently(model, schema_editor, new, name=f"{new.name}_next")
-    schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{old.name}"')
-    schema_editor.execute(f'ALTER INDEX "{new.name}_next" RENAME TO "{new.name}"')
-
-
 def forwards(apps, schema_editor):
     model = apps.get_model("jobqueue", "Job")
     if schema_editor.connection.vendor == "postgresql":
-        _swap(model, schema_editor, CLAIM, OLD_CLAIM)
-        _swap(model, schema_editor, LABEL_CLAIM, OLD_LABEL_CLAIM)
-        _concurrently(model, schema_editor, HELD)
-        _concurrently(model, schema_editor, LIVE)
+        _indexes.swap(model, schema_editor, CLAIM, OLD_CLAIM)
+        _indexes.swap(model, schema_editor, LABEL_CLAIM, OLD_LABEL_CLAIM)
+        _indexes.concurrently(model, schema_editor, HELD)
+        _indexes.concurrently(model, schema_editor, LIVE)
         return
     for old, new in ((OLD_CLAIM, CLAIM), (OLD_LABEL_CLAIM, LABEL_CLAIM)):
         schema_editor.remove_index(model, old)
@@ -79,8 +66,8 @@ def backwards(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         for index in (LIVE, HELD):
             schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{index.name}"')
-        _swap(model, schema_editor, OLD_LABEL_CLAIM, LABEL_CLAIM)
-        _swap(model, schema_editor, OLD_CLAIM, CLAIM)
+        _indexes.swap(model, schema_editor, OLD_LABEL_CLAIM, LABEL_CLAIM)
+        _indexes.swap(model, schema_editor, OLD_CLAIM, CLAIM)
         return
     for index in (LIVE, HELD):
         schema_editor.remove_index(model, index)

@@ -61,7 +61,7 @@ WITH locked AS MATERIALIZED (
     WHERE job_agent_id = %(agent)s AND label_set_id IS NULL
       AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
       AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
-      AND concurrency_held IS NULL
+      AND concurrency_held IS NULL AND rate_held IS NULL
     ORDER BY priority DESC, available_at, created_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -84,7 +84,8 @@ WITH locked AS MATERIALIZED (
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
-        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held,
+        job.rate_limit_key, job.rate_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -150,7 +151,7 @@ WITH agent AS MATERIALIZED (
         WHERE job_agent_id = %(agent)s AND label_set_id IS NULL
           AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
           AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
-          AND concurrency_held IS NULL
+          AND concurrency_held IS NULL AND rate_held IS NULL
         ORDER BY priority DESC, available_at, created_at
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
@@ -162,7 +163,7 @@ WITH agent AS MATERIALIZED (
         WHERE label_set_id = sets.id
           AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
           AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
-          AND concurrency_held IS NULL
+          AND concurrency_held IS NULL AND rate_held IS NULL
         ORDER BY priority DESC, available_at, created_at
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
@@ -189,7 +190,8 @@ WITH agent AS MATERIALIZED (
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
-        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held,
+        job.rate_limit_key, job.rate_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -239,7 +241,7 @@ WITH locked AS MATERIALIZED (
       AND (%(expected)s::integer IS NULL OR attempt = %(expected)s::integer)
       AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
       AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
-      AND concurrency_held IS NULL
+      AND concurrency_held IS NULL AND rate_held IS NULL
     FOR NO KEY UPDATE SKIP LOCKED
 ), gate AS MATERIALIZED (
     SELECT job_agent.id FROM job_agent
@@ -260,7 +262,8 @@ WITH locked AS MATERIALIZED (
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
-        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held,
+        job.rate_limit_key, job.rate_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -317,6 +320,21 @@ SELECT jobqueue_concurrency_try(%(workspace)s::uuid, %(key)s::text)
 -- The keys with held jobs (maintenance settles each): job_concurrency_held_idx.
 SELECT DISTINCT workspace_id, concurrency_key FROM job
 WHERE status = 'queued' AND concurrency_held
+
+
+-- name: rate_settle
+-- Give a rate limit key's free permits to its held jobs (migration 0029, jobqueue_rate_try)
+-- if no transaction holds the key's lock: true; false: one does (it gives them out itself,
+-- or announces the key again). Run by the wake-up hub for a key announced ('r:<workspace>:
+-- <key>', when its window opens), by maintenance for every key with held jobs, and when a
+-- key's limit is set or removed (lifecycle/ratelimits.py), each in its own transaction.
+SELECT jobqueue_rate_try(%(workspace)s::uuid, %(key)s::text)
+
+
+-- name: rate_keys_held
+-- The rate limit keys with held jobs (maintenance settles each): job_rate_held_idx.
+SELECT DISTINCT workspace_id, rate_limit_key FROM job
+WHERE status = 'queued' AND rate_held
 
 
 -- name: unique_key_lock
@@ -377,7 +395,8 @@ WITH done AS (
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
-        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held,
+        job.rate_limit_key, job.rate_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -451,7 +470,8 @@ WITH done AS (
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
-        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held,
+        job.rate_limit_key, job.rate_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -506,7 +526,8 @@ WITH done AS (
         job.scheduled_for, job.idempotency_fingerprint, job.last_claim_id,
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
-        job.concurrency_key, job.concurrency_limit, job.concurrency_held, job.created_at,
+        job.concurrency_key, job.concurrency_limit, job.concurrency_held,
+        job.rate_limit_key, job.rate_held, job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)

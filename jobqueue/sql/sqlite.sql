@@ -130,3 +130,53 @@ UPDATE job SET concurrency_held = 1
 WHERE workspace_id = %(workspace)s AND concurrency_key = %(key)s AND status = 'queued'
   AND concurrency_held IS NULL AND label_set_id IS NULL
   AND job_agent_id IN (SELECT id FROM job_agent WHERE paused_at IS NOT NULL)
+
+
+-- name: rate_admit
+-- Give a rate limit key's free permits to its held-back jobs (migration 0029, whose triggers
+-- run this statement for the key of the row they fire for, built by its sqlite_admit): of
+-- the key's held-back jobs a claim could take now (due, not past expires_at, not a paused
+-- agent's, holding their concurrency slot), in claim order, as many as the key has free
+-- permits (count less its jobs claimed in the window and its queued jobs given one); every
+-- held-back job when the key has no limit. Run by the wake-up hub when the window opens, the
+-- maintenance sweep, a pause or a resume of an agent and a change of the key's limit
+-- (lifecycle/ratelimits.py); the caller's transaction is the writer.
+UPDATE job SET rate_held = NULL WHERE id IN (SELECT id FROM job WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s AND status = 'queued' AND rate_held AND concurrency_held IS NULL AND (NOT EXISTS (SELECT r.count AS n, r.period_seconds AS p FROM rate_limit r WHERE r.workspace_id = %(workspace)s AND r.key = %(key)s) OR (available_at <= STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW') AND (expires_at IS NULL OR expires_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')) AND (label_set_id IS NOT NULL OR job_agent_id NOT IN (SELECT id FROM job_agent WHERE paused_at IS NOT NULL)))) ORDER BY priority DESC, available_at, created_at LIMIT (SELECT CASE WHEN count(*) = 0 THEN -1 ELSE max(0, min(n) - (SELECT count(*) FROM job WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s AND ((started_at IS NOT NULL AND started_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', '-' || (SELECT p FROM (SELECT r.count AS n, r.period_seconds AS p FROM rate_limit r WHERE r.workspace_id = %(workspace)s AND r.key = %(key)s)) || ' seconds')) OR (status = 'queued' AND rate_held IS NULL)))) END FROM (SELECT r.count AS n, r.period_seconds AS p FROM rate_limit r WHERE r.workspace_id = %(workspace)s AND r.key = %(key)s)))
+
+
+-- name: rate_keys_held
+-- The rate limit keys with held-back jobs (maintenance settles each): job_rate_held_idx.
+SELECT DISTINCT workspace_id, rate_limit_key FROM job
+WHERE status = 'queued' AND rate_held
+
+
+-- name: rate_keys_held_of
+-- Whether a rate limit key has held-back jobs: job_rate_held_idx.
+SELECT 1 FROM job
+WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s AND status = 'queued'
+  AND rate_held
+LIMIT 1
+
+
+-- name: rate_hold_paused
+-- Before rate_admit, outside the triggers: the key's queued jobs given a permit that a claim
+-- cannot take (a paused agent's own; one whose concurrency slot was taken back) give it back
+-- (PostgreSQL's jobqueue_rate_admit does the same first).
+UPDATE job SET rate_held = 1
+WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s AND status = 'queued'
+  AND rate_held IS NULL
+  AND (concurrency_held OR (label_set_id IS NULL
+       AND job_agent_id IN (SELECT id FROM job_agent WHERE paused_at IS NOT NULL)))
+
+
+-- name: rate_window_opens
+-- In how many seconds a rate limit key's window next opens, when it has held-back jobs (the
+-- SQLite backend announces the key for then, as PostgreSQL's jobqueue_rate_admit does): when
+-- the oldest claim in the window leaves it, or a period from now when there is none (only
+-- queued jobs hold its permits). No row: the key has no limit.
+SELECT r.period_seconds + coalesce((
+           SELECT (julianday(min(started_at)) - julianday('now')) * 86400.0 FROM job
+           WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s
+             AND started_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW',
+                                       '-' || r.period_seconds || ' seconds')), 0)
+FROM rate_limit r WHERE r.workspace_id = %(workspace)s AND r.key = %(key)s

@@ -109,6 +109,18 @@ class PostgresBackend:
         return bool(self._one(sql.concurrency_settle, {"workspace": workspace_id,
                                                        "key": key})[0])
 
+    def settle_rate(self, workspace_id, key: str) -> bool:
+        """Give the rate limit key's free permits to its held jobs now, in the caller's
+        transaction (jobqueue_rate_try, migration 0029; it announces the key for when its
+        window opens): False when another transaction holds the key's lock."""
+        return bool(self._one(sql.rate_settle, {"workspace": workspace_id, "key": key})[0])
+
+    def rate_keys_held(self) -> list[tuple]:
+        """(workspace_id, key) of every rate limit key with held jobs."""
+        with self.db.cursor() as cursor:
+            cursor.execute(sql.rate_keys_held, {})
+            return cursor.fetchall()
+
     def concurrency_keys_held(self) -> list[tuple]:
         """(workspace_id, key) of every concurrency key with held jobs."""
         with self.db.cursor() as cursor:

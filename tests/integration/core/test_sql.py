@@ -12,7 +12,7 @@ from django.db import connection
 
 from jobqueue import claimrule, lifecycle, sql, states, wakeups
 from jobqueue.db import SQLITE_DATETIME_FORMAT, db_now
-from jobqueue.lifecycle import concurrency, effects
+from jobqueue.lifecycle import concurrency, effects, ratelimits
 from jobqueue.lifecycle.backends import backend
 from jobqueue.models import Job
 from tests.factories import JobAgentFactory, JobFactory
@@ -108,6 +108,12 @@ def _cycle(agent):
     lifecycle.create_job(workspace=ws, job_agent=agent, concurrency_key="k")
     concurrency.settle_key(ws.id, "k")
     concurrency.settle_held_keys()
+    # A rate limit key's permits given out by setting its limit, the hub's and the sweep's.
+    ratelimits.set_limit(ws.id, "r", 1, 3600)
+    for _ in range(2):
+        lifecycle.create_job(workspace=ws, job_agent=agent, rate_limit_key="r")
+    ratelimits.settle_key(ws.id, "r")
+    ratelimits.settle_held_keys()
     # A labelled job, claimed by an agent with labels (its own statement).
     labelled = lifecycle.create_job_agent(workspace=ws, name="gpu-1", labels=["gpu"])
     job = lifecycle.create_job(workspace=ws, labels=["gpu"])[0]
