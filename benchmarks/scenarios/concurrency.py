@@ -12,6 +12,11 @@ Pickup: one key at limit 1 with a job running and BENCH_CONCURRENCY_PICKUPS more
 behind it; an agent long-polls (claim-next with wait_seconds) in a thread while the main
 thread reports the running job: the time from the report's commit to the waiter holding the
 next job's claim (target p50 <= 50 ms).
+
+Rate limit window (#29 item 3): one rate limit key at 1 claim a second with
+BENCH_CONCURRENCY_WINDOWS + 1 jobs queued; an agent long-polls for each next job: how late,
+on the database's clock, each claim comes after the window let it through (its started_at
+less the previous claim's started_at plus the period).
 """
 
 from __future__ import annotations
@@ -115,6 +120,32 @@ def _pickups(n):
     return out
 
 
+def _windows(n):
+    """Long-poll claims of a key limited to 1 a second: each one's lateness after its window
+    opened, on the database's clock, n times."""
+    from jobqueue import lifecycle, states
+    from jobqueue.lifecycle import ratelimits
+
+    ws, agent = _setup("window")
+    ratelimits.set_limit(ws.id, "partner", 1, 1)
+    for _ in range(n + 1):
+        lifecycle.create_job(workspace=ws, job_agent=agent, rate_limit_key="partner")
+    (grant,) = lifecycle.claim_next(agent)
+    out = []
+    for _ in range(n):
+        lifecycle.report_status(grant.job.id, grant.claim_id, states.SUCCESSFUL,
+                                job_agent_id=agent.id)
+        got = lifecycle.claim_next(agent, wait_seconds=10)
+        if not got:
+            raise SystemExit("concurrency: no claim when the rate limit's window opened")
+        late = (got[0].job.started_at - grant.job.started_at).total_seconds() - 1
+        if late < 0:
+            raise SystemExit(f"concurrency: a claim {-late:.3f}s inside the window")
+        out.append(late)
+        (grant,) = got
+    return out
+
+
 def run():
     samples, jobs, keys, pickups = (conf("BENCH_CONCURRENCY_SAMPLES"),
                                     conf("BENCH_CONCURRENCY_JOBS"),
@@ -145,6 +176,9 @@ def run():
     picked = _pickups(pickups)
     out["pickup"] = {"n": pickups, "p50_ms": 1000 * percentile(picked, 50),
                      "p99_ms": 1000 * percentile(picked, 99)}
+    windows = _windows(conf("BENCH_CONCURRENCY_WINDOWS"))
+    out["window"] = {"n": len(windows), "p50_ms": 1000 * percentile(windows, 50),
+                     "p99_ms": 1000 * percentile(windows, 99)}
     log(f"concurrency: {out}")
     return out
 
@@ -166,4 +200,10 @@ def table(res):
         f"A freed slot's pickup (a report frees the key's slot while an agent long-polls; "
         f"from the report's commit to the waiter holding the next job, {p['n']} times): "
         f"p50 {p['p50_ms']:.1f} ms, p99 {p['p99_ms']:.1f} ms.",
-    ]
+    ] + ([] if "window" not in res else [
+        "",
+        f"A rate limit's window (1 claim a second; an agent long-polls for each next job; "
+        f"how late each claim comes after its window opened, on the database's clock, "
+        f"{res['window']['n']} times): p50 {res['window']['p50_ms']:.1f} ms, "
+        f"p99 {res['window']['p99_ms']:.1f} ms.",
+    ])

@@ -327,9 +327,8 @@ def test_a_permit_freed_while_another_holds_the_key_is_given_out_by_the_hub(key)
     ratelimits.set_limit(agent.workspace_id, key, 1, 3600)
     first, second = _jobs(agent, key, 2)
     got = {}
-    waiter = threading.Thread(target=lambda: (got.update(
-        grants=lifecycle.claim_next(agent, wait_seconds=15)), connection.close()))
-    # the waiter claims the first job, so cancel... instead: a second agent waits
+    # Another agent waits for the second job (the first, which holds the permit, is the
+    # agent's own: its cancel frees the permit).
     other = JobAgentFactory(workspace=agent.workspace)
     Job.objects.filter(id=second.id).update(job_agent=other)
     waiter = threading.Thread(target=lambda: (got.update(
