@@ -21,6 +21,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
+from jobqueue import claimrule
 from jobqueue.models import CLAIM_ORDER
 
 from .query import query_int
@@ -38,9 +39,10 @@ class KeysetPagination:
         size = self.get_page_size(request)
         direction, anchor = self.decode_cursor(request)
         order = self.ordering if direction == "n" else tuple(_flip(f) for f in self.ordering)
-        qs = queryset.order_by(*order)
+        aliases = self.aliases()
+        qs = queryset.alias(**aliases).order_by(*order)
         if anchor is not None:
-            qs = qs.filter(_after(queryset.model, order, anchor))
+            qs = qs.filter(_after(queryset.model, order, anchor, aliases))
         rows = list(qs[: size + 1])
         more = len(rows) > size
         rows = rows[:size]
@@ -75,9 +77,17 @@ class KeysetPagination:
             direction, anchor = text.split(".", 1)
             if direction not in ("n", "p"):
                 raise ValueError(direction)
-            return direction, uuid.UUID(anchor)
+            return direction, self.parse_anchor(anchor)
         except (ValueError, signing.BadSignature) as exc:
             raise ValidationError({"cursor": ["Invalid cursor."]}) from exc
+
+    def aliases(self) -> dict:
+        """Expressions the ordering names (none but the claim order's claim_at)."""
+        return {}
+
+    def parse_anchor(self, text: str):
+        """The primary key a cursor names (a UUID; ValueError when it is not one)."""
+        return uuid.UUID(text)
 
     def encode_cursor(self, direction: str, pk) -> str:
         token = self._signer(self.request).sign(f"{direction}.{pk}")
@@ -89,9 +99,9 @@ def _flip(field: str) -> str:
     return field[1:] if field.startswith("-") else "-" + field
 
 
-def _after(model, order, anchor):
+def _after(model, order, anchor, aliases=None):
     """Rows strictly after the anchor row in `order` (lexicographic, in SQL)."""
-    ref = model._default_manager.filter(pk=anchor)
+    ref = model._default_manager.filter(pk=anchor).alias(**(aliases or {}))
 
     def value(name):
         return Subquery(ref.values(name)[:1])
@@ -116,6 +126,21 @@ class ClaimOrder(KeysetPagination):
 
     ordering = (*CLAIM_ORDER, "id")
 
+    def aliases(self) -> dict:
+        return {"claim_at": claimrule.claim_at()}
+
 
 class ByName(KeysetPagination):
     ordering = ("name", "id")
+
+
+class ByKey(KeysetPagination):
+    """A workspace's rate limits or fairness keys by key (unique in it); their primary key is
+    an integer."""
+
+    ordering = ("key", "id")
+
+    def parse_anchor(self, text: str) -> int:
+        if not text.isascii() or not text.isdigit():
+            raise ValueError(text)
+        return int(text)

@@ -14,6 +14,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from .views import (
+    FairnessKeyViewSet,
     FlowViewSet,
     GroupViewSet,
     JobAgentViewSet,
@@ -21,6 +22,7 @@ from .views import (
     JobExplainViewSet,
     JobOutputViewSet,
     JobViewSet,
+    RateLimitViewSet,
     RegisterView,
     RegistrationTokenViewSet,
     ScheduleViewSet,
@@ -41,6 +43,23 @@ class AnyId:
 
 
 register_converter(AnyId, "anyid")
+
+
+class RestOfPath:
+    """A rate limit's key: the rest of the path, any characters (a "/", a newline: Django's
+    `path` converter stops at a newline), so that a key no job could carry is answered by the
+    view (a JSON 400 naming it), not by the resolver."""
+
+    regex = r"[\s\S]+"
+
+    def to_python(self, value):
+        return value
+
+    def to_url(self, value):
+        return str(value)
+
+
+register_converter(RestOfPath, "restofpath")
 
 
 class WorkspaceRouter(SimpleRouter):
@@ -70,6 +89,9 @@ router.register(W + "groups", GroupViewSet, basename="group")
 router.register(W + "flows", FlowViewSet, basename="flow")
 router.register(W + "webhooks", WebhookViewSet, basename="webhook")
 router.register(W + "schedules", ScheduleViewSet, basename="schedule")
+# A key is text that may hold "/": the rest of the path (the viewsets' converter).
+router.register(W + "rate-limits", RateLimitViewSet, basename="rate-limit")
+router.register(W + "fairness-keys", FairnessKeyViewSet, basename="fairness-key")
 router.register(W + "registration-tokens", RegistrationTokenViewSet,
                 basename="registration-token")
 router.register(W + "jobs/<anyid:job_id>", JobOutputViewSet, basename="job-output")

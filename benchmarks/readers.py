@@ -52,6 +52,7 @@ class Context:
     label_set_id: object = None  # the label set of the fill's labelled jobs
     concurrency_key: str = "tenant-7"  # a concurrency key (the fill makes none: its jobs are few)
     rate_limit_key: str = "api-7"  # a rate limit key (the fill makes none: its jobs are few)
+    fairness_key: str = "tenant-3"  # a fairness key (the fill makes none: its jobs are few)
 
 
 def _by_id(c):
@@ -125,6 +126,36 @@ def _rate_permit(c):
     return Job.objects.filter(
         workspace_id=c.workspace_id, rate_limit_key=c.rate_limit_key,
         rate_held__isnull=True, status=states.QUEUED).values_list("workspace_id")
+
+
+def _fair_head(c, route):
+    from django.db.models.functions import Now
+
+    from jobqueue import states
+    from jobqueue.models import Job
+
+    # lifecycle/fairness.py, place: the route's virtual time, its first due fair job
+    return Job.objects.filter(
+        status=states.QUEUED, fairness_key__isnull=False, available_at__lte=Now(), **route
+    ).order_by("fair_at").values_list("fair_at")[:1]
+
+
+def _fair_key(c, route):
+    from jobqueue import states
+    from jobqueue.models import Job
+
+    # lifecycle/fairness.py, place: its key's last queued job on the route
+    return Job.objects.filter(
+        status=states.QUEUED, fairness_key=c.fairness_key, **route
+    ).order_by("-fair_at").values_list("fair_at")[:1]
+
+
+def _own(c):
+    return {"job_agent_id": c.agent_id, "label_set__isnull": True}
+
+
+def _set(c):
+    return {"label_set_id": c.label_set_id}
 
 
 def _newest_first(c):
@@ -246,6 +277,14 @@ READERS = (
            "before permits are given (migration 0029's triggers)", _rate_window),
     Reader("job_rate_permit_idx", "a rate limit key's queued jobs given a permit, counted "
            "before permits are given (migration 0029's triggers)", _rate_permit),
+    Reader("job_fair_agent_idx", "a fair job's creation finds its agent's virtual time, its "
+           "first due fair job (lifecycle/fairness.py)", lambda c: _fair_head(c, _own(c))),
+    Reader("job_fair_agent_key_idx", "a fair job's creation finds its key's last queued job "
+           "of its agent (lifecycle/fairness.py)", lambda c: _fair_key(c, _own(c))),
+    Reader("job_fair_set_idx", "a labelled fair job's creation finds its label set's virtual "
+           "time (lifecycle/fairness.py)", lambda c: _fair_head(c, _set(c))),
+    Reader("job_fair_set_key_idx", "a labelled fair job's creation finds its key's last queued "
+           "job of its label set (lifecycle/fairness.py)", lambda c: _fair_key(c, _set(c))),
     Reader("job_schedule_idx", "a buffer_one schedule's fire looks for its waiting job "
            "(maintenance's schedules service)", _schedule_waiting),
 )

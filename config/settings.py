@@ -345,9 +345,10 @@ JOBQUEUE["JWKS_MAX_AGE_SECONDS"] = _env(env.int, "JWKS_MAX_AGE_SECONDS")
 JOBQUEUE["MIN_CLIENT_VERSION"] = _env(env.str, "MIN_CLIENT_VERSION")
 if not re.fullmatch(r"\d{1,6}(\.\d{1,6})?", JOBQUEUE["MIN_CLIENT_VERSION"]):
     raise ImproperlyConfigured("JOBQUEUE_MIN_CLIENT_VERSION must be MAJOR.MINOR, e.g. 0.2")
-# /metrics: how many concurrency keys get series of their own (jobqueue_concurrency_*{
-# workspace_id,key}): the keys with the most jobs held back, so that the number of series stays
-# bounded whatever the number of keys (0: none).
+# /metrics: how many keys of each kind get series of their own (jobqueue_concurrency_*,
+# jobqueue_rate_limit_*, jobqueue_fairness_*{workspace_id,key}): the keys with the most jobs held
+# back (fairness keys: queued), so that the number of series stays bounded whatever the number
+# of keys (0: none).
 JOBQUEUE["METRICS_TOP_KEYS"] = _env(env.int, "METRICS_TOP_KEYS")
 
 # Throttle counters live in the default cache. The default LocMem cache is per process, so

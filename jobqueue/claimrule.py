@@ -43,7 +43,17 @@ from django.db.models.functions import Now
 
 from jobqueue import states
 
-ORDER = ("-priority", "available_at", "created_at")
+# Claim order: highest priority first, then the earliest claim_at (a plain job's available_at:
+# the longest available; a fair job's fair_at: its key's virtual time, lifecycle/fairness.py),
+# then the oldest. claim_at is an alias a queryset is given by `in_claim_order`.
+ORDER = ("-priority", "claim_at", "created_at")
+
+
+def claim_at(prefix: str = ""):
+    """The claim order's second term, on a job (or `prefix`: a relation to one)."""
+    from django.db.models.functions import Coalesce
+
+    return Coalesce(f"{prefix}fair_at", f"{prefix}available_at")
 
 
 @dataclass(frozen=True)

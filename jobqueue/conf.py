@@ -83,8 +83,9 @@ DEFAULTS = {
     "JWKS_MAX_AGE_SECONDS": 300,
     # The oldest jobqueue-client (major.minor) the API supports; older ones are logged.
     "MIN_CLIENT_VERSION": "0.2",
-    # /metrics: the concurrency keys given series of their own (the most held back first;
-    # 0: none), jobqueue/keystats.py.
+    # /metrics: the keys of each kind given series of their own (concurrency and rate limit
+    # keys: the most held back first; fairness keys: the most queued; 0: none),
+    # jobqueue/keystats.py.
     "METRICS_TOP_KEYS": 20,
 }
 

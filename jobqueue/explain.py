@@ -22,17 +22,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db.models import Count, Min, Subquery
+from django.db.models.functions import Now
 
 from jobqueue import claimrule, presence, states
 from jobqueue.exceptions import NotFound
+from jobqueue.keystats import rate_window
 from jobqueue.lifecycle.dependencies import waiting_on
-from jobqueue.models import Job, JobGroup
+from jobqueue.models import Job, JobGroup, RateLimit
 
 WAITING = frozenset({states.PENDING, states.QUEUED})
 # Every code a reason may have, in the order reasons come (docs/api.md lists their meaning).
 CODES = ("held", "waiting_on_dependencies", "in_progress", "finished", "not_before",
-         "deadline_passed", "concurrency_limit", "agent_paused", "group_cancelled",
-         "no_matching_agent", "no_matching_agent_online")
+         "deadline_passed", "concurrency_limit", "rate_limited", "agent_paused",
+         "group_cancelled", "no_matching_agent", "no_matching_agent_online")
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,45 @@ def _concurrency_limit(found: claimrule.Verdict) -> dict:
                    key=job.concurrency_key, running=running, limit=job.concurrency_limit)
 
 
+def _rate_limited(found: claimrule.Verdict) -> dict:
+    """Held back by its rate limit: the key's `count` and `period_seconds`, `claimed` (the
+    workspace's jobs with the key claimed in the window: their latest claim, started_at, in
+    the last period_seconds) and `until`, when the window next lets a claim through (the
+    oldest claim in it leaves; a period from now when none is in it: queued jobs given a
+    permit hold the key's permits, and none of their claims can leave the window sooner).
+    One query, on the database's clock, read only for a job that is held back. A key without
+    a limit limits nothing: its held jobs are given a permit as soon as the key is settled
+    (count, period_seconds, claimed and until are null). The window is jobqueue.keystats'
+    (/metrics and the admin read the same)."""
+    job = found.job
+    key = job.rate_limit_key
+    window = rate_window().values("rate_limit_key")
+    limit = (RateLimit.objects.filter(workspace_id=job.workspace_id, key=key)
+             .annotate(claimed=Subquery(window.annotate(n=Count("id")).values("n")),
+                       oldest=Subquery(window.annotate(m=Min("started_at")).values("m")),
+                       now=Now())
+             .first())
+    if limit is None:
+        return _reason("rate_limited", "Its rate limit key has no limit (none set, or just "
+                       "removed): the key limits nothing, and the job is given a permit as soon "
+                       "as the key is settled (at once, or at the next maintenance sweep).",
+                       key=key, count=None, period_seconds=None, claimed=None, until=None)
+    claimed = limit.claimed or 0
+    period = limit.period_seconds
+    until = (limit.oldest or limit.now) + timedelta(seconds=period)
+    taken = (f"{claimed} of them were claimed in the last {period} s" if claimed >= limit.count
+             else f"{claimed} of them were claimed in the last {period} s and queued jobs of "
+             "the key that were given a permit before it hold the others (or it is not due, "
+             "its agent is paused or it waits for its concurrency slot: a permit goes only to "
+             "a job a claim could take now)")
+    return _reason("rate_limited", f"Its rate limit holds it back: at most {limit.count} of "
+                   f"the workspace's jobs with the key are claimed in any {period} s, and "
+                   f"{taken}. The window next lets a claim through at {until.isoformat()}; the "
+                   "key's jobs take the permits in claim order.",
+                   key=key, count=limit.count, period_seconds=period, claimed=claimed,
+                   until=until)
+
+
 def _agent_paused(found: claimrule.Verdict) -> dict | None:
     if not found.agents:
         return None  # no agent to pause: no_matching_agent says so
@@ -115,6 +159,7 @@ REASONS: dict[str, Callable[[claimrule.Verdict], dict | None]] = {
     "available": _not_available,
     "not_expired": _expired,
     "concurrency_slot": _concurrency_limit,
+    "rate_permit": _rate_limited,
     "agent_not_paused": _agent_paused,
 }
 

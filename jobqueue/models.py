@@ -92,8 +92,8 @@ class JobAgent(models.Model):
         return self.max_attempts or jobqueue_settings()["DEFAULT_MAX_ATTEMPTS"]
 
 
-# Claim order: priority (higher first), then available_at, then created_at: the claim rule's
-# (jobqueue/claimrule.py).
+# Claim order: priority (higher first), then claim_at (COALESCE(fair_at, available_at)), then
+# created_at: the claim rule's (jobqueue/claimrule.py).
 CLAIM_ORDER = claimrule.ORDER
 
 
@@ -108,7 +108,7 @@ class JobQuerySet(models.QuerySet):
         return self.filter(status__in=[states.PENDING, states.QUEUED], expires_at__lte=Now())
 
     def in_claim_order(self):
-        return self.order_by(*CLAIM_ORDER)
+        return self.alias(claim_at=claimrule.claim_at()).order_by(*CLAIM_ORDER)
 
     def lease_expired(self):
         """In progress, with a claim whose lease has expired (what the reaper takes)."""
@@ -239,6 +239,13 @@ class Job(models.Model):
     # (jobqueue_rate_admit), and a claim passes over a held job without reading it.
     rate_limit_key = models.CharField(max_length=255, null=True, blank=True, editable=False)
     rate_held = models.BooleanField(null=True, blank=True, editable=False)
+    # Fair shares (docs/api.md, "Fair shares"): a job with fairness_key takes its place in
+    # claim order by fair_at, its key's virtual time (jobqueue/lifecycle/fairness.py: the
+    # workspace's queue head, or its key's last job, plus FAIR_STEP / the key's weight), where
+    # a job without one takes it by available_at: a claim orders by
+    # COALESCE(fair_at, available_at) (claimrule.ORDER's claim_at). None for a plain job.
+    fairness_key = models.CharField(max_length=255, null=True, blank=True, editable=False)
+    fair_at = models.DateTimeField(null=True, blank=True, editable=False)
     # sha256 of the producer's request body, to tell a replay from a reuse of the key.
     idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
     # The claim id of the latest claim. Kept on the job so that a retried terminal
@@ -294,10 +301,12 @@ class Job(models.Model):
             # upgrade, and the index is not rebuilt.
             # A job its concurrency key holds back (concurrency_held) is not in it: a claim
             # never reads the jobs of a full key (migration 0028 rebuilt it so).
+            # Its third column is the claim order's claim_at, COALESCE(fair_at, available_at):
+            # a plain job's available_at (migration 0032 rebuilt it so).
             models.Index(
                 "job_agent",
                 models.F("priority").desc(),
-                "available_at",
+                claimrule.claim_at(),
                 "created_at",
                 condition=Q(status=states.QUEUED, concurrency_held__isnull=True,
                             rate_held__isnull=True),
@@ -308,7 +317,7 @@ class Job(models.Model):
             models.Index(
                 "label_set",
                 models.F("priority").desc(),
-                "available_at",
+                claimrule.claim_at(),
                 "created_at",
                 condition=Q(status=states.QUEUED, label_set__isnull=False,
                             concurrency_held__isnull=True, rate_held__isnull=True),
@@ -355,6 +364,33 @@ class Job(models.Model):
                 condition=Q(rate_limit_key__isnull=False, rate_held__isnull=True,
                             status=states.QUEUED),
                 name="job_rate_permit_idx",
+            ),
+            # Fair shares (jobqueue/lifecycle/fairness.py): a new fair job's place, after its
+            # route's first due fair job (the virtual time) or its key's last queued job on
+            # that route: a job of an agent by its agent, a labelled job by its label set.
+            models.Index(
+                fields=["job_agent", "fair_at"],
+                condition=Q(status=states.QUEUED, fairness_key__isnull=False,
+                            label_set__isnull=True),
+                name="job_fair_agent_idx",
+            ),
+            models.Index(
+                fields=["job_agent", "fairness_key", "fair_at"],
+                condition=Q(status=states.QUEUED, fairness_key__isnull=False,
+                            label_set__isnull=True),
+                name="job_fair_agent_key_idx",
+            ),
+            models.Index(
+                fields=["label_set", "fair_at"],
+                condition=Q(status=states.QUEUED, fairness_key__isnull=False,
+                            label_set__isnull=False),
+                name="job_fair_set_idx",
+            ),
+            models.Index(
+                fields=["label_set", "fairness_key", "fair_at"],
+                condition=Q(status=states.QUEUED, fairness_key__isnull=False,
+                            label_set__isnull=False),
+                name="job_fair_set_key_idx",
             ),
             models.Index(fields=["workspace", "-created_at"], name="job_workspace_created_idx"),
             models.Index(fields=["workspace", "status"], name="job_workspace_status_idx"),
@@ -806,6 +842,29 @@ class RateLimit(models.Model):
 
     def __str__(self):
         return f"{self.key}: {self.count} / {self.period_seconds}s"
+
+
+class FairnessKey(models.Model):
+    """A fairness key's weight in a workspace (docs/api.md, "Fair shares"): the claims of jobs
+    with fairness keys are shared among the keys in proportion to their weights (1 to 100; a
+    key without a row weighs 1). Set by PUT fairness-keys/{key}."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+",
+                                  db_index=False)
+    key = models.CharField(max_length=255)
+    weight = models.PositiveSmallIntegerField(default=1)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "fairness_key"
+        ordering = ["key"]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "key"], name="fairness_key_unique"),
+        ]
+
+    def __str__(self):
+        return f"{self.key}: weight {self.weight}"
 
 
 class ScheduleFire(models.Model):

@@ -54,6 +54,7 @@ WAKE_FILE_ROTATE_BYTES = 256 * 1024
 TIMER_MARGIN = 0.01  # a delayed wake-up fires this much after its delay
 SETTLE_RETRY_SECONDS = 0.02  # a concurrency key whose lock was held: again after this (x tries)
 SETTLE_TRIES = 20
+RATE_RECHECK_SECONDS = 30.0  # a held rate limit key without a timer: settled by a re-check
 
 
 def agent_key(job_agent_id) -> str:
@@ -164,6 +165,7 @@ class Hub:
         self._capped = 0
         self._warm = 0  # waiters keeping their database connection (WARM_WAITS)
         self._timers: list[tuple[float, str]] = []
+        self._rate_rechecked: dict[str, float] = {}  # rate limit keys the re-check settled
         self._settle_tries: dict[str, int] = {}  # concurrency keys whose lock was held
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -295,8 +297,14 @@ class Hub:
         key, _, delay = payload.partition(" ")
         seconds = _seconds(delay)
         if seconds > 0:
+            at = time.monotonic() + seconds + TIMER_MARGIN
             with self._lock:
-                heapq.heappush(self._timers, (time.monotonic() + seconds + TIMER_MARGIN, key))
+                if key.startswith("r:") and any(
+                        k == key and t <= at + TIMER_MARGIN for t, k in self._timers):
+                    # A rate limit key's window: one timer a key (every hub's settle
+                    # announces the next opening; one timer fires one settle here).
+                    return
+                heapq.heappush(self._timers, (at, key))
         elif key.startswith("A:"):
             self.wake_key(agent_key(key[2:]))
         else:
@@ -387,7 +395,6 @@ class Hub:
             if jobs:
                 ready.update(job_key(j) for j in Job.objects.filter(
                     id__in=jobs, status__in=states.TERMINAL).values_list("id", flat=True))
-            self._settle_unwatched_rate_keys()
         except Exception:  # the database is away: the waiters' deadlines still hold
             log.warning("wake-up re-check failed", exc_info=True)
             return
@@ -395,6 +402,12 @@ class Hub:
             close_old_connections()
         for key in ready:
             self.wake_key(key)
+        try:
+            self._settle_unwatched_rate_keys()
+        except Exception:  # the database is away: the reaper's sweep settles them
+            log.warning("settling rate limit keys at the re-check failed", exc_info=True)
+        finally:
+            close_old_connections()
 
     def _settle_unwatched_rate_keys(self) -> None:
         """The rate limit keys with held-back jobs that this hub has no timer for (their
@@ -405,10 +418,17 @@ class Hub:
         from jobqueue.lifecycle import ratelimits
         from jobqueue.lifecycle.backends import backend
 
+        now = time.monotonic()
         with self._lock:
             watched = {key for _, key in self._timers}
         for workspace_id, key in backend().rate_keys_held():
-            if rate_key(workspace_id, key) not in watched:
+            name = rate_key(workspace_id, key)
+            # A key settled here lately and still without a timer has nothing to wait for
+            # that a timer could say (a paused agent's jobs, jobs waiting for a concurrency
+            # slot): the reaper's sweep settles it, not every re-check.
+            if name not in watched and now - self._rate_rechecked.get(name, -1e9) >= \
+                    RATE_RECHECK_SECONDS:
+                self._rate_rechecked[name] = now
                 ratelimits.settle_key(workspace_id, key)
 
 

@@ -15,8 +15,9 @@ Two kinds of numbers, on purpose:
   admin's "reap now" record every sweep in `reaper_run`.
 
 Labels never carry dispatch_context, results or tokens; agents and workspaces appear by id.
-A concurrency key appears as itself (the producer's name of the key), only for the few keys
-with the most jobs held back (JOBQUEUE_METRICS_TOP_KEYS): the number of series is bounded.
+A concurrency key, a rate limit key or a fairness key appears as itself (the producer's name of
+the key), only for the few keys with the most jobs held back (a fairness key: the most jobs
+queued; JOBQUEUE_METRICS_TOP_KEYS of each kind): the number of series is bounded.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class DatabaseCollector:
 
     def collect(self):
         from jobqueue.conf import jobqueue_settings
-        from jobqueue.keystats import busiest_keys
+        from jobqueue.keystats import busiest_fairness_keys, busiest_keys, busiest_rate_keys
         from jobqueue.models import (
             Job,
             JobAgent,
@@ -171,7 +172,10 @@ class DatabaseCollector:
             )
             fires = Schedule.objects.aggregate(
                 fired=Sum("fired"), skipped=Sum("skipped"), missed=Sum("missed"))
-            keys = busiest_keys(int(jobqueue_settings()["METRICS_TOP_KEYS"]))
+            top_keys = int(jobqueue_settings()["METRICS_TOP_KEYS"])
+            keys = busiest_keys(top_keys)
+            rate_keys = busiest_rate_keys(top_keys)
+            fair_keys = busiest_fairness_keys(top_keys)
         except DatabaseError as exc:
             log.warning("metrics: database unavailable (%s)", type(exc).__name__)
             up.add_metric([], 0)
@@ -229,6 +233,8 @@ class DatabaseCollector:
             schedule_fires.add_metric([outcome], fires[outcome] or 0)
         yield schedule_fires
         yield from concurrency_families(keys)
+        yield from rate_limit_families(rate_keys)
+        yield from fairness_families(fair_keys)
         last = runs["last"]
         yield GaugeMetricFamily(
             "jobqueue_reaper_last_run_timestamp_seconds",
@@ -259,6 +265,60 @@ def concurrency_families(keys) -> list[GaugeMetricFamily]:
         limit.add_metric(values, key.limit)
         held.add_metric(values, key.held)
     return [running, limit, held]
+
+
+def rate_limit_families(keys) -> list[GaugeMetricFamily]:
+    """Per rate limit key, for the keys jobqueue.keystats.busiest_rate_keys read (at most
+    JOBQUEUE_METRICS_TOP_KEYS of them, the most held back first: bounded label cardinality)."""
+    labels = ["workspace_id", "key"]
+    count = GaugeMetricFamily(
+        "jobqueue_rate_limit_count",
+        "A rate limit key's limit: claims in any period_seconds (the keys with the most jobs "
+        "held back only, JOBQUEUE_METRICS_TOP_KEYS).", labels=labels)
+    period = GaugeMetricFamily(
+        "jobqueue_rate_limit_period_seconds",
+        "A rate limit key's window, in seconds (the keys with the most jobs held back only).",
+        labels=labels)
+    claimed = GaugeMetricFamily(
+        "jobqueue_rate_limit_claimed",
+        "Jobs of a rate limit key claimed in its window, by their latest claim (the keys with "
+        "the most jobs held back only, JOBQUEUE_METRICS_TOP_KEYS).", labels=labels)
+    held = GaugeMetricFamily(
+        "jobqueue_rate_limit_held",
+        "Queued jobs a rate limit key holds back: its window is full (the keys with the most "
+        "jobs held back only, JOBQUEUE_METRICS_TOP_KEYS).", labels=labels)
+    for key in keys:
+        values = [str(key.workspace_id), key.key]
+        count.add_metric(values, key.count)
+        period.add_metric(values, key.period_seconds)
+        claimed.add_metric(values, key.claimed)
+        held.add_metric(values, key.held)
+    return [count, period, claimed, held]
+
+
+def fairness_families(keys) -> list[GaugeMetricFamily]:
+    """Per fairness key, for the keys jobqueue.keystats.busiest_fairness_keys read (at most
+    JOBQUEUE_METRICS_TOP_KEYS of them, the most queued first: bounded label cardinality)."""
+    labels = ["workspace_id", "key"]
+    weight = GaugeMetricFamily(
+        "jobqueue_fairness_weight",
+        "A fairness key's weight, 1 to 100 (1 when none is set): its claims are shared among "
+        "the keys in proportion to it (the keys with the most jobs queued only, "
+        "JOBQUEUE_METRICS_TOP_KEYS).", labels=labels)
+    queued = GaugeMetricFamily(
+        "jobqueue_fairness_queued",
+        "Queued jobs of a fairness key (the keys with the most jobs queued only, "
+        "JOBQUEUE_METRICS_TOP_KEYS).", labels=labels)
+    running = GaugeMetricFamily(
+        "jobqueue_fairness_running",
+        "Jobs of a fairness key in progress (the keys with the most jobs queued only, "
+        "JOBQUEUE_METRICS_TOP_KEYS).", labels=labels)
+    for key in keys:
+        values = [str(key.workspace_id), key.key]
+        weight.add_metric(values, key.weight)
+        queued.add_metric(values, key.queued)
+        running.add_metric(values, key.running)
+    return [weight, queued, running]
 
 
 PROCESS_REGISTRY.register(DatabaseCollector())

@@ -6,8 +6,8 @@ resource as agents/views/ has one viewset per resource:
 - `job_agents`: the agent and its health, its poll, its claims (ClaimedJobSerializer is the
   one shape carrying `dispatch_context`), the batch heartbeat and report;
 - `outputs` (the log's and artifacts' answers), `effects` (the effect ledger), `groups`,
-  `tokens`, `registration`, `webhooks`, `schedules`: theirs; `explain`: why a job is not
-  running.
+  `tokens`, `registration`, `webhooks`, `schedules`, `ratelimits`, `fairness`: theirs;
+  `explain`: why a job is not running.
 
 Beside them, `fields` holds the building blocks (the strict field types, ApiInput, the
 bodies several resources take, page_of) and `shared_instances` the one bound instance per
@@ -29,6 +29,7 @@ from .effects import (
     EffectSerializer,
 )
 from .explain import ExplainAgentsSerializer, ExplainReasonSerializer, ExplanationSerializer
+from .fairness import FairnessKeyPage, FairnessKeySerializer, FairnessWeightInput
 from .fields import (
     INT32_MAX,
     MAX_UNKNOWN_NAMED,
@@ -99,6 +100,7 @@ from .jobs import (
     StatusInput,
 )
 from .outputs import ArtifactListSerializer, ArtifactSerializer, LogAppendSerializer
+from .ratelimits import RateLimitInput, RateLimitPage, RateLimitSerializer
 from .registration import (
     MAX_REGISTRATION_EXPIRES_IN_SECONDS,
     MAX_REGISTRATION_USES,
@@ -177,6 +179,8 @@ __all__ = [
     "RegisterInput", "RegistrationTokenCreateInput", "RegistrationTokenIssuedSerializer",
     "RegistrationTokenPage", "RegistrationTokenSerializer",
     "ExplainAgentsSerializer", "ExplainReasonSerializer", "ExplanationSerializer",
+    "RateLimitInput", "RateLimitPage", "RateLimitSerializer",
+    "FairnessKeyPage", "FairnessKeySerializer", "FairnessWeightInput",
 ]
 
 

@@ -4,9 +4,28 @@ running, from the claim rule (jobqueue/explain.py)."""
 from __future__ import annotations
 
 from rest_framework import serializers
+from rest_framework.fields import SkipField
 
 from jobqueue import states
 from jobqueue.explain import CODES
+
+
+class _OnlyWhenGiven:
+    """A field a reason may give as null (allow_null, so the schema says so): absent when the
+    reason does not give it (DRF would answer null for it in every other reason)."""
+
+    def get_attribute(self, instance):
+        if self.field_name not in instance:
+            raise SkipField()
+        return super().get_attribute(instance)
+
+
+class _NullableInteger(_OnlyWhenGiven, serializers.IntegerField):
+    pass
+
+
+class _NullableDateTime(_OnlyWhenGiven, serializers.DateTimeField):
+    pass
 
 
 class ExplainReasonSerializer(serializers.Serializer):
@@ -22,13 +41,27 @@ class ExplainReasonSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(
         required=False, help_text="deadline_passed: the deadline that passed.")
     key = serializers.CharField(
-        required=False, help_text="concurrency_limit: the job's concurrency_key.")
+        required=False, help_text="concurrency_limit: the job's concurrency_key; "
+        "rate_limited: its rate_limit_key.")
     running = serializers.IntegerField(
         required=False, help_text="concurrency_limit: the workspace's jobs with the key in "
         "progress now.")
     limit = serializers.IntegerField(
         required=False, help_text="concurrency_limit: the job's concurrency_limit (jobs of the "
         "key that may run at once).")
+    count = _NullableInteger(
+        required=False, allow_null=True, help_text="rate_limited: the key's limit, claims in "
+        "any period_seconds (null: the key has no limit).")
+    period_seconds = _NullableInteger(
+        required=False, allow_null=True, help_text="rate_limited: the key's window, in "
+        "seconds (null: no limit).")
+    claimed = _NullableInteger(
+        required=False, allow_null=True, help_text="rate_limited: the workspace's jobs with "
+        "the key claimed in the window (by their latest claim; null: no limit).")
+    until = _NullableDateTime(
+        required=False, allow_null=True, help_text="rate_limited: when the window next lets "
+        "a claim through (the database's clock: the oldest claim in it leaves, or a period "
+        "from now when none is in it); null: the key has no limit.")
     group = serializers.CharField(required=False, help_text="group_cancelled: its group.")
     labels = serializers.ListField(
         child=serializers.CharField(), required=False,

@@ -90,6 +90,13 @@ class JobSummarySerializer(serializers.Serializer):
     concurrency_limit = serializers.IntegerField(
         allow_null=True, help_text="How many of the workspace's jobs with the "
         "concurrency_key may be in_progress at once (null for a job without a key).")
+    rate_limit_key = serializers.CharField(
+        allow_null=True, help_text="The job is claimed only while its key's rate limit "
+        "(PUT rate-limits/{key}), if one is set, lets a claim through (null: no key).")
+    fairness_key = serializers.CharField(
+        allow_null=True, help_text="The claims of jobs with fairness keys are shared among "
+        "the keys in proportion to their weights (PUT fairness-keys/{key}; 1 without one), "
+        "whatever number of jobs each has queued (null: no key).")
     schedule_id = serializers.UUIDField(
         allow_null=True, help_text="The schedule whose fire made the job (null: none).")
     scheduled_for = serializers.DateTimeField(
@@ -229,8 +236,9 @@ JOB_LIST_ONLY = ["id", "workspace_id", "job_agent_id", "labels", "status", "exte
                  "attempt",
                  "max_attempts", "priority", "available_at", "created_at", "started_at",
                  "completed_at", "updated_at", "idempotency_key", "unique_key",
-                 "concurrency_key", "concurrency_limit", "schedule_id", "scheduled_for",
-                 "has_parents"]
+                 "concurrency_key", "concurrency_limit", "rate_limit_key", "fairness_key",
+                 "schedule_id",
+                 "scheduled_for", "has_parents"]
 JobPage = page_of(JobSummarySerializer, "JobPage")
 
 
@@ -342,6 +350,26 @@ class JobCreateInput(ApiInput):
         required=False, allow_null=True, min_value=1, max_value=inputs.MAX_CONCURRENCY_LIMIT,
         help_text="With concurrency_key: how many of the workspace's jobs with the key may be "
         "in_progress at once (1 to 1000, default 1).",
+    )
+    # Rate limits (docs/api.md): the key's rule is the lifecycle's
+    # (jobqueue.lifecycle.inputs.rate_limit_key), a 400 naming the field.
+    rate_limit_key = StrictCharField(
+        required=False, allow_null=True, min_length=1,
+        max_length=inputs.MAX_RATE_LIMIT_KEY_LENGTH, trim_whitespace=False,
+        help_text="1 to 255 printable characters: the job is claimed only while fewer than "
+        "its key's rate limit count (PUT rate-limits/{key}) of the workspace's jobs with this "
+        "key were claimed in the limit's last period_seconds; a key without a limit limits "
+        "nothing.",
+    )
+    # Fair shares (docs/api.md): the key's rule is the lifecycle's
+    # (jobqueue.lifecycle.inputs.fairness_key), a 400 naming the field.
+    fairness_key = StrictCharField(
+        required=False, allow_null=True, min_length=1,
+        max_length=inputs.MAX_RATE_LIMIT_KEY_LENGTH, trim_whitespace=False,
+        help_text="1 to 255 printable characters (e.g. a tenant): the claims of the "
+        "workspace's jobs with fairness keys are shared among the keys in proportion to their "
+        "weights (PUT fairness-keys/{key}; 1 without one), whatever number of jobs each has "
+        "queued; priority outranks it.",
     )
     depends_on = serializers.ListField(
         child=StrictUUIDField(), required=False, allow_null=True, allow_empty=False,

@@ -112,6 +112,8 @@ class ScheduleJobSerializer(serializers.Serializer):
     debounce_max_seconds = serializers.IntegerField(required=False)
     concurrency_key = serializers.CharField(required=False)
     concurrency_limit = serializers.IntegerField(required=False)
+    rate_limit_key = serializers.CharField(required=False)
+    fairness_key = serializers.CharField(required=False)
     dispatch_context_keys = serializers.ListField(child=serializers.CharField())
 
     class Meta:

@@ -17,7 +17,8 @@ from .base import PRODUCER_TAGS, ApiViewSet
 
 FIELDS = ("job_agent_config", "dispatch_context", "priority", "max_attempts", "delay_seconds",
           "retry_backoff_seconds", "max_runtime_seconds", "expires_at", "external_id", "group",
-          "depends_on_refs", "depends_on", "concurrency_key", "concurrency_limit")
+          "depends_on_refs", "depends_on", "concurrency_key", "concurrency_limit",
+          "rate_limit_key", "fairness_key")
 
 
 class FlowViewSet(ApiViewSet):

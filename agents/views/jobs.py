@@ -153,6 +153,8 @@ class JobViewSet(ApiViewSet):
             depends_on=data.get("depends_on"),
             concurrency_key=data.get("concurrency_key"),
             concurrency_limit=data.get("concurrency_limit"),
+            rate_limit_key=data.get("rate_limit_key"),
+            fairness_key=data.get("fairness_key"),
             actor=self.principal.actor,
         )
         return Response(

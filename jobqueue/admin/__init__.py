@@ -9,16 +9,27 @@ One module per page family: `jobs` (the job list and page, the repair actions; i
 is templates/admin/jobqueue/job/timeline.html), `groups` (the job list's group filter and the
 cancel-groups confirmation), `recovery`
 (the Recovery page and reap-now), `concurrency` (the Concurrency keys page, the job list's
-key filters), `runs` (the maintenance record), `schedules` (their last
-and next fires, pause and resume), `webhooks` (endpoints, the delivery log, redeliver),
-`workspaces`; `common` holds what they share (the database's clock,
-how a span of time reads). Job agents and their credentials are administered by the edge
-(agents/admin.py): their health and tokens live there.
+key filters), `ratelimits` (the Rate limits page, the job list's rate limit key filters, the
+limits themselves: add, change, delete through jobqueue.lifecycle.ratelimits), `fairness` (the
+Fair shares page, the job list's fairness key filters, the weights themselves: add, change,
+delete through jobqueue.lifecycle.fairness), `runs` (the
+maintenance record), `schedules` (their last and next fires, pause and resume), `webhooks`
+(endpoints, the delivery log, redeliver), `workspaces`; `common` holds what they share (the
+database's clock, how a span of time reads). Job agents and their credentials are
+administered by the edge (agents/admin.py): their health and tokens live there.
 """
 
 from django.contrib import admin
 
-from . import jobs, runs, schedules, webhooks, workspaces  # noqa: F401 - each registers its ModelAdmin
+from . import (  # noqa: F401 - each registers its ModelAdmin
+    fairness,
+    jobs,
+    ratelimits,
+    runs,
+    schedules,
+    webhooks,
+    workspaces,
+)
 
 # The index leads with a "Needs attention" panel linking the Recovery page
 # (templates/admin/jobqueue/index.html, jobqueue/templatetags/jobqueue_admin.py).

@@ -8,7 +8,8 @@ Claim ids are never rendered either, nor filterable from the query string.
 
 Beside it: the group filter and the cancel-groups action's flow (groups.py), the live page's
 endpoint (live.py), the Recovery page (recovery.py), the Concurrency keys page and the key
-filters (concurrency.py), the timeline's markup
+filters (concurrency.py), the Rate limits page and the rate limit key filters (ratelimits.py),
+the Fair shares page and the fairness key filters (fairness.py), the timeline's markup
 (templates/admin/jobqueue/job/timeline.html) and a log tail's redaction
 (jobqueue.lifecycle.logs, LogSlice.redacted_text).
 """
@@ -29,14 +30,16 @@ from django.utils.html import format_html, format_html_join
 from jobqueue import history, lifecycle, states, timeline
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobQueueError
-from jobqueue.lifecycle import dependencies, logs
+from jobqueue.lifecycle import dependencies, fairness, logs, ratelimits
 from jobqueue.models import Job, JobArtifact, JobDependency, JobEffect, JobEvent
 from jobqueue.redaction import redact_text, redact_value, secret_strings
 
 from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
 from .concurrency import ConcurrencyFilter, ConcurrencyKeyFilter, ConcurrencyViews, key_jobs_url
+from .fairness import FairnessFilter, FairnessKeyFilter, FairnessViews, fair_key_jobs_url
 from .groups import GroupFilter, confirm_cancel_groups
 from .live import LIVE_POLL_MS, LiveJobViews
+from .ratelimits import RateLimitFilter, RateLimitKeyFilter, RateLimitViews, rate_key_jobs_url
 from .recovery import RecoveryViews
 
 
@@ -85,7 +88,8 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, admin.ModelAdmin):
+class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, RateLimitViews, FairnessViews,
+               admin.ModelAdmin):
     list_display = [
         "id",
         "job_agent",
@@ -93,17 +97,20 @@ class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, admin.ModelAdmin):
         "status",
         "group",
         "concurrency_column",
+        "rate_limit_column",
+        "fairness_column",
         "attempts",
         "lease",
         "last_heartbeat",
         "created_at",
     ]
     list_filter = ["status", "job_agent", "workspace", GroupFilter, LeaseStateFilter,
-                   ConcurrencyFilter, ConcurrencyKeyFilter]
+                   ConcurrencyFilter, ConcurrencyKeyFilter, RateLimitFilter, RateLimitKeyFilter,
+                   FairnessFilter, FairnessKeyFilter]
     list_select_related = ["job_agent", "claim"]
     search_fields = ["=id", "=idempotency_key", "=external_id"]
-    search_help_text = ("Search by job id, idempotency key, external id or concurrency key "
-                        "(exact).")
+    search_help_text = ("Search by job id, idempotency key, external id, concurrency key, "
+                        "rate limit key or fairness key (exact).")
     actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed", "cancel_groups"]
     show_full_result_count = False
     # Never filterable from the query string: a `?dispatch_context__key__startswith=` would
@@ -136,6 +143,8 @@ class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, admin.ModelAdmin):
         "idempotency_key",
         "unique_key",
         "concurrency_display",
+        "rate_limit_display",
+        "fairness_display",
         "dependencies_display",
         "dependents_display",
         "message_display",
@@ -183,7 +192,9 @@ class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, admin.ModelAdmin):
     def get_search_results(self, request, queryset, search_term):
         return id_or(
             queryset, search_term,
-            lambda term: Q(idempotency_key=term) | Q(external_id=term) | Q(concurrency_key=term)
+            lambda term: (Q(idempotency_key=term) | Q(external_id=term)
+                          | Q(concurrency_key=term) | Q(rate_limit_key=term)
+                          | Q(fairness_key=term))
         )
 
     # --- columns
@@ -219,6 +230,23 @@ class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, admin.ModelAdmin):
                                obj.concurrency_key, obj.concurrency_limit)
         return format_html("<code>{}</code> ≤ {}", obj.concurrency_key, obj.concurrency_limit)
 
+    @admin.display(description="rate limit key")
+    def rate_limit_column(self, obj):
+        """Its key; "held back" while the key's window keeps it back."""
+        if obj.rate_limit_key is None:
+            return "—"
+        if _rate_held(obj):
+            return format_html('<code>{}</code> <strong class="jq-held">held back</strong>',
+                               obj.rate_limit_key)
+        return format_html("<code>{}</code>", obj.rate_limit_key)
+
+    @admin.display(description="fairness key")
+    def fairness_column(self, obj):
+        """Its key (a fairness key holds no job back: it only orders them)."""
+        if obj.fairness_key is None:
+            return "—"
+        return format_html("<code>{}</code>", obj.fairness_key)
+
     # --- detail fields
 
     @admin.display(description="concurrency")
@@ -232,6 +260,33 @@ class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, admin.ModelAdmin):
             obj.concurrency_limit,
             " Held back: the key's slots are taken; claimable once one frees." if _held(obj)
             else "", key_jobs_url(obj.workspace_id, obj.concurrency_key))
+
+    @admin.display(description="rate limit")
+    def rate_limit_display(self, obj):
+        """Its key, the key's limit, whether the window holds it back (read-only; live)."""
+        if obj.rate_limit_key is None:
+            return "No rate limit key."
+        limit = ratelimits.get_limit(obj.workspace_id, obj.rate_limit_key)
+        return format_html(
+            '<code>{}</code>: {}{} <a href="{}">The key\'s jobs</a>', obj.rate_limit_key,
+            "no limit set (the key limits nothing)." if limit is None else
+            f"at most {limit.count} of the workspace's jobs with the key claimed in any "
+            f"{limit.period_seconds} s.",
+            " Held back: the key's window is full; claimable once it lets a claim through."
+            if _rate_held(obj) else "", rate_key_jobs_url(obj.workspace_id, obj.rate_limit_key))
+
+    @admin.display(description="fair share")
+    def fairness_display(self, obj):
+        """Its key and the key's weight (read-only)."""
+        if obj.fairness_key is None:
+            return "No fairness key."
+        row = fairness.get_weight(obj.workspace_id, obj.fairness_key)
+        return format_html(
+            '<code>{}</code>: weight {}. The workspace\'s claims of jobs with a fairness key are '
+            'shared among the keys in proportion to their weights, after priority. '
+            '<a href="{}">The key\'s jobs</a>', obj.fairness_key,
+            f"{fairness.DEFAULT_WEIGHT} (none set)" if row is None else row.weight,
+            fair_key_jobs_url(obj.workspace_id, obj.fairness_key))
 
     @admin.display(description="retry backoff")
     def retry_backoff(self, obj):
@@ -456,6 +511,8 @@ class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, admin.ModelAdmin):
             "recovery_url": reverse("admin:jobqueue_job_recovery"),
             "reap_url": reverse("admin:jobqueue_job_reap"),
             "concurrency_url": reverse("admin:jobqueue_job_concurrency"),
+            "rate_limits_url": reverse("admin:jobqueue_job_ratelimits"),
+            "fair_shares_url": reverse("admin:jobqueue_job_fairness"),
             "can_act": self.can_act(request),
         }
         return super().changelist_view(request, extra_context)
@@ -522,6 +579,11 @@ class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, admin.ModelAdmin):
 def _held(job) -> bool:
     """Held back by its concurrency key now (the triggers of migration 0027 keep the mark)."""
     return job.status == states.QUEUED and bool(job.concurrency_held)
+
+
+def _rate_held(job) -> bool:
+    """Held back by its rate limit now (the triggers of migration 0029 keep the mark)."""
+    return job.status == states.QUEUED and bool(job.rate_held)
 
 
 LOG_TAIL_BYTES = 4096

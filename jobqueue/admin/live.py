@@ -21,7 +21,7 @@ from jobqueue import states
 
 # What a running job changes, in the order the page shows them.
 LIVE_FIELDS = ("status", "attempts", "started_at", "completed_at", "updated_at",
-               "concurrency_display", "message_display",
+               "concurrency_display", "rate_limit_display", "message_display",
                "result_display", "claim_display", "attempt_history", "logs_display",
                "artifacts_display")
 # How often the page asks, in milliseconds (one small request per open page).

@@ -7,6 +7,7 @@ claim row (the lease: now + lease_seconds, by the database's clock) and a `claim
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Callable
 
@@ -26,6 +27,8 @@ from .clocks import attempt_deadline, lease_end
 from .pause import is_paused
 from .records import fetch_job, scoped_jobs
 from .results import ClaimGrant
+
+log = logging.getLogger("jobqueue.lifecycle")
 
 
 def lease_for(job_agent: JobAgent) -> int:
@@ -72,9 +75,13 @@ def _claimed_rate_limited(jobs: list[Job]) -> None:
     waiting agents take them then (docs/api.md, "Rate limits"). Nothing for a job without a
     key."""
     keys = {(job.workspace_id, job.rate_limit_key) for job in jobs if job.rate_limit_key}
-    if keys:
+    if not keys:
+        return
+    try:
         with transaction.atomic():
             ratelimits.settle_keys(keys)
+    except Exception:  # the claim has committed: answer it (the reaper's sweep settles them)
+        log.warning("settling rate limit keys after a claim failed", exc_info=True)
 
 
 def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
@@ -83,8 +90,9 @@ def _replay(job_agent_id: uuid.UUID, key: str, limit: int) -> list[ClaimGrant]:
         JobClaim.objects.filter(job_agent_id=job_agent_id, idempotency_key=key)
         .select_related("job")
         .annotate(db_now=Now())
-        .order_by(*(f"-job__{f[1:]}" if f.startswith("-") else f"job__{f}"
-                    for f in CLAIM_ORDER))[:limit]
+        .alias(claim_at=claimrule.claim_at("job__"))
+        .order_by(*(f if f == "claim_at" else f"-job__{f[1:]}" if f.startswith("-")
+                    else f"job__{f}" for f in CLAIM_ORDER))[:limit]
     )
     saved = checkpoints_for(claim.job_id for claim in claims)
     dependencies.load_parents([claim.job for claim in claims])

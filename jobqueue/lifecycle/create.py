@@ -23,7 +23,7 @@ from jobqueue.exceptions import (
 )
 from jobqueue.models import Job, JobAgent, JobDependency, JobEvent, JobLabelSet
 
-from . import dependencies, inputs
+from . import dependencies, fairness, inputs
 from .backends import backend
 from .finished import announce_finished
 from .groups import hold_group, holding_group
@@ -78,6 +78,16 @@ def update_job_agent(agent: JobAgent, **fields) -> JobAgent:
 def _fingerprint(payload: dict) -> str:
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def held_until_admitted(job: Job) -> None:
+    """A queued job with a concurrency key or a rate limit key is inserted held back, until
+    its key gives it a slot or a permit (the triggers of migrations 0027 and 0029; PostgreSQL's
+    BEFORE INSERT triggers say the same): so the order in which SQLite fires its AFTER INSERT
+    triggers cannot give a permit to a job before it holds its slot."""
+    queued = job.status == states.QUEUED
+    job.concurrency_held = True if queued and job.concurrency_key is not None else None
+    job.rate_held = True if queued and job.rate_limit_key is not None else None
 
 
 def _request_payload(job_agent, job_agent_config, dispatch_context, priority, max_attempts,
@@ -140,6 +150,7 @@ def create_job(
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
     rate_limit_key: str | None = None,
+    fairness_key: str | None = None,
     schedule_id=None,
     scheduled_for=None,
     actor: str = "",
@@ -164,7 +175,8 @@ def create_job(
     while fewer than its limit of the workspace's jobs with the key are in progress
     (inputs.concurrency; docs/api.md, "Concurrency keys"). With `rate_limit_key`, it is
     claimable only while its key's rate limit, if one is set, lets a claim through
-    (docs/api.md, "Rate limits").
+    (docs/api.md, "Rate limits"). With `fairness_key`, it takes its place in claim order by
+    its key's share (lifecycle/fairness.py; docs/api.md, "Fair shares").
     """
     if (job_agent is None) == (labels is None):
         raise InvalidInput("A job targets exactly one of job_agent_id and labels.",
@@ -187,6 +199,7 @@ def create_job(
     parents = inputs.depends_on(depends_on)
     concurrency = inputs.concurrency(concurrency_key, concurrency_limit)
     rate_limit_key = inputs.rate_limit_key(rate_limit_key)
+    fairness_key = inputs.fairness_key(fairness_key)
     if parents is not None and hold:
         raise InvalidInput("A job with dependencies is queued by them: no hold.",
                            field="depends_on")
@@ -201,7 +214,7 @@ def create_job(
              "debounce_max_seconds": debounce_max_seconds,
              "depends_on": None if parents is None else sorted(str(p) for p in parents),
              "concurrency_key": concurrency_key, "concurrency_limit": concurrency_limit,
-             "rate_limit_key": rate_limit_key}
+             "rate_limit_key": rate_limit_key, "fairness_key": fairness_key}
     fingerprint = ""
     payload: dict = {}
     if inputs.idempotency_key(idempotency_key) is not None:
@@ -239,6 +252,7 @@ def create_job(
         concurrency_key=concurrency[0],
         concurrency_limit=concurrency[1],
         rate_limit_key=rate_limit_key,
+        fairness_key=fairness_key,
         schedule_id=schedule_id,
         scheduled_for=scheduled_for,
     )
@@ -272,6 +286,9 @@ def create_job(
                 job.has_parents = True
                 if job.status == states.CANCELLED:
                     job.completed_at = Now()
+            if fairness_key is not None:
+                job.fair_at = fairness.place(job)
+            held_until_admitted(job)
             job.save(force_insert=True)
             if parents is not None:
                 JobDependency.objects.bulk_create(

@@ -22,7 +22,8 @@ from jobqueue.db import NowPlusSeconds, db_now
 from jobqueue.exceptions import InvalidInput
 from jobqueue.models import Job, JobAgent, JobDependency, JobEvent
 
-from . import dependencies, inputs
+from . import dependencies, fairness, inputs
+from .create import held_until_admitted
 from .create import label_set as stored_label_set
 from .finished import announce_finished
 from .groups import hold_group, holding_group
@@ -51,6 +52,8 @@ class FlowJob:
     group: str | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    rate_limit_key: str | None = None
+    fairness_key: str | None = None
     depends_on_refs: list = dataclasses.field(default_factory=list)
     depends_on: list | None = None
 
@@ -66,6 +69,27 @@ def _checked(index: int, rule, *args):
     except InvalidInput as exc:
         field = exc.context.get("field")
         raise InvalidInput(exc.detail, field=_field(index, field) if field else "jobs") from exc
+
+
+def _place_fairly(workspace_id, rows: list[Job]) -> None:
+    """Each job with a fairness key its place in claim order (lifecycle/fairness.py), as
+    create_job gives one: the first of a key on a route (an agent's own jobs, a label set's)
+    after the key's queued jobs there, the flow's next ones of the key on the route one place
+    (STEP / its weight) after it."""
+    last: dict[tuple, object] = {}
+    steps: dict[str, object] = {}
+    for job in rows:
+        key = job.fairness_key
+        if key is None:
+            continue
+        placed = (key, job.job_agent_id if job.label_set_id is None else None, job.label_set_id)
+        if placed in last:
+            if key not in steps:
+                steps[key] = fairness.STEP / fairness.weight_of(workspace_id, key)
+            job.fair_at = last[placed] + steps[key]
+        else:
+            job.fair_at = fairness.place(job)
+        last[placed] = job.fair_at
 
 
 def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str, Job]:
@@ -118,6 +142,8 @@ def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str,
         delay = _checked(i, inputs.delay_seconds, item.delay_seconds)
         concurrency_key, concurrency_limit = _checked(
             i, inputs.concurrency, item.concurrency_key, item.concurrency_limit)
+        rate_limit_key = _checked(i, inputs.rate_limit_key, item.rate_limit_key)
+        fairness_key = _checked(i, inputs.fairness_key, item.fairness_key)
         job = Job(
             id=uuid.uuid4(), workspace=workspace, job_agent=item.job_agent,
             labels=labels, label_set=None if labels is None else label_set(labels),
@@ -134,6 +160,7 @@ def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str,
             expires_at=expires_at, external_id=item.external_id or "",
             group=_checked(i, inputs.group_name, item.group),
             concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+            rate_limit_key=rate_limit_key, fairness_key=fairness_key,
             has_parents=bool(earlier or existing),
         )
         if delay:
@@ -169,6 +196,9 @@ def create_flow(*, workspace, jobs: list[FlowJob], actor: str = "") -> dict[str,
                 job.status, job.message = dependencies.initial_state(mine)
                 if job.status == states.CANCELLED:
                     job.completed_at = Now()
+            _place_fairly(workspace.id, rows)
+            for job in rows:
+                held_until_admitted(job)
             Job.objects.bulk_create(rows)
             JobDependency.objects.bulk_create([
                 JobDependency(child_id=job.id, parent_id=p)

@@ -452,3 +452,19 @@ def rate_limit(count, period_seconds) -> tuple[int, int]:
         raise InvalidInput("period_seconds is required.", field="period_seconds")
     return (bounded_int(count, "count", 1, MAX_RATE_LIMIT_COUNT),
             bounded_int(period_seconds, "period_seconds", 1, MAX_RATE_LIMIT_PERIOD_SECONDS))
+
+
+MAX_FAIRNESS_WEIGHT = 100
+
+
+def fairness_key(key) -> str | None:
+    """A job's fairness key (docs/api.md, "Fair shares"): None for a plain job; else 1 to 255
+    printable characters."""
+    return None if key is None else key_text(key, "fairness_key")
+
+
+def fairness_weight(weight) -> int:
+    """A fairness key's weight (PUT fairness-keys/{key}): a required integer, 1 to 100."""
+    if weight is None:
+        raise InvalidInput("weight is required.", field="weight")
+    return bounded_int(weight, "weight", 1, MAX_FAIRNESS_WEIGHT)

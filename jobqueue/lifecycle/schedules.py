@@ -44,7 +44,7 @@ TEMPLATE_FIELDS = (
     "labels", "job_agent_config", "dispatch_context", "priority", "max_attempts", "delay_seconds",
     "retry_backoff_seconds", "max_runtime_seconds", "external_id", "hold", "group",
     "unique_key", "unique_states", "on_conflict", "debounce_seconds", "debounce_max_seconds",
-    "concurrency_key", "concurrency_limit",
+    "concurrency_key", "concurrency_limit", "rate_limit_key", "fairness_key",
 )
 
 
@@ -97,6 +97,8 @@ def _template(job: dict) -> dict:
                           template.get("on_conflict"), template.get("debounce_seconds"),
                           template.get("debounce_max_seconds"))
         inputs.concurrency(template.get("concurrency_key"), template.get("concurrency_limit"))
+        inputs.rate_limit_key(template.get("rate_limit_key"))
+        inputs.fairness_key(template.get("fairness_key"))
     except InvalidInput as exc:
         raise InvalidInput(f"{exc.context.get('field')}: {exc.detail}", field="job") from None
     if "unique_states" in template:

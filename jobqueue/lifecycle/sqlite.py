@@ -107,15 +107,16 @@ class SqliteBackend(OrmBackend):
         transaction that changed a job of the key; this is for what no job's change
         announces (its window opened, its limit changed, an agent paused or resumed): the
         permits a claim could not use go back first (rate_hold_paused). When held-back jobs
-        remain, the key is announced for when its window opens (rate_window_opens: the
-        wake-up hub settles it then, as PostgreSQL's jobqueue_rate_admit announces it)."""
+        remain, the key is announced for when it is to be settled again (rate_window_opens:
+        its window opens, or a held-back job becomes due while a permit is free; the wake-up
+        hub settles it then, as PostgreSQL's jobqueue_rate_admit announces it)."""
         from jobqueue import wakeups
 
         params = {"workspace": _hex(uuid.UUID(str(workspace_id))), "key": key}
         self._run(sql.rate_hold_paused, params)
         self._run(sql.rate_admit, params)
         opens = self._run(sql.rate_window_opens, params)
-        if opens and self._run(sql.rate_keys_held_of, params):
+        if opens and opens[0][0] is not None and self._run(sql.rate_keys_held_of, params):
             wakeups.announce(wakeups.rate_key(workspace_id, key), max(0.001, opens[0][0]))
         return True
 

@@ -89,11 +89,11 @@ BEGIN
         free := NULL;  -- no limit: every one
     ELSE
         cutoff := STATEMENT_TIMESTAMP() - make_interval(secs => lim.period_seconds);
+        -- One statement, one snapshot: a claim that commits meanwhile moves its job from
+        -- the permit holders into the window, and two statements could count it in neither.
         SELECT count(*) INTO used FROM job
-        WHERE workspace_id = ws AND rate_limit_key = rkey AND started_at > cutoff;
-        SELECT used + count(*) INTO used FROM job
-        WHERE workspace_id = ws AND rate_limit_key = rkey AND status = 'queued'
-          AND rate_held IS NULL AND (started_at IS NULL OR started_at <= cutoff);
+        WHERE workspace_id = ws AND rate_limit_key = rkey
+          AND (started_at > cutoff OR (status = 'queued' AND rate_held IS NULL));
         free := greatest(0, lim.count - used);
     END IF;
     IF free IS NULL OR free > 0 THEN
@@ -259,7 +259,8 @@ SQLITE_TRIGGERS = [
     "UPDATE job SET rate_held = 1 WHERE id = NEW.id; " + _sqlite_admit("NEW") + " END",
     "CREATE TRIGGER job_rate_moved AFTER UPDATE OF status, available_at ON job "
     "WHEN NEW.rate_limit_key IS NOT NULL AND ((OLD.status IS NOT NEW.status "
-    "AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress')) "
+    "AND NOT (OLD.status = 'queued' AND NEW.status = 'in_progress') "
+    "AND (NEW.status = 'queued' OR OLD.status = 'queued')) "
     "OR (NEW.status = 'queued' AND OLD.status = 'queued' "
     "AND OLD.available_at IS NOT NEW.available_at)) BEGIN "
     "UPDATE job SET rate_held = CASE WHEN NEW.status = 'queued' THEN 1 END "
@@ -278,12 +279,24 @@ SQLITE_DROP = ["DROP TRIGGER IF EXISTS job_rate_inserted",
                "DROP TRIGGER IF EXISTS job_rate_deleted"]
 
 
+def _concurrency_inserted():
+    """0027's SQLite trigger job_concurrency_inserted (SQLite fires a row's triggers newest
+    first: made again after job_rate_inserted, it marks and admits a job's slot first, so that
+    the rate admit sees whether the job holds it)."""
+    import importlib
+
+    m = importlib.import_module("jobqueue.migrations.0027_job_concurrency_keys")
+    return next(t for t in m.SQLITE_TRIGGERS if "job_concurrency_inserted " in t)
+
+
 def add_triggers(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(PG_FUNCTIONS)
     else:
         for statement in SQLITE_TRIGGERS:
             schema_editor.execute(statement)
+        schema_editor.execute("DROP TRIGGER IF EXISTS job_concurrency_inserted")
+        schema_editor.execute(_concurrency_inserted())
 
 
 def drop_triggers(apps, schema_editor):

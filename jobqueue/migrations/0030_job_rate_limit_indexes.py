@@ -8,7 +8,7 @@
 
 from django.db import migrations, models
 
-from jobqueue.migrations import _indexes
+from jobqueue import indexes as _indexes
 
 CLAIM = models.Index(
     models.F("job_agent"), models.OrderBy(models.F("priority"), descending=True),

@@ -62,7 +62,7 @@ WITH locked AS MATERIALIZED (
       AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
       AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
       AND concurrency_held IS NULL AND rate_held IS NULL
-    ORDER BY priority DESC, available_at, created_at
+    ORDER BY priority DESC, COALESCE(fair_at, available_at), created_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ), gate AS MATERIALIZED (
@@ -85,7 +85,8 @@ WITH locked AS MATERIALIZED (
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
         job.concurrency_key, job.concurrency_limit, job.concurrency_held,
-        job.rate_limit_key, job.rate_held, job.created_at,
+        job.rate_limit_key, job.rate_held, job.fairness_key, job.fair_at,
+        job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -110,7 +111,7 @@ WITH locked AS MATERIALIZED (
 )
 SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
 FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
-ORDER BY priority DESC, available_at, created_at
+ORDER BY priority DESC, COALESCE(fair_at, available_at), created_at
 
 
 -- name: job_claim_available_routed
@@ -147,29 +148,31 @@ WITH agent AS MATERIALIZED (
 ), candidates AS MATERIALIZED (
     SELECT own.* FROM (
         SELECT id, job_agent_id, last_claim_id, attempt, started_at, claim_lease_seconds,
-               claim_holder, priority, available_at, created_at FROM job
+               claim_holder, priority, COALESCE(fair_at, available_at) AS claim_at,
+               created_at FROM job
         WHERE job_agent_id = %(agent)s AND label_set_id IS NULL
           AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
           AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
           AND concurrency_held IS NULL AND rate_held IS NULL
-        ORDER BY priority DESC, available_at, created_at
+        ORDER BY priority DESC, COALESCE(fair_at, available_at), created_at
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS own
     UNION ALL
     SELECT routed.* FROM sets CROSS JOIN LATERAL (
         SELECT id, job_agent_id, last_claim_id, attempt, started_at, claim_lease_seconds,
-               claim_holder, priority, available_at, created_at FROM job
+               claim_holder, priority, COALESCE(fair_at, available_at) AS claim_at,
+               created_at FROM job
         WHERE label_set_id = sets.id
           AND (expires_at IS NULL OR expires_at > STATEMENT_TIMESTAMP())
           AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued'
           AND concurrency_held IS NULL AND rate_held IS NULL
-        ORDER BY priority DESC, available_at, created_at
+        ORDER BY priority DESC, COALESCE(fair_at, available_at), created_at
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS routed
 ), locked AS MATERIALIZED (
-    SELECT * FROM candidates ORDER BY priority DESC, available_at, created_at
+    SELECT * FROM candidates ORDER BY priority DESC, claim_at, created_at
     LIMIT %(limit)s
 ), gate AS MATERIALIZED (
     SELECT job_agent.id FROM job_agent
@@ -191,7 +194,8 @@ WITH agent AS MATERIALIZED (
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
         job.concurrency_key, job.concurrency_limit, job.concurrency_held,
-        job.rate_limit_key, job.rate_held, job.created_at,
+        job.rate_limit_key, job.rate_held, job.fairness_key, job.fair_at,
+        job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -217,7 +221,7 @@ WITH agent AS MATERIALIZED (
 )
 SELECT claimed.*, STATEMENT_TIMESTAMP() AS db_now, ck.data AS checkpoint
 FROM claimed LEFT JOIN job_checkpoint ck ON ck.job_id = claimed.id
-ORDER BY priority DESC, available_at, created_at
+ORDER BY priority DESC, COALESCE(fair_at, available_at), created_at
 
 
 
@@ -263,7 +267,8 @@ WITH locked AS MATERIALIZED (
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
         job.concurrency_key, job.concurrency_limit, job.concurrency_held,
-        job.rate_limit_key, job.rate_held, job.created_at,
+        job.rate_limit_key, job.rate_held, job.fairness_key, job.fair_at,
+        job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), claims AS (
     INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at,
@@ -396,7 +401,8 @@ WITH done AS (
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
         job.concurrency_key, job.concurrency_limit, job.concurrency_held,
-        job.rate_limit_key, job.rate_held, job.created_at,
+        job.rate_limit_key, job.rate_held, job.fairness_key, job.fair_at,
+        job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -471,7 +477,8 @@ WITH done AS (
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
         job.concurrency_key, job.concurrency_limit, job.concurrency_held,
-        job.rate_limit_key, job.rate_held, job.created_at,
+        job.rate_limit_key, job.rate_held, job.fairness_key, job.fair_at,
+        job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), gone AS (
     DELETE FROM job_claim c USING done
@@ -527,7 +534,8 @@ WITH done AS (
         job.claim_lease_seconds, job.claim_holder,
         job.has_parents, job.has_dependents, job.labels, job.label_set_id,
         job.concurrency_key, job.concurrency_limit, job.concurrency_held,
-        job.rate_limit_key, job.rate_held, job.created_at,
+        job.rate_limit_key, job.rate_held, job.fairness_key, job.fair_at,
+        job.created_at,
         job.started_at, job.completed_at, job.updated_at
 ), event AS (
     INSERT INTO job_event (job_id, kind, attempt, actor, claim_id, detail, created_at)

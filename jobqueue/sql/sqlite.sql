@@ -170,13 +170,26 @@ WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s AND status = 'qu
 
 
 -- name: rate_window_opens
--- In how many seconds a rate limit key's window next opens, when it has held-back jobs (the
--- SQLite backend announces the key for then, as PostgreSQL's jobqueue_rate_admit does): when
--- the oldest claim in the window leaves it, or a period from now when there is none (only
--- queued jobs hold its permits). No row: the key has no limit.
-SELECT r.period_seconds + coalesce((
-           SELECT (julianday(min(started_at)) - julianday('now')) * 86400.0 FROM job
-           WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s
-             AND started_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW',
-                                       '-' || r.period_seconds || ' seconds')), 0)
+-- In how many seconds a rate limit key is to be settled again (the SQLite backend announces
+-- it for then, as PostgreSQL's jobqueue_rate_admit does): with a permit free, when its first
+-- held-back job that is not due yet becomes due (NULL: none); with none free, when the
+-- window opens, the oldest claim in it leaving (a period from now when only queued jobs hold
+-- its permits). No row: the key has no limit.
+SELECT CASE
+    WHEN r.count > (
+        SELECT count(*) FROM job
+        WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s
+          AND ((started_at IS NOT NULL AND started_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f',
+                    'NOW', '-' || r.period_seconds || ' seconds'))
+               OR (status = 'queued' AND rate_held IS NULL)))
+    THEN (SELECT (julianday(min(available_at)) - julianday('now')) * 86400.0 FROM job
+          WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s
+            AND status = 'queued' AND rate_held
+            AND available_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'))
+    ELSE r.period_seconds + coalesce((
+        SELECT (julianday(min(started_at)) - julianday('now')) * 86400.0 FROM job
+        WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s
+          AND started_at > STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW',
+                                    '-' || r.period_seconds || ' seconds')), 0)
+END
 FROM rate_limit r WHERE r.workspace_id = %(workspace)s AND r.key = %(key)s

@@ -45,6 +45,9 @@ OPTION_OF_FIELD = {
     "external_id": "--external-id", "group": "--group", "hold": "--hold",
     "idempotency_key": "--idempotency-key", "reason": "--reason", "status": "--status",
     "concurrency_key": "--concurrency-key", "concurrency_limit": "--concurrency-limit",
+    "rate_limit_key": "--rate-limit-key", "key": "KEY", "count": "--count",
+    "period_seconds": "--period-seconds",
+    "fairness_key": "--fairness-key", "weight": "--weight",
     "attempt": "--attempt", "page_size": "--limit",
 }
 
@@ -226,6 +229,8 @@ def job_text(job: dict, *, events: bool = False) -> str:
         ("unique_key", job.get("unique_key")),
         ("concurrency_key", job.get("concurrency_key")),
         ("concurrency_limit", job.get("concurrency_limit")),
+        ("rate_limit_key", job.get("rate_limit_key")),
+        ("fairness_key", job.get("fairness_key")),
         ("depends_on", ", ".join(job.get("depends_on") or []) or None),
         ("waiting_on", ", ".join(job.get("waiting_on") or []) or None),
         ("max_runtime", f"{job['max_runtime_seconds']} s"
@@ -277,6 +282,14 @@ def job_row(job: dict) -> str:
                    str(job["priority"]), job["created_at"], job.get("group") or "-"])
 
 
+def _reason_value(value) -> str:
+    """A field of an explain reason: a list joined, null as "none" (rate_limited's limit
+    fields when the key has no limit)."""
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return "none" if value is None else str(value)
+
+
 def explain_text(job_id: str, explanation: dict) -> str:
     """Why a job is not running (GET jobs/{id}/explain) for people: its status, whether a
     claim would take it, the agents it may go to, then each reason's code and detail (and
@@ -299,8 +312,7 @@ def explain_text(job_id: str, explanation: dict) -> str:
     if not reasons:
         return head
     rows = _rows([(r.get("code", "?"), "\n".join([r.get("detail", ""), *(
-        f"{k}: {', '.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in r.items() if k not in ("code", "detail"))]))
+        f"{k}: {_reason_value(v)}" for k, v in r.items() if k not in ("code", "detail"))]))
         for r in reasons])
     return head + "\nreasons:\n" + "\n".join("  " + line for line in rows.splitlines())
 
@@ -346,6 +358,37 @@ def schedules_table(schedules: list[dict]) -> str:
     return table(["ID", "NAME", "CRON", "TIMEZONE", "PAUSED", "NEXT_FIRE"],
                  [[s["id"], s["name"], s["cron"], s["timezone"], "yes" if s["paused"] else "no",
                    (s.get("next_fire_times") or [None])[0]] for s in schedules])
+
+
+def rate_limit_text(limit: dict) -> str:
+    """A rate limit for people: its key, and how many of its jobs may be claimed per period."""
+    return _rows([
+        ("key", limit.get("key")),
+        ("limit", f"{limit.get('count')} claims per {limit.get('period_seconds')} s"),
+        ("created_at", limit.get("created_at")),
+        ("updated_at", limit.get("updated_at")),
+    ])
+
+
+def rate_limits_table(limits: list[dict]) -> str:
+    return table(["KEY", "COUNT", "PERIOD_SECONDS", "UPDATED_AT"],
+                 [[item["key"], item["count"], item["period_seconds"], item.get("updated_at")]
+                  for item in limits])
+
+
+def fairness_weight_text(weight: dict) -> str:
+    """A fairness key's weight for people: its key, and its share against the others'."""
+    return _rows([
+        ("key", weight.get("key")),
+        ("weight", weight.get("weight")),
+        ("created_at", weight.get("created_at")),
+        ("updated_at", weight.get("updated_at")),
+    ])
+
+
+def fairness_keys_table(weights: list[dict]) -> str:
+    return table(["KEY", "WEIGHT", "UPDATED_AT"],
+                 [[item["key"], item["weight"], item.get("updated_at")] for item in weights])
 
 
 def artifacts_table(artifacts: list[dict]) -> str:

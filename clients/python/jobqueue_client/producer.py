@@ -4,8 +4,9 @@ The agent client's sibling (client.py): the same transport (`ApiClient`, transpo
 same typed errors (`ApiError` and its subclasses, each carrying the server's stable `code`:
 errors.py), the same retry rule: a request is sent again after a lost answer (a transport
 error or a 5xx) only where the server answers a repeat as it answered the first: reads (GET),
-a `create_job` that carries an `Idempotency-Key` (a replay answers the first job) and a cancel
-(a cancelled job's cancel answers it unchanged). Requeues, dispatches and group cancels are
+a `create_job` that carries an `Idempotency-Key` (a replay answers the first job), a cancel
+(a cancelled job's cancel answers it unchanged) and a rate limit's PUT (it sets the same
+limit). Requeues, dispatches and group cancels are
 sent once: a repeat of one that landed would requeue again, answer 409 `invalid_transition`,
 or count 0.
 
@@ -139,6 +140,12 @@ def _segment(value: Any) -> str:
     return quote(str(value), safe="")
 
 
+def _key_segment(key: str) -> str:
+    """A rate limit's key as the rest of the path: percent-encoded, its dots too (a key "."
+    or ".." sent as it is would be resolved away by the URL, as a path's dot segments are)."""
+    return quote(str(key), safe="").replace(".", "%2E")
+
+
 def _timestamp(value: dt.datetime | str) -> str:
     if isinstance(value, str):
         return value
@@ -153,7 +160,7 @@ def _timestamp(value: dt.datetime | str) -> str:
 class ProducerClient(ApiClient):
     """The producer's view of the API: create jobs, look at them (and ask why one is not
     running) and wait for their end, cancel, requeue and dispatch them, follow groups, read
-    logs and download artifacts, and manage cron schedules."""
+    logs and download artifacts, and manage cron schedules and rate limits."""
 
     error_from_response = staticmethod(producer_error_from_response)
 
@@ -205,7 +212,9 @@ class ProducerClient(ApiClient):
                    debounce_max_seconds: int | None = None,
                    depends_on: list[str] | None = None,
                    concurrency_key: str | None = None,
-                   concurrency_limit: int | None = None) -> dict:
+                   concurrency_limit: int | None = None,
+                   rate_limit_key: str | None = None,
+                   fairness_key: str | None = None) -> dict:
         """POST jobs: create a job for `job_agent_id`, or for `labels` (1 to 16: any job agent
         of the workspace whose labels include all of them may claim it), exactly one of the
         two (else ValueError, nothing sent); queued, `pending` with hold=True (see
@@ -233,6 +242,13 @@ class ProducerClient(ApiClient):
         than `concurrency_limit` (1 to 1000, default 1; only with a key) of the workspace's
         jobs with that key are in progress.
 
+        With `rate_limit_key` (1 to 255 characters), the job is claimed only while the key's
+        rate limit (set_rate_limit), if it has one, lets a claim through.
+
+        With `fairness_key` (1 to 255 characters, e.g. a tenant), the claims of the
+        workspace's jobs with fairness keys are shared among the keys in proportion to their
+        weights (set_fairness_weight; 1 without one), whatever number of jobs each has queued.
+
         With `idempotency_key`, a replay with the same fields returns the first job, so a
         lost answer is sent again; the same key with other fields raises
         IdempotencyKeyReused. Without one, the request is sent once. Raises GroupCancelled
@@ -253,6 +269,7 @@ class ProducerClient(ApiClient):
             "debounce_max_seconds": debounce_max_seconds,
             "depends_on": None if depends_on is None else [str(j) for j in depends_on],
             "concurrency_key": concurrency_key, "concurrency_limit": concurrency_limit,
+            "rate_limit_key": rate_limit_key, "fairness_key": fairness_key,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
         if hold:
@@ -489,6 +506,87 @@ class ProducerClient(ApiClient):
     def delete_schedule(self, schedule_id: str) -> None:
         """DELETE schedules/{id}: the schedule and its fires' records; its jobs stay."""
         self._request("DELETE", f"schedules/{_segment(schedule_id)}")
+
+    # -- rate limits --
+
+    def set_rate_limit(self, key: str, count: int, period_seconds: int) -> dict:
+        """PUT rate-limits/{key}: the workspace's jobs with `rate_limit_key` `key` (1 to 255
+        printable characters, any of them: the key is percent-encoded here) are claimed only
+        while fewer than `count` (1 to 100000) of them were claimed in the last
+        `period_seconds` (1 to 86400). Creates or replaces the key's limit; returns it,
+        {"key", "count", "period_seconds", "created_at", "updated_at"}. Sent again after a
+        lost answer (the same PUT sets the same limit). Raises InvalidRequest (400) naming
+        `key`, `count` or `period_seconds`."""
+        return self._json(self._safe_request(
+            "PUT", f"rate-limits/{_key_segment(key)}",
+            json={"count": count, "period_seconds": period_seconds}))
+
+    def get_rate_limit(self, key: str) -> dict:
+        """GET rate-limits/{key}: the key's limit. Raises NotFound when it has none (then it
+        limits nothing)."""
+        return self._get(f"rate-limits/{_key_segment(key)}")
+
+    def delete_rate_limit(self, key: str) -> None:
+        """DELETE rate-limits/{key}: remove the key's limit; its held-back jobs become
+        claimable. Raises NotFound when it had none. Sent once (a repeat of one that landed
+        would answer NotFound)."""
+        self._request("DELETE", f"rate-limits/{_key_segment(key)}")
+
+    def list_rate_limits(self, *, page_size: int | None = None,
+                         limit: int | None = None) -> Iterator[dict]:
+        """GET rate-limits: every rate limit of the workspace (or the first `limit`), by key,
+        page after page."""
+        return self._pages("rate-limits", page_size, limit)
+
+    # -- fair shares --
+
+    def set_fairness_weight(self, key: str, weight: int) -> dict:
+        """PUT fairness-keys/{key}: the weight (1 to 100) of the workspace's `fairness_key`
+        `key` (1 to 255 printable characters, any of them: the key is percent-encoded here):
+        the claims of jobs with fairness keys are shared among the keys in proportion to
+        their weights (a key without one weighs 1). Creates or replaces it; returns it,
+        {"key", "weight", "created_at", "updated_at"}. Sent again after a lost answer (the
+        same PUT sets the same weight). Raises InvalidRequest (400) naming `key` or
+        `weight`."""
+        return self._json(self._safe_request(
+            "PUT", f"fairness-keys/{_key_segment(key)}", json={"weight": weight}))
+
+    def get_fairness_weight(self, key: str) -> dict:
+        """GET fairness-keys/{key}: the key's weight. Raises NotFound when none is set (then
+        it weighs 1)."""
+        return self._get(f"fairness-keys/{_key_segment(key)}")
+
+    def delete_fairness_weight(self, key: str) -> None:
+        """DELETE fairness-keys/{key}: remove the key's weight (it weighs 1 again). Raises
+        NotFound when none was set. Sent once (a repeat of one that landed would answer
+        NotFound)."""
+        self._request("DELETE", f"fairness-keys/{_key_segment(key)}")
+
+    def list_fairness_keys(self, *, page_size: int | None = None,
+                           limit: int | None = None) -> Iterator[dict]:
+        """GET fairness-keys: every weight set in the workspace (or the first `limit`), by
+        key, page after page."""
+        return self._pages("fairness-keys", page_size, limit)
+
+    def _pages(self, path: str, page_size: int | None, limit: int | None) -> Iterator[dict]:
+        """The items of a keyset listing, page after page (fetched as the iteration reaches
+        them), up to `limit`; only the cursor of `next` is kept (its host is the request's)."""
+        cursor, given = None, 0
+        while True:
+            params: dict[str, Any] = {}
+            if cursor is not None:
+                params["cursor"] = cursor
+            if page_size is not None:
+                params["page_size"] = int(page_size)
+            page = self._get(path, params=params)
+            for item in page.get("results", []):
+                if limit is not None and given >= limit:
+                    return
+                given += 1
+                yield item
+            cursor = httpx.URL(page["next"]).params.get("cursor") if page.get("next") else None
+            if not cursor or (limit is not None and given >= limit):
+                return
 
     # -- outputs --
 

@@ -10,6 +10,13 @@
     jobqueue jobs artifacts ID [--download DIR [--name NAME ...]]
     jobqueue groups get|cancel NAME
     jobqueue flows create FILE|-
+    jobqueue schedules create|list|get|pause|resume|trigger|delete ...
+    jobqueue rate-limits set KEY --count N --period-seconds S
+    jobqueue rate-limits get|delete KEY
+    jobqueue rate-limits list [--limit N | --all]
+    jobqueue fairness-keys set KEY --weight N
+    jobqueue fairness-keys get|delete KEY
+    jobqueue fairness-keys list [--limit N | --all]
 
 The connection comes from JOBQUEUE_URL (else JOBQUEUE_SERVER, the agent's name for it),
 JOBQUEUE_WORKSPACE and JOBQUEUE_API_KEY, or from --url, --workspace and --api-key (which may
@@ -49,12 +56,20 @@ from .producer_commands import (
     cmd_create,
     cmd_dispatch,
     cmd_explain,
+    cmd_fairness_delete,
+    cmd_fairness_get,
+    cmd_fairness_list,
+    cmd_fairness_set,
     cmd_flow_create,
     cmd_get,
     cmd_group_cancel,
     cmd_group_get,
     cmd_list,
     cmd_logs,
+    cmd_rate_limit_delete,
+    cmd_rate_limit_get,
+    cmd_rate_limit_list,
+    cmd_rate_limit_set,
     cmd_requeue,
     cmd_schedule_create,
     cmd_schedule_delete,
@@ -74,7 +89,7 @@ exit status:
   0  done (with --wait, `jobs wait`, `jobs logs --follow`: the job ended successful)
   1  the job ended, but not successful (failure, cancelled, expired)
   2  usage: a bad option or argument, a missing setting, or a field the server refused
-  3  not found: no such job, group, artifact or schedule in the workspace
+  3  not found: no such job, group, artifact, schedule or rate limit in the workspace
   4  the API key was refused, or may not do this
   5  no answer from the server, a server error, or throttled
   6  conflict: the job's or group's state does not allow it
@@ -194,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
                         help="print the version (of jobqueue-client) and exit")
-    nouns = parser.add_subparsers(dest="noun", metavar="{jobs,groups,schedules,flows}",
+    nouns = parser.add_subparsers(dest="noun",
+                                  metavar="{jobs,groups,schedules,flows,rate-limits,"
+                                          "fairness-keys}",
                                   required=True)
 
     def command(group, name, handler, help_, *, description=None):
@@ -279,6 +296,15 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--concurrency-limit", type=_positive_int, metavar="N",
                         help="with --concurrency-key: how many of its jobs may run at once "
                              "(1-1000, default 1)")
+    create.add_argument("--rate-limit-key", metavar="KEY",
+                        help="claim the job only while KEY's rate limit (`jobqueue rate-limits "
+                             "set KEY`), if it has one, lets a claim through (1-255 "
+                             "characters)")
+    create.add_argument("--fairness-key", metavar="KEY",
+                        help="share claims among the jobs' fairness keys (e.g. tenants) in "
+                             "proportion to their weights (`jobqueue fairness-keys set KEY`; "
+                             "1 without one), whatever number each has queued (1-255 "
+                             "characters)")
     create.add_argument("--depends-on", type=_ids, metavar="ID[,ID]",
                         help="wait (pending) until these jobs of the workspace are all "
                              "successful (1 to 100); cancelled if one ends otherwise")
@@ -387,7 +413,71 @@ def build_parser() -> argparse.ArgumentParser:
     gcancel.add_argument("--reason", metavar="TEXT",
                          help="why (up to 500 characters; kept on each job's timeline)")
     _schedule_commands(nouns, command)
+    _rate_limit_commands(nouns, command)
+    _fairness_commands(nouns, command)
     return parser
+
+
+def _fairness_commands(nouns, command) -> None:
+    keys = nouns.add_parser(
+        "fairness-keys", help="fair shares: the weights of the --fairness-key values",
+        description="Fair shares: the claims of the jobs created with --fairness-key are "
+                    "shared among the keys in proportion to their weights (1 to 100; a key "
+                    "without one weighs 1), whatever number of jobs each has queued.")
+    verbs = keys.add_subparsers(dest="verb", required=True, metavar="{set,get,delete,list}")
+    set_ = command(verbs, "set", cmd_fairness_set,
+                   "set a fairness key's weight (created or replaced)",
+                   description="Set KEY's weight, created or replaced: its jobs' share of "
+                               "claims against the other keys' weights. Prints the weight.")
+    set_.add_argument("key", metavar="KEY",
+                      help="the fairness key (1-255 printable characters; a / or a space is "
+                           "fine)")
+    set_.add_argument("--weight", required=True, type=_positive_int, metavar="N",
+                      help="the key's weight (1-100)")
+    for name, handler, help_ in (
+            ("get", cmd_fairness_get, "show a fairness key's weight"),
+            ("delete", cmd_fairness_delete, "remove a fairness key's weight: it weighs 1 "
+                                            "again")):
+        sub = command(verbs, name, handler, help_)
+        sub.add_argument("key", metavar="KEY", help="the fairness key")
+    list_ = command(verbs, "list", cmd_fairness_list, "list the fairness keys' weights, by key")
+    many = list_.add_mutually_exclusive_group()
+    many.add_argument("--limit", type=_positive_int, metavar="N", default=DEFAULT_LIST_LIMIT,
+                      help=f"at most N weights (default {DEFAULT_LIST_LIMIT})")
+    many.add_argument("--all", action="store_true", help="every weight")
+
+
+def _rate_limit_commands(nouns, command) -> None:
+    limits = nouns.add_parser(
+        "rate-limits", help="rate limits: how many jobs of a --rate-limit-key may be claimed "
+                            "in a period",
+        description="Rate limits: the jobs created with --rate-limit-key KEY are claimed only "
+                    "while fewer than the key's count of them were claimed in the last "
+                    "period; a key without a limit limits nothing.")
+    verbs = limits.add_subparsers(dest="verb", required=True, metavar="{set,get,delete,list}")
+    set_ = command(verbs, "set", cmd_rate_limit_set,
+                   "set a key's rate limit (created or replaced)",
+                   description="Set KEY's rate limit, created or replaced: its jobs are claimed "
+                               "only while fewer than --count of them were claimed in the "
+                               "last --period-seconds. Prints the limit.")
+    set_.add_argument("key", metavar="KEY",
+                      help="the rate limit key (1-255 printable characters; a / or a space "
+                           "is fine)")
+    set_.add_argument("--count", required=True, type=_positive_int, metavar="N",
+                      help="how many of the key's jobs may be claimed per period (1-100000)")
+    set_.add_argument("--period-seconds", required=True, type=_positive_int, metavar="S",
+                      help="the sliding window, in seconds (1-86400)")
+    for name, handler, help_ in (
+            ("get", cmd_rate_limit_get, "show a key's rate limit"),
+            ("delete", cmd_rate_limit_delete, "remove a key's rate limit: its jobs are no "
+                                              "longer held back by it")):
+        sub = command(verbs, name, handler, help_)
+        sub.add_argument("key", metavar="KEY", help="the rate limit key")
+    list_ = command(verbs, "list", cmd_rate_limit_list, "list the rate limits, by key")
+    many = list_.add_mutually_exclusive_group()
+    many.add_argument("--limit", type=_positive_int, metavar="N", default=DEFAULT_LIST_LIMIT,
+                      help=f"at most N rate limits (default {DEFAULT_LIST_LIMIT})")
+    many.add_argument("--all", action="store_true", help="every rate limit")
 
 
 def _schedule_commands(nouns, command) -> None:
@@ -480,6 +570,12 @@ def _subject(args) -> str:
         return f"group {args.name!r}"
     if args.noun == "schedules":
         return f"schedule {args.id}" if getattr(args, "id", None) else "the schedule"
+    if args.noun == "rate-limits":
+        key = getattr(args, "key", None)
+        return f"the rate limit of {key!r}" if key is not None else "the rate limits"
+    if args.noun == "fairness-keys":
+        key = getattr(args, "key", None)
+        return f"the weight of {key!r}" if key is not None else "the fairness keys"
     if getattr(args, "id", None):
         return f"job {args.id}"
     if getattr(args, "verb", None) == "create":

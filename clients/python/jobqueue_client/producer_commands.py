@@ -23,11 +23,15 @@ from .cli_output import (
     UsageError,
     artifacts_table,
     explain_text,
+    fairness_keys_table,
+    fairness_weight_text,
     group_text,
     job_row,
     job_text,
     jobs_header,
     log_document,
+    rate_limit_text,
+    rate_limits_table,
     schedule_text,
     schedules_table,
 )
@@ -89,7 +93,8 @@ def cmd_create(client: ProducerClient, args, out: Output) -> int:
         unique_states=args.unique_states, on_conflict=args.on_conflict,
         debounce_seconds=args.debounce_seconds,
         debounce_max_seconds=args.debounce_max_seconds, depends_on=args.depends_on,
-        concurrency_key=args.concurrency_key, concurrency_limit=args.concurrency_limit)
+        concurrency_key=args.concurrency_key, concurrency_limit=args.concurrency_limit,
+        rate_limit_key=args.rate_limit_key, fairness_key=args.fairness_key)
     if job.get("deduplicated"):
         out.note(f"a live job with that unique key answered: {job['id']} ({job['status']}); "
                  "no job created")
@@ -401,3 +406,88 @@ def cmd_schedule_delete(client, args, out) -> int:
     else:
         out.text(f"schedule {args.id} deleted (its jobs stay)")
     return EXIT_OK
+
+
+# --- rate limits ------------------------------------------------------------------------------
+
+
+def _show_rate_limit(limit: dict, out) -> int:
+    if out.machine:
+        out.document(limit)
+    else:
+        out.text(rate_limit_text(limit))
+    return EXIT_OK
+
+
+def cmd_rate_limit_set(client, args, out) -> int:
+    return _show_rate_limit(client.set_rate_limit(args.key, args.count, args.period_seconds),
+                            out)
+
+
+def cmd_rate_limit_get(client, args, out) -> int:
+    return _show_rate_limit(client.get_rate_limit(args.key), out)
+
+
+def cmd_rate_limit_delete(client, args, out) -> int:
+    client.delete_rate_limit(args.key)
+    if out.machine:
+        out.document({"key": args.key, "deleted": True})
+    else:
+        out.text(f"rate limit of {args.key!r} deleted: its jobs are no longer held back by it")
+    return EXIT_OK
+
+
+def cmd_rate_limit_list(client, args, out) -> int:
+    return _keyed_list(client.list_rate_limits, rate_limits_table, "rate limits", args, out)
+
+
+def _keyed_list(listing, show, noun: str, args, out) -> int:
+    """A listing by key (rate limits, fairness keys), up to --limit (or --all), and a note
+    when there are more."""
+    limit = None if args.all else args.limit
+    page_size = MAX_PAGE_SIZE if limit is None else min(MAX_PAGE_SIZE, limit + 1)
+    found = list(listing(page_size=page_size, limit=None if limit is None else limit + 1))
+    more = limit is not None and len(found) > limit
+    found = found[:limit] if limit is not None else found
+    if out.machine:
+        out.document(found)
+    elif found:
+        out.text(show(found))
+    else:
+        out.note(f"no {noun}")
+    if more:
+        out.note(f"(the first {limit} by key; --limit N or --all for more)")
+    return EXIT_OK
+
+
+# --- fair shares ------------------------------------------------------------------------------
+
+
+def _show_fairness_weight(weight: dict, out) -> int:
+    if out.machine:
+        out.document(weight)
+    else:
+        out.text(fairness_weight_text(weight))
+    return EXIT_OK
+
+
+def cmd_fairness_set(client, args, out) -> int:
+    return _show_fairness_weight(client.set_fairness_weight(args.key, args.weight), out)
+
+
+def cmd_fairness_get(client, args, out) -> int:
+    return _show_fairness_weight(client.get_fairness_weight(args.key), out)
+
+
+def cmd_fairness_delete(client, args, out) -> int:
+    client.delete_fairness_weight(args.key)
+    if out.machine:
+        out.document({"key": args.key, "deleted": True})
+    else:
+        out.text(f"weight of {args.key!r} deleted: the key weighs 1 again")
+    return EXIT_OK
+
+
+def cmd_fairness_list(client, args, out) -> int:
+    return _keyed_list(client.list_fairness_keys, fairness_keys_table, "fairness key weights",
+                       args, out)

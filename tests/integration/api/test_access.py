@@ -11,9 +11,10 @@ import pytest
 from agents import credentials, registration
 from agents.models import AgentToken, RegistrationToken
 from jobqueue import lifecycle
-from jobqueue.lifecycle import schedules
+from jobqueue.lifecycle import fairness, ratelimits, schedules
 from jobqueue.maintenance import webhooks
 from jobqueue.models import (
+    FairnessKey,
     Job,
     JobAgent,
     JobArtifact,
@@ -22,6 +23,7 @@ from jobqueue.models import (
     JobEvent,
     JobGroup,
     JobLog,
+    RateLimit,
     Schedule,
     ScheduleFire,
     WebhookEndpoint,
@@ -34,7 +36,7 @@ UNUSED_CLAIM = "00000000-0000-4000-8000-000000000000"
 
 
 def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run",
-              schedule_id="s", registration_id="r"):
+              schedule_id="s", registration_id="r", rate_key="k", fair_key="k"):
     """(name, method, path, body) for every endpoint, aimed at the given objects."""
     return [
         ("poll", "GET", f"job-agents/{agent_id}/jobs", None),
@@ -89,6 +91,14 @@ def endpoints(agent_id, job_id, claim_id, token_id, webhook_id="w", group="run",
         ("list_registration_tokens", "GET", "registration-tokens", None),
         ("issue_registration_token", "POST", "registration-tokens", {}),
         ("revoke_registration_token", "DELETE", f"registration-tokens/{registration_id}", None),
+        ("list_rate_limits", "GET", "rate-limits", None),
+        ("set_rate_limit", "PUT", f"rate-limits/{rate_key}", {"count": 5, "period_seconds": 60}),
+        ("get_rate_limit", "GET", f"rate-limits/{rate_key}", None),
+        ("delete_rate_limit", "DELETE", f"rate-limits/{rate_key}", None),
+        ("list_fairness_keys", "GET", "fairness-keys", None),
+        ("set_fairness_weight", "PUT", f"fairness-keys/{fair_key}", {"weight": 5}),
+        ("get_fairness_weight", "GET", f"fairness-keys/{fair_key}", None),
+        ("delete_fairness_weight", "DELETE", f"fairness-keys/{fair_key}", None),
     ]
 
 
@@ -96,17 +106,23 @@ ENDPOINT_NAMES = [e[0] for e in endpoints("a", "j", "c", "t")]
 AGENT_ENDPOINTS = {"poll", "claim", "claim_next", "heartbeat", "status", "release",
                    "claim_state", "append_log", "read_log", "upload_artifact", "begin_effect",
                    "commit_effect", "rotate_token"}
-# Endpoints whose path names no agent or job: an agent token learns nothing, gets 403.
+# Endpoints whose path names no agent or job: an agent token learns nothing, gets 403. (A
+# rate limit's or a fairness key's PUT sets the key's limit or weight of the workspace in the
+# path, whatever another workspace has for the same key.)
 NO_OBJECT_IN_PATH = {"list_jobs", "create_job", "create_flow", "list_agents", "create_agent",
                      "list_webhooks", "create_webhook", "list_schedules", "create_schedule",
-                     "list_registration_tokens", "issue_registration_token"}
-# The workspace's own webhooks and schedules: only its key, an agent token gets 403 (they
-# name no agent or job).
+                     "list_registration_tokens", "issue_registration_token", "list_rate_limits",
+                     "set_rate_limit", "list_fairness_keys", "set_fairness_weight"}
+# The workspace's own webhooks, schedules, rate limits and weights: only its key, an agent
+# token gets 403 (they name no agent or job).
 WEBHOOK_OBJECTS = {"delete_webhook", "webhook_deliveries", "get_schedule", "update_schedule",
-                   "trigger_schedule", "delete_schedule", "revoke_registration_token"}
+                   "trigger_schedule", "delete_schedule", "revoke_registration_token",
+                   "get_rate_limit", "delete_rate_limit", "get_fairness_weight",
+                   "delete_fairness_weight"}
 # A group belongs to the workspace, not to an agent: an agent token gets 403 on any group.
 GROUP_ENDPOINTS = {"get_group", "cancel_group"}
-CREATES = {"create_agent", "create_webhook", "issue_registration_token"}
+CREATES = {"create_agent", "create_webhook", "issue_registration_token", "set_rate_limit",
+           "set_fairness_weight"}
 # A body naming another workspace's object: 400 naming the field, nothing created.
 BODY_REFERENCES = {"create_job": "job_agent_id", "create_schedule": "job",
                    "create_flow": "jobs[0].job_agent_id"}
@@ -135,6 +151,9 @@ def _snapshot():
         ScheduleFire.objects.count(),
         sorted(JobDependency.objects.values_list("child_id", "parent_id")),
         sorted(Job.objects.values_list("id", "has_dependents")),
+        sorted(RateLimit.objects.values_list("workspace_id", "key", "count", "period_seconds",
+                                             "updated_at")),
+        sorted(FairnessKey.objects.values_list("workspace_id", "key", "weight", "updated_at")),
     )
 
 
@@ -164,13 +183,19 @@ def targets(world):
                                         job_agent=world.other_workspace_agent, job={})
     reg_a, _ = registration.issue(world.workspace.id)
     reg_y, _ = registration.issue(world.other_workspace.id)
+    # A key with a "/" and a space (percent-encoded in the path): each workspace's own.
+    ratelimits.set_limit(world.workspace.id, "api/a x", 5, 60)
+    ratelimits.set_limit(world.other_workspace.id, "api/other x", 5, 60)
+    fairness.set_weight(world.workspace.id, "tenant/a x", 5)
+    fairness.set_weight(world.other_workspace.id, "tenant/other x", 5)
     return {
         "b": endpoints(world.other_agent.id, job_b.id, claim_b, token_b.id, hook_a.id,
-                       "run-b", sched_a.id, reg_a.id),
+                       "run-b", sched_a.id, reg_a.id, "api/a%20x", "tenant/a%20x"),
         "y": endpoints(world.other_workspace_agent.id, job_y.id, claim_y, token_y.id,
-                       hook_y.id, "run-y", sched_y.id, reg_y.id),
+                       hook_y.id, "run-y", sched_y.id, reg_y.id, "api/other%20x",
+                       "tenant/other%20x"),
         "a": endpoints(world.agent.id, job_a.id, claim_a, token_a.id, hook_a.id, "run-a",
-                       sched_a.id, reg_a.id),
+                       sched_a.id, reg_a.id, "api/a%20x", "tenant/a%20x"),
     }
 
 

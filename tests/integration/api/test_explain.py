@@ -6,12 +6,14 @@ a claim does (both read jobqueue/claimrule.py). Workspace key only; nothing secr
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 
 import pytest
 from django.db.models.functions import Now
 
 from jobqueue import lifecycle
 from jobqueue.db import NowPlusSeconds
+from jobqueue.lifecycle import ratelimits
 from jobqueue.models import Job, JobAgent, JobGroup
 from tests.factories import JobFactory
 
@@ -235,6 +237,57 @@ def test_concurrency_limit(world):
     Job.objects.filter(id=job.id).update(concurrency_held=None)  # the slot it was given
     _ready(world, job.id)
     assert _claims(world.agent) == [job.id]
+
+
+def test_rate_limited(world):
+    """Held back by its rate limit (1 claim an hour, one job of the key claimed): explain names
+    the key, its window and when it opens (the database's clock); when the window has passed,
+    a permit goes to this one and the next claim takes it; the job after it is held back
+    again, until an hour after that claim."""
+    _seen(world.agent)
+    ratelimits.set_limit(world.workspace.id, "api", 1, 3600)
+    first = JobFactory(job_agent=world.agent, rate_limit_key="api")
+    assert _claims(world.agent) == [first.id]
+    job = JobFactory(job_agent=world.agent, rate_limit_key="api")
+    body = _explain(world, job.id)
+    assert body["claimable"] is False and _codes(body) == ["rate_limited"]
+    reason = body["reasons"][0]
+    started = Job.objects.get(id=first.id).started_at
+    assert {k: reason[k] for k in ("key", "count", "period_seconds", "claimed")} == {
+        "key": "api", "count": 1, "period_seconds": 3600, "claimed": 1}
+    assert _parsed(reason["until"]) == started + timedelta(seconds=3600)
+    assert _claims(world.agent) == []
+    # The window passes (its claim moved back an hour), and the key is settled (the sweep).
+    Job.objects.filter(id=first.id).update(started_at=NowPlusSeconds(-3601))
+    ratelimits.settle_key(world.workspace.id, "api")
+    _ready(world, job.id)
+    assert _claims(world.agent) == [job.id]
+    after = JobFactory(job_agent=world.agent, rate_limit_key="api")
+    body = _explain(world, after.id)
+    assert _codes(body) == ["rate_limited"] and body["reasons"][0]["claimed"] == 1
+    assert _parsed(body["reasons"][0]["until"]) == (Job.objects.get(id=job.id).started_at
+                                                    + timedelta(seconds=3600))
+    assert _claims(world.agent) == []
+
+
+def test_rate_limited_by_a_key_without_a_limit_answers_nulls(world):
+    """Between a limit's removal and the settling of its key: the key limits nothing (the
+    reason's limit fields are null, present); settled, the job is given its permit."""
+    _seen(world.agent)
+    job = JobFactory(job_agent=world.agent, rate_limit_key="gone")
+    Job.objects.filter(id=job.id).update(rate_held=True)
+    body = _explain(world, job.id)
+    assert body["reasons"] == [{"code": "rate_limited", "detail": body["reasons"][0]["detail"],
+                                "key": "gone", "count": None, "period_seconds": None,
+                                "claimed": None, "until": None}]
+    assert _claims(world.agent) == []
+    ratelimits.settle_key(world.workspace.id, "gone")
+    _ready(world, job.id)
+    assert _claims(world.agent) == [job.id]
+
+
+def _parsed(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def test_a_finished_job_is_not_waiting_until_requeued(world):

@@ -133,11 +133,14 @@ def test_schema_is_served_and_names_every_endpoint(live_world):
         "jobs/{job_id}/effects/{key}/begin", "schedules", "schedules/{schedule_id}",
         "schedules/{schedule_id}/trigger", "jobs/{job_id}/explain",
         "registration-tokens", "registration-tokens/{token_id}",
-        "job-agents/{agent_id}/tokens/rotate",
+        "job-agents/{agent_id}/tokens/rotate", "rate-limits", "rate-limits/{key}",
+        "fairness-keys", "fairness-keys/{key}",
     ]:
         assert base + path in paths, path
     assert "/v1/register" in paths
     assert "patch" in doc["paths"][base + "job-agents/{agent_id}"]
+    assert set(doc["paths"][base + "rate-limits/{key}"]) >= {"get", "put", "delete"}
+    assert set(doc["paths"][base + "fairness-keys/{key}"]) >= {"get", "put", "delete"}
     # The public version (no credential needed; tests/integration/ops/test_versions.py) and
     # the fencing tokens' key set (tests/integration/api/test_fencing.py).
     assert "/v1/version" in paths

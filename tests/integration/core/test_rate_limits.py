@@ -415,3 +415,81 @@ def test_a_claim_never_reads_a_held_back_job(limit):
     flood = set(Job.objects.filter(rate_limit_key="flood").values_list("id", flat=True))
     assert len(got & flood) == 1 and len(got) == limit
     assert got - flood <= {j.id for j in plain}
+
+
+def test_a_job_with_both_keys_gets_no_permit_before_its_slot():
+    """Permits to spare, the slot taken: the second job waits for its slot without a permit
+    (SQLite fires its insert triggers newest first: the slot's is made after the permit's)."""
+    agent = JobAgentFactory()
+    ratelimits.set_limit(agent.workspace_id, "api", 5, 3600)
+    jobs = [JobFactory(job_agent=agent, rate_limit_key="api", concurrency_key="c",
+                       concurrency_limit=1) for _ in range(2)]
+    jobs.append(lifecycle.create_job(workspace=agent.workspace, job_agent=agent,
+                                     rate_limit_key="api", concurrency_key="c").job)
+    rows = [Job.objects.values_list("concurrency_held", "rate_held").get(id=j.id)
+            for j in jobs]
+    assert rows == [(None, None), (True, True), (True, True)]
+    only_rate = _jobs(agent)[0]
+    assert _held([only_rate]) == {only_rate.id: None}
+
+
+def test_a_held_job_that_becomes_due_with_a_permit_free_is_taken_when_due():
+    """A permit is free but the job is not due: the key is settled again when it is (not when
+    the window opens, an hour later), and a waiting agent takes it."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from jobqueue import wakeups
+
+    agent = JobAgentFactory()
+    other = JobAgentFactory(workspace=agent.workspace)
+    ratelimits.set_limit(agent.workspace_id, "api", 5, 3600)
+    (later,) = _jobs(agent, available_at=timezone.now() + dt.timedelta(seconds=1))
+    _jobs(other)
+    assert len(_claim(other)) == 1  # a claim of the key: it is settled, and announced
+    got = {}
+    started = time.monotonic()
+    waiter = threading.Thread(target=lambda: (got.update(
+        grants=lifecycle.claim_next(agent, wait_seconds=10)), connection.close()))
+    waiter.start()
+    assert wakeups.hub().connected.wait(5)
+    waiter.join(15)
+    assert [g.job.id for g in got["grants"]] == [later.id]
+    assert time.monotonic() - started < 5
+
+
+def test_a_hub_keeps_one_timer_a_rate_limit_key():
+    """Every hub's settle announces the key's next window: each hub keeps one timer for it
+    (else the timers, and the settles, multiply with the hubs at each opening)."""
+    from jobqueue import wakeups
+
+    hub = wakeups.Hub()
+    try:
+        key = wakeups.rate_key("ws", "api")
+        for _ in range(5):
+            hub.deliver(f"{key} 30")
+        hub.deliver(f"{key} 60")
+        hub.deliver(f"{wakeups.rate_key('ws', 'other')} 30")
+        assert sorted(k for _, k in hub._timers) == [key, wakeups.rate_key("ws", "other")]
+        hub.deliver(f"{key} 1")  # an earlier one is kept too
+        assert [k for _, k in hub._timers].count(key) == 2
+    finally:
+        hub.close()
+
+
+def test_the_recheck_settles_a_held_key_without_a_timer_once_in_a_while(monkeypatch):
+    from jobqueue import wakeups
+
+    agent = JobAgentFactory()
+    ratelimits.set_limit(agent.workspace_id, "api", 1, 3600)
+    _jobs(agent, n=2)
+    settled = []
+    monkeypatch.setattr(ratelimits, "settle_key", lambda ws, key: settled.append(key))
+    hub = wakeups.Hub()
+    try:
+        hub._settle_unwatched_rate_keys()
+        hub._settle_unwatched_rate_keys()
+        assert settled == ["api"]
+    finally:
+        hub.close()

@@ -314,3 +314,109 @@ def test_concurrency_keys_are_gauged_for_the_most_held_back_keys_only(client, se
     settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_TOP_KEYS": 0}
     values = scrape(client)
     assert gauges(values) == {} and value(values, "jobqueue_database_up") == 1
+
+
+def test_rate_limit_keys_are_gauged_for_the_most_held_back_keys_only(client, settings):
+    """Per key with a limit: its count, its period, its jobs claimed in the window (a claim
+    before it does not count) and its queued jobs held back (the mark the key's triggers
+    keep); a key with nothing held back or claimed, a key without a limit: no series."""
+    from jobqueue.lifecycle import ratelimits
+    from jobqueue.models import Job
+
+    agent = JobAgentFactory()
+    other = JobAgentFactory()  # another workspace: its key "a" is another key
+    ws, ows = agent.workspace_id, other.workspace_id
+    ratelimits.set_limit(ws, "a", 1, 60)
+    ratelimits.set_limit(ws, "b", 2, 3600)
+    ratelimits.set_limit(ws, "c", 3, 600)
+    ratelimits.set_limit(ws, "idle", 5, 60)
+    ratelimits.set_limit(ows, "a", 4, 10)
+    for key, n in (("a", 4), ("b", 4), ("c", 1)):
+        for _ in range(n):
+            JobFactory(job_agent=agent, rate_limit_key=key)
+    JobFactory(job_agent=other, rate_limit_key="a")
+    JobFactory(job_agent=agent, rate_limit_key="nolimit")
+    lifecycle.claim_next(agent, limit=10)  # a: 1 claimed, 3 held; b: 2 and 2; c: 1 and 0
+    lifecycle.claim_next(other, limit=10)
+    early = JobFactory(job_agent=agent, rate_limit_key="idle", in_progress=True)
+    Job.objects.filter(id=early.id).update(started_at=NowPlusSeconds(-61))  # out of its window
+    wsid, owsid = str(ws), str(ows)
+
+    def gauges(values) -> dict:
+        """{(workspace_id, key): (count, period_seconds, claimed, held)}"""
+        found = {}
+        for (metric, pairs), n in values.items():
+            if metric.startswith("jobqueue_rate_limit_"):
+                labels = dict(pairs)
+                found.setdefault((labels["workspace_id"], labels["key"]), {})[metric] = n
+        return {key: tuple(of.get(f"jobqueue_rate_limit_{name}")
+                           for name in ("count", "period_seconds", "claimed", "held"))
+                for key, of in found.items()}
+
+    assert gauges(scrape(client)) == {
+        (wsid, "a"): (1, 60, 1, 3), (wsid, "b"): (2, 3600, 2, 2), (wsid, "c"): (3, 600, 1, 0),
+        (owsid, "a"): (4, 10, 1, 0)}
+    # Bounded: the most held back first, then the most claimed.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_TOP_KEYS": 2}
+    assert set(gauges(scrape(client))) == {(wsid, "a"), (wsid, "b")}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_TOP_KEYS": 0}
+    values = scrape(client)
+    assert gauges(values) == {} and value(values, "jobqueue_database_up") == 1
+
+
+def test_fairness_keys_are_gauged_for_the_most_queued_keys_only(client, settings):
+    """Per fairness key with jobs queued or in progress: its weight (1 when none is set), its
+    queued jobs and its jobs in progress; a key with neither (its jobs finished), a weight
+    without jobs: no series."""
+    from jobqueue.lifecycle import fairness
+
+    agent = JobAgentFactory()
+    other = JobAgentFactory()  # another workspace: its key "a" is another key
+    ws, ows = agent.workspace_id, other.workspace_id
+
+    def create(on, key, n=1):
+        for _ in range(n):
+            lifecycle.create_job(workspace=on.workspace, job_agent=on, fairness_key=key,
+                                 dispatch_context={"token": "never-in-metrics"})
+
+    def claim(n):
+        grants = lifecycle.claim_next(agent, limit=n)
+        assert len(grants) == n
+        return grants
+
+    create(agent, "done")
+    (done,) = claim(1)
+    lifecycle.report_status(done.job.id, done.claim_id, states.SUCCESSFUL)
+    create(agent, "c", 2)
+    claim(2)
+    create(agent, "a")
+    claim(1)
+    fairness.set_weight(ws, "a", 4)
+    fairness.set_weight(ws, "idle", 7)
+    create(agent, "a", 3)
+    create(agent, "b", 2)
+    create(other, "a")
+    wsid, owsid = str(ws), str(ows)
+
+    def gauges(values) -> dict:
+        """{(workspace_id, key): (weight, queued, running)}"""
+        found = {}
+        for (metric, pairs), n in values.items():
+            if metric.startswith("jobqueue_fairness_"):
+                labels = dict(pairs)
+                found.setdefault((labels["workspace_id"], labels["key"]), {})[metric] = n
+        return {key: tuple(of.get(f"jobqueue_fairness_{name}")
+                           for name in ("weight", "queued", "running"))
+                for key, of in found.items()}
+
+    values = scrape(client)
+    assert gauges(values) == {
+        (wsid, "a"): (4, 3, 1), (wsid, "b"): (1, 2, 0), (wsid, "c"): (1, 0, 2),
+        (owsid, "a"): (1, 1, 0)}
+    assert not any("never-in-metrics" in str(labels) for _, labels in values)
+    # Bounded: the most queued first, then the most running.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_TOP_KEYS": 2}
+    assert set(gauges(scrape(client))) == {(wsid, "a"), (wsid, "b")}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_TOP_KEYS": 0}
+    values = scrape(client)
+    assert gauges(values) == {} and value(values, "jobqueue_database_up") == 1

@@ -95,6 +95,167 @@ def test_create_sends_the_concurrency_key_and_limit_when_given():
     assert third == {"labels": ["gpu"]}
 
 
+def test_create_sends_the_rate_limit_key_when_given():
+    keyed = {**JOB, "rate_limit_key": "partner/api"}
+    client, server = make((201, keyed), (201, JOB))
+    assert client.create_job("ag", rate_limit_key="partner/api") == keyed
+    client.create_job(labels=["gpu"], rate_limit_key=None)
+    assert server.bodies() == [{"job_agent_id": "ag", "rate_limit_key": "partner/api"},
+                               {"labels": ["gpu"]}]
+
+
+LIMIT = {"key": "a/b", "count": 5, "period_seconds": 60, "created_at": "2030-01-01T00:00:00Z",
+         "updated_at": "2030-01-01T00:00:00Z"}
+
+
+@pytest.mark.parametrize(("key", "segment"), [
+    ("partner", b"partner"), ("a/b", b"a%2Fb"), ("deploy prod", b"deploy%20prod"),
+    ("50% off", b"50%25%20off"), (".", b"%2E"), ("..", b"%2E%2E"), ("v1.2", b"v1%2E2"),
+    ("?x#y", b"%3Fx%23y"), ("ключ", b"%D0%BA%D0%BB%D1%8E%D1%87"),
+])
+def test_a_rate_limit_key_is_one_percent_encoded_path_segment(key, segment):
+    client, server = make((200, LIMIT), (200, LIMIT), (204, None))
+    client.set_rate_limit(key, 5, 60)
+    client.get_rate_limit(key)
+    client.delete_rate_limit(key)
+    path = b"/v1/workspaces/ws/rate-limits/" + segment
+    assert [(r.method, r.url.raw_path) for r in server.seen] == [
+        ("PUT", path), ("GET", path), ("DELETE", path)]
+
+
+def test_set_rate_limit_puts_the_limit_and_is_sent_again_after_a_lost_answer():
+    client, server = make(httpx.ReadError("lost"), (502, b"bad gateway"), (200, LIMIT))
+    assert client.set_rate_limit("a/b", 5, 60) == LIMIT
+    assert server.bodies() == [{"count": 5, "period_seconds": 60}] * 3
+    assert all(r.headers["Content-Type"] == "application/json" for r in server.seen)
+
+
+def test_get_rate_limit_is_sent_again_and_a_missing_one_is_not_found():
+    client, server = make(httpx.ConnectError("refused"), (200, LIMIT),
+                          (404, {"code": "not_found", "detail": "No rate limit for this key."}))
+    assert client.get_rate_limit("a/b") == LIMIT and len(server.seen) == 2
+    with pytest.raises(api.NotFound):
+        client.get_rate_limit("none")
+
+
+def test_delete_rate_limit_is_sent_once():
+    client, server = make((503, {"code": "server_error"}))
+    with pytest.raises(api.ServerError):
+        client.delete_rate_limit("a/b")
+    assert len(server.seen) == 1 and server.seen[0].content == b""
+    client, server = make((404, {"code": "not_found", "detail": "No rate limit for this key."}))
+    with pytest.raises(api.NotFound):
+        client.delete_rate_limit("a/b")
+
+
+def test_a_refused_rate_limit_names_its_field():
+    client, _ = make((400, {"code": "validation_error", "detail": "Invalid input.",
+                            "fields": {"count": ["Must be an integer from 1 to 100000."]}}))
+    with pytest.raises(api.InvalidRequest) as refused:
+        client.set_rate_limit("k", 0, 60)
+    assert refused.value.fields == {"count": ["Must be an integer from 1 to 100000."]}
+
+
+def test_list_rate_limits_follows_the_cursor_and_stops_at_the_limit():
+    pages = [
+        (200, {"results": [{**LIMIT, "key": "a"}, {**LIMIT, "key": "b"}],
+               "next": "http://elsewhere:9/v1/workspaces/ws/rate-limits?cursor=c1&page_size=2",
+               "previous": None}),
+        (200, {"results": [{**LIMIT, "key": "c"}], "next": None, "previous": "x"}),
+    ]
+    client, server = make(*pages)
+    assert [item["key"] for item in client.list_rate_limits(page_size=2)] == ["a", "b", "c"]
+    assert [(r.url.host, r.url.path) for r in server.seen] == [
+        ("jq.test", "/v1/workspaces/ws/rate-limits")] * 2
+    assert [dict(r.url.params) for r in server.seen] == [
+        {"page_size": "2"}, {"page_size": "2", "cursor": "c1"}]
+    client, server = make(pages[0])
+    assert [item["key"] for item in client.list_rate_limits(limit=1)] == ["a"]
+    assert len(server.seen) == 1
+    client, server = make((200, {"results": [], "next": None, "previous": None}))
+    assert list(client.list_rate_limits()) == [] and dict(server.seen[0].url.params) == {}
+
+
+def test_create_sends_the_fairness_key_when_given():
+    keyed = {**JOB, "fairness_key": "tenant/7"}
+    client, server = make((201, keyed), (201, JOB))
+    assert client.create_job("ag", fairness_key="tenant/7") == keyed
+    client.create_job(labels=["gpu"], fairness_key=None)
+    assert server.bodies() == [{"job_agent_id": "ag", "fairness_key": "tenant/7"},
+                               {"labels": ["gpu"]}]
+
+
+WEIGHT = {"key": "a/b", "weight": 5, "created_at": "2030-01-01T00:00:00Z",
+          "updated_at": "2030-01-01T00:00:00Z"}
+
+
+@pytest.mark.parametrize(("key", "segment"), [
+    ("tenant", b"tenant"), ("a/b", b"a%2Fb"), ("tenant 7", b"tenant%207"),
+    ("50% off", b"50%25%20off"), (".", b"%2E"), ("..", b"%2E%2E"),
+    ("?x#y", b"%3Fx%23y"), ("ключ", b"%D0%BA%D0%BB%D1%8E%D1%87"),
+])
+def test_a_fairness_key_is_one_percent_encoded_path_segment(key, segment):
+    client, server = make((200, WEIGHT), (200, WEIGHT), (204, None))
+    client.set_fairness_weight(key, 5)
+    client.get_fairness_weight(key)
+    client.delete_fairness_weight(key)
+    path = b"/v1/workspaces/ws/fairness-keys/" + segment
+    assert [(r.method, r.url.raw_path) for r in server.seen] == [
+        ("PUT", path), ("GET", path), ("DELETE", path)]
+
+
+def test_set_fairness_weight_puts_it_and_is_sent_again_after_a_lost_answer():
+    client, server = make(httpx.ReadError("lost"), (502, b"bad gateway"), (200, WEIGHT))
+    assert client.set_fairness_weight("a/b", 5) == WEIGHT
+    assert server.bodies() == [{"weight": 5}] * 3
+
+
+def test_get_fairness_weight_is_sent_again_and_a_missing_one_is_not_found():
+    missing = (404, {"code": "not_found", "detail": "No weight set for this key."})
+    client, server = make(httpx.ConnectError("refused"), (200, WEIGHT), missing)
+    assert client.get_fairness_weight("a/b") == WEIGHT and len(server.seen) == 2
+    with pytest.raises(api.NotFound):
+        client.get_fairness_weight("none")
+
+
+def test_delete_fairness_weight_is_sent_once():
+    client, server = make((503, {"code": "server_error"}))
+    with pytest.raises(api.ServerError):
+        client.delete_fairness_weight("a/b")
+    assert len(server.seen) == 1 and server.seen[0].content == b""
+    client, server = make((404, {"code": "not_found", "detail": "No weight set for this key."}))
+    with pytest.raises(api.NotFound):
+        client.delete_fairness_weight("a/b")
+
+
+def test_a_refused_weight_names_its_field():
+    client, _ = make((400, {"code": "validation_error", "detail": "Invalid input.",
+                            "fields": {"weight": ["Must be an integer from 1 to 100."]}}))
+    with pytest.raises(api.InvalidRequest) as refused:
+        client.set_fairness_weight("k", 0)
+    assert refused.value.fields == {"weight": ["Must be an integer from 1 to 100."]}
+
+
+def test_list_fairness_keys_follows_the_cursor_and_stops_at_the_limit():
+    pages = [
+        (200, {"results": [{**WEIGHT, "key": "a"}, {**WEIGHT, "key": "b"}],
+               "next": "http://elsewhere:9/v1/workspaces/ws/fairness-keys?cursor=c1&page_size=2",
+               "previous": None}),
+        (200, {"results": [{**WEIGHT, "key": "c"}], "next": None, "previous": "x"}),
+    ]
+    client, server = make(*pages)
+    assert [item["key"] for item in client.list_fairness_keys(page_size=2)] == ["a", "b", "c"]
+    assert [(r.url.host, r.url.path) for r in server.seen] == [
+        ("jq.test", "/v1/workspaces/ws/fairness-keys")] * 2
+    assert [dict(r.url.params) for r in server.seen] == [
+        {"page_size": "2"}, {"page_size": "2", "cursor": "c1"}]
+    client, server = make(pages[0])
+    assert [item["key"] for item in client.list_fairness_keys(limit=1)] == ["a"]
+    assert len(server.seen) == 1
+    client, server = make((200, {"results": [], "next": None, "previous": None}))
+    assert list(client.list_fairness_keys()) == [] and dict(server.seen[0].url.params) == {}
+
+
 def test_a_keyed_create_is_sent_again_with_the_same_key_and_an_unkeyed_one_is_not():
     client, server = make(httpx.ReadError("lost"), (503, {"code": "server_error"}), (200, JOB))
     assert client.create_job("ag", idempotency_key="k-1") == JOB

@@ -66,7 +66,9 @@ def _every_parser(parser):
 
 def test_every_option_and_command_has_help_text():
     parsers = list(_every_parser(producer_cli.build_parser()))
-    assert len(parsers) == 25  # jobqueue, jobs + 10 verbs, groups + 2, schedules + 7, flows + 1
+    # jobqueue, jobs + 10 verbs, groups + 2, schedules + 7, flows + 1, rate-limits + 4,
+    # fairness-keys + 4
+    assert len(parsers) == 35
     for parser in parsers:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):  # its commands have help
@@ -216,6 +218,40 @@ def test_create_sends_the_concurrency_key_and_limit_and_shows_them(env, capsys):
                        (201, job(concurrency_key=None, concurrency_limit=None)))
     assert code == 0 and server.body() == {"job_agent_id": "ag"}
     assert "concurrency" not in capsys.readouterr().out
+
+
+def test_create_sends_the_rate_limit_key_and_shows_it(env, capsys):
+    code, server = run(["jobs", "create", "--agent", "ag", "--rate-limit-key", "partner/api"],
+                       (201, job(rate_limit_key="partner/api", deduplicated=False)))
+    assert code == 0
+    assert server.body() == {"job_agent_id": "ag", "rate_limit_key": "partner/api"}
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["rate_limit_key", "partner/api"] in rows
+    code, server = run(["jobs", "create", "--agent", "ag"], (201, job(rate_limit_key=None)))
+    assert code == 0 and server.body() == {"job_agent_id": "ag"}
+    assert "rate_limit_key" not in capsys.readouterr().out
+    answer = (400, {"code": "validation_error", "detail": "Invalid input.",
+                    "fields": {"rate_limit_key": ["rate_limit_key must be 1 to 255 printable "
+                                                  "characters."]}})
+    assert run(["jobs", "create", "--agent", "ag", "--rate-limit-key", "x"], answer)[0] == 2
+    assert "--rate-limit-key: rate_limit_key must be" in capsys.readouterr().err
+
+
+def test_create_sends_the_fairness_key_and_shows_it(env, capsys):
+    code, server = run(["jobs", "create", "--agent", "ag", "--fairness-key", "tenant/7"],
+                       (201, job(fairness_key="tenant/7", deduplicated=False)))
+    assert code == 0
+    assert server.body() == {"job_agent_id": "ag", "fairness_key": "tenant/7"}
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["fairness_key", "tenant/7"] in rows
+    code, server = run(["jobs", "create", "--agent", "ag"], (201, job(fairness_key=None)))
+    assert code == 0 and server.body() == {"job_agent_id": "ag"}
+    assert "fairness_key" not in capsys.readouterr().out
+    answer = (400, {"code": "validation_error", "detail": "Invalid input.",
+                    "fields": {"fairness_key": ["fairness_key must be 1 to 255 printable "
+                                                "characters."]}})
+    assert run(["jobs", "create", "--agent", "ag", "--fairness-key", "x"], answer)[0] == 2
+    assert "--fairness-key: fairness_key must be" in capsys.readouterr().err
 
 
 def test_a_refused_concurrency_field_names_its_option(env, capsys):
@@ -525,7 +561,7 @@ def test_every_field_of_post_jobs_has_its_option():
     fields = {"job_agent_id", "job_agent_config", "dispatch_context", "priority",
               "max_attempts", "delay_seconds", "retry_backoff_seconds", "max_runtime_seconds",
               "expires_at", "external_id", "group", "hold", "idempotency_key", "labels",
-              "concurrency_key", "concurrency_limit"}
+              "concurrency_key", "concurrency_limit", "rate_limit_key", "fairness_key"}
     for field in fields:
         assert OPTION_OF_FIELD[field].split()[0] in options, field
 
@@ -759,6 +795,201 @@ def test_explain_says_whether_a_claim_takes_it(env, capsys, reasons, says):
     assert ("labels: gpu" in out) == bool(reasons)
 
 
+def test_explain_prints_a_rate_limited_reasons_fields(env, capsys):
+    answer = {"status": "queued", "claimable": False, "agents": {"matching": 1, "online": 1},
+              "reasons": [
+                  {"code": "rate_limited", "detail": "Its rate limit holds it back.",
+                   "key": "api", "count": 10, "period_seconds": 60, "claimed": 10,
+                   "until": "2030-01-01T00:01:00Z"},
+                  {"code": "rate_limited", "detail": "Its key has no limit.", "key": "gone",
+                   "count": None, "period_seconds": None, "claimed": None, "until": None}]}
+    assert run(["jobs", "explain", "j1"], (200, answer))[0] == 0
+    out = capsys.readouterr().out
+    assert "  rate_limited  Its rate limit holds it back." in out
+    for line in ("key: api", "count: 10", "period_seconds: 60", "claimed: 10",
+                 "until: 2030-01-01T00:01:00Z", "until: none", "count: none"):
+        assert line in out, line
+    assert "None" not in out
+
+
 def test_explain_of_an_unknown_job_exits_3(env, capsys):
     code, _ = run(["jobs", "explain", "nope"], (404, {"code": "not_found", "detail": "No."}))
     assert code == 3 and "job nope not found" in capsys.readouterr().err
+
+
+# --- rate limits ---------------------------------------------------------------------------
+
+LIMIT = {"key": "partner api/v2", "count": 10, "period_seconds": 60,
+         "created_at": "2030-01-01T00:00:00Z", "updated_at": "2030-01-02T00:00:00Z"}
+LIMIT_PATH = b"/v1/workspaces/ws/rate-limits/partner%20api%2Fv2"
+
+
+def test_rate_limits_set_puts_the_limit_and_shows_it(env, capsys):
+    code, server = run(["rate-limits", "set", "partner api/v2", "--count", "10",
+                        "--period-seconds", "60"], (200, LIMIT))
+    assert code == 0
+    [request] = server.seen
+    assert (request.method, request.url.raw_path) == ("PUT", LIMIT_PATH)
+    assert server.body() == {"count": 10, "period_seconds": 60}
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].split(None, 1) == ["key", "partner api/v2"]
+    assert rows[1].split(None, 1) == ["limit", "10 claims per 60 s"]
+    code, _ = run(["rate-limits", "set", "partner api/v2", "--count", "10",
+                   "--period-seconds", "60", "--json"], (200, LIMIT))
+    assert code == 0 and json.loads(capsys.readouterr().out) == LIMIT
+
+
+@pytest.mark.parametrize("argv", [
+    ["rate-limits", "set", "k", "--count", "10"],
+    ["rate-limits", "set", "k", "--period-seconds", "10"],
+    ["rate-limits", "set", "k", "--count", "0", "--period-seconds", "10"],
+    ["rate-limits", "set", "k", "--count", "x", "--period-seconds", "10"],
+    ["rate-limits", "set", "--count", "1", "--period-seconds", "10"],
+    ["rate-limits", "get"],
+    ["rate-limits", "delete"],
+])
+def test_rate_limit_mistakes_are_usage_errors_that_send_nothing(env, capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        run(argv)
+    assert exc.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_a_refused_rate_limit_names_its_options(env, capsys):
+    answer = (400, {"code": "validation_error", "detail": "Invalid input.",
+                    "fields": {"count": ["Must be an integer from 1 to 100000."],
+                               "period_seconds": ["Must be an integer from 1 to 86400."]}})
+    assert run(["rate-limits", "set", "k", "--count", "100001", "--period-seconds",
+                "86401"], answer)[0] == 2
+    err = capsys.readouterr().err
+    assert "--count: Must be an integer from 1 to 100000." in err
+    assert "--period-seconds: Must be an integer from 1 to 86400." in err
+    answer = (400, {"code": "validation_error", "detail": "Invalid input.",
+                    "fields": {"key": ["key must be 1 to 255 printable characters."]}})
+    assert run(["rate-limits", "get", "k"], answer)[0] == 2
+    assert "KEY: key must be 1 to 255" in capsys.readouterr().err
+
+
+def test_rate_limits_get_and_delete(env, capsys):
+    code, server = run(["rate-limits", "get", "partner api/v2"], (200, LIMIT))
+    assert code == 0 and server.seen[0].url.raw_path == LIMIT_PATH
+    assert "10 claims per 60 s" in capsys.readouterr().out
+    code, server = run(["rate-limits", "delete", "partner api/v2"], (204, None))
+    assert code == 0
+    assert (server.seen[0].method, server.seen[0].url.raw_path) == ("DELETE", LIMIT_PATH)
+    assert "deleted" in capsys.readouterr().out
+    code, _ = run(["rate-limits", "delete", "partner api/v2", "--json"], (204, None))
+    assert code == 0
+    assert json.loads(capsys.readouterr().out) == {"key": "partner api/v2", "deleted": True}
+
+
+def test_a_missing_rate_limit_exits_3_naming_it(env, capsys):
+    answer = (404, {"code": "not_found", "detail": "No rate limit for this key."})
+    for verb in ("get", "delete"):
+        assert run(["rate-limits", verb, "partner"], answer)[0] == 3
+        assert "the rate limit of 'partner' not found" in capsys.readouterr().err
+
+
+def test_rate_limits_list_follows_the_pages_up_to_the_limit(env, capsys):
+    page = {"results": [{**LIMIT, "key": k} for k in ("a", "b", "c")], "next": None,
+            "previous": None}
+    code, server = run(["rate-limits", "list", "--limit", "2"], (200, page))
+    assert code == 0 and dict(server.seen[0].url.params) == {"page_size": "3"}
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert lines[0].split() == ["KEY", "COUNT", "PERIOD_SECONDS", "UPDATED_AT"]
+    assert [line.split()[0] for line in lines[1:]] == ["a", "b"]
+    assert "--limit N or --all for more" in out.err
+    code, server = run(["rate-limits", "list", "--all", "--json"], (200, page))
+    assert code == 0 and dict(server.seen[0].url.params) == {"page_size": "500"}
+    assert [item["key"] for item in json.loads(capsys.readouterr().out)] == ["a", "b", "c"]
+    empty = {"results": [], "next": None, "previous": None}
+    assert run(["rate-limits", "list"], (200, empty))[0] == 0
+    out = capsys.readouterr()
+    assert out.out == "" and "no rate limits" in out.err
+
+
+# --- fair shares ---------------------------------------------------------------------------
+
+WEIGHT = {"key": "tenant a/7", "weight": 4, "created_at": "2030-01-01T00:00:00Z",
+          "updated_at": "2030-01-02T00:00:00Z"}
+WEIGHT_PATH = b"/v1/workspaces/ws/fairness-keys/tenant%20a%2F7"
+
+
+def test_fairness_keys_set_puts_the_weight_and_shows_it(env, capsys):
+    code, server = run(["fairness-keys", "set", "tenant a/7", "--weight", "4"], (200, WEIGHT))
+    assert code == 0
+    [request] = server.seen
+    assert (request.method, request.url.raw_path) == ("PUT", WEIGHT_PATH)
+    assert server.body() == {"weight": 4}
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].split(None, 1) == ["key", "tenant a/7"]
+    assert rows[1].split(None, 1) == ["weight", "4"]
+    code, _ = run(["fairness-keys", "set", "tenant a/7", "--weight", "4", "--json"],
+                  (200, WEIGHT))
+    assert code == 0 and json.loads(capsys.readouterr().out) == WEIGHT
+
+
+@pytest.mark.parametrize("argv", [
+    ["fairness-keys", "set", "k"],
+    ["fairness-keys", "set", "k", "--weight", "0"],
+    ["fairness-keys", "set", "k", "--weight", "x"],
+    ["fairness-keys", "set", "--weight", "1"],
+    ["fairness-keys", "get"],
+    ["fairness-keys", "delete"],
+    ["fairness-keys"],
+])
+def test_fairness_mistakes_are_usage_errors_that_send_nothing(env, capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        run(argv)
+    assert exc.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_a_refused_weight_names_its_options(env, capsys):
+    answer = (400, {"code": "validation_error", "detail": "Invalid input.",
+                    "fields": {"weight": ["Must be an integer from 1 to 100."]}})
+    assert run(["fairness-keys", "set", "k", "--weight", "101"], answer)[0] == 2
+    assert "--weight: Must be an integer from 1 to 100." in capsys.readouterr().err
+    answer = (400, {"code": "validation_error", "detail": "Invalid input.",
+                    "fields": {"key": ["key must be 1 to 255 printable characters."]}})
+    assert run(["fairness-keys", "get", "k"], answer)[0] == 2
+    assert "KEY: key must be 1 to 255" in capsys.readouterr().err
+
+
+def test_fairness_keys_get_and_delete(env, capsys):
+    code, server = run(["fairness-keys", "get", "tenant a/7"], (200, WEIGHT))
+    assert code == 0 and server.seen[0].url.raw_path == WEIGHT_PATH
+    assert ["weight", "4"] in [line.split() for line in capsys.readouterr().out.splitlines()]
+    code, server = run(["fairness-keys", "delete", "tenant a/7"], (204, None))
+    assert code == 0
+    assert (server.seen[0].method, server.seen[0].url.raw_path) == ("DELETE", WEIGHT_PATH)
+    assert "weighs 1 again" in capsys.readouterr().out
+    code, _ = run(["fairness-keys", "delete", "tenant a/7", "--json"], (204, None))
+    assert code == 0
+    assert json.loads(capsys.readouterr().out) == {"key": "tenant a/7", "deleted": True}
+
+
+def test_a_missing_weight_exits_3_naming_it(env, capsys):
+    answer = (404, {"code": "not_found", "detail": "No weight set for this key."})
+    for verb in ("get", "delete"):
+        assert run(["fairness-keys", verb, "tenant"], answer)[0] == 3
+        assert "the weight of 'tenant' not found" in capsys.readouterr().err
+
+
+def test_fairness_keys_list_follows_the_pages_up_to_the_limit(env, capsys):
+    page = {"results": [{**WEIGHT, "key": k} for k in ("a", "b", "c")], "next": None,
+            "previous": None}
+    code, server = run(["fairness-keys", "list", "--limit", "2"], (200, page))
+    assert code == 0 and dict(server.seen[0].url.params) == {"page_size": "3"}
+    assert server.seen[0].url.path == "/v1/workspaces/ws/fairness-keys"
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert lines[0].split() == ["KEY", "WEIGHT", "UPDATED_AT"]
+    assert [line.split()[0] for line in lines[1:]] == ["a", "b"]
+    assert "--limit N or --all for more" in out.err
+    code, server = run(["fairness-keys", "list", "--all", "--json"], (200, page))
+    assert code == 0 and dict(server.seen[0].url.params) == {"page_size": "500"}
+    assert [item["key"] for item in json.loads(capsys.readouterr().out)] == ["a", "b", "c"]
+    empty = {"results": [], "next": None, "previous": None}
+    assert run(["fairness-keys", "list"], (200, empty))[0] == 0
+    out = capsys.readouterr()
+    assert out.out == "" and "no fairness key weights" in out.err

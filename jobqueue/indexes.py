@@ -1,7 +1,7 @@
 """Building an index of `job` on PostgreSQL without holding its claims and reports: CREATE
 INDEX CONCURRENTLY (after dropping an INVALID one a failed build left behind), and the swap of
 a claim index for its new definition under the same name (built beside it, the old one dropped,
-the new one renamed: a claim always has one). Migrations 0028 and 0030 (run outside a
+the new one renamed: a claim always has one). Migrations 0028, 0030 and 0032 (run outside a
 transaction: `atomic = False`)."""
 
 
