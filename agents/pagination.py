@@ -101,7 +101,7 @@ def _flip(field: str) -> str:
 
 def _after(model, order, anchor, aliases=None):
     """Rows strictly after the anchor row in `order` (lexicographic, in SQL)."""
-    ref = model._default_manager.filter(pk=anchor).alias(**(aliases or {}))
+    ref = model._default_manager.filter(pk=anchor).annotate(**(aliases or {}))
 
     def value(name):
         return Subquery(ref.values(name)[:1])

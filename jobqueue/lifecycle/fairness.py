@@ -29,6 +29,9 @@ from jobqueue.lifecycle.backends import backend
 from jobqueue.models import FairnessKey, Job
 
 STEP = dt.timedelta(milliseconds=1)  # a place in the virtual time, at weight 1
+# How far behind the clock a new place may be: a job without a key (its place: its
+# available_at) waits behind fair jobs created at most this long after it.
+MAX_LAG = dt.timedelta(minutes=5)
 DEFAULT_WEIGHT = 1
 
 
@@ -47,32 +50,39 @@ def _route(job: Job) -> dict:
 
 def place(job: Job) -> dt.datetime:
     """The fair_at of a new job with a fairness key (in the caller's transaction, before its
-    insert): after the later of its key's last queued job on its route and its route's
-    virtual time (the route's first due fair job), by STEP / its key's weight. A route is the
-    queue a claim reads (an agent's own jobs, a label set's), so that a queue nobody claims
-    from (an agent offline or paused) holds back no other's virtual time. Racing creates of
-    one key may take one place (the later created goes second: created_at follows it in
-    claim order)."""
-    fair = Job.objects.filter(status=states.QUEUED, fairness_key__isnull=False, **_route(job))
-    head = fair.filter(available_at__lte=Now()).order_by("fair_at").values_list(
+    insert): after the latest of its key's last queued job on its route, its route's virtual
+    time (the route's first due fair job a claim could take: none held back by a key) and
+    MAX_LAG before the clock, by STEP / its key's weight; among the jobs of its priority
+    (priority comes first in claim order: each priority is a queue of its own). A route is
+    the queue a claim reads (an agent's own jobs, a label set's), so that a queue nobody
+    claims from (an agent offline or paused) holds back no other's virtual time. Racing
+    creates of one key may take one place (the later created goes second: created_at follows
+    it in claim order). A job that waits (created held or on its dependencies, delayed,
+    retried later) is placed again when it enters the queue or its available_at moves
+    (migration 0031's triggers): no later than its available_at, or its release."""
+    fair = Job.objects.filter(status=states.QUEUED, fairness_key__isnull=False,
+                              priority=job.priority, **_route(job))
+    head = fair.filter(available_at__lte=Now(), concurrency_held__isnull=True,
+                       rate_held__isnull=True).order_by("fair_at").values_list(
         "fair_at", flat=True).first()  # job_fair_agent_idx, job_fair_set_idx
     last = fair.filter(fairness_key=job.fairness_key).order_by("-fair_at").values_list(
         "fair_at", flat=True).first()  # job_fair_agent_key_idx, job_fair_set_key_idx
-    base = head if head is not None else backend().now()
-    if last is not None and last > base:
-        base = last
+    now = backend().now()
+    base = max(x for x in (head if head is not None else now, last, now - MAX_LAG)
+               if x is not None)
     return base + STEP / weight_of(job.workspace_id, job.fairness_key)
 
 
 def _respace(workspace_id, key: str, weight: int) -> None:
-    """The key's queued jobs, on each route from its first one's place, spaced by its new
-    weight."""
+    """The key's queued jobs, on each route and priority from its first one's place, spaced
+    by its new weight."""
     jobs = list(Job.objects.filter(workspace_id=workspace_id, fairness_key=key,
                                    status=states.QUEUED).order_by("fair_at", "created_at")
-                .only("id", "fair_at", "job_agent_id", "label_set_id"))
+                .only("id", "fair_at", "job_agent_id", "label_set_id", "priority"))
     step, placed = STEP / weight, {}
     for job in jobs:
-        route = (job.job_agent_id, None) if job.label_set_id is None else (None, job.label_set_id)
+        route = ((job.job_agent_id, None) if job.label_set_id is None
+                 else (None, job.label_set_id), job.priority)
         start, n = placed.get(route, (job.fair_at, 0))
         job.fair_at = start + step * n
         placed[route] = (start, n + 1)

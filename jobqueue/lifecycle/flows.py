@@ -82,7 +82,8 @@ def _place_fairly(workspace_id, rows: list[Job]) -> None:
         key = job.fairness_key
         if key is None:
             continue
-        placed = (key, job.job_agent_id if job.label_set_id is None else None, job.label_set_id)
+        placed = (key, job.job_agent_id if job.label_set_id is None else None, job.label_set_id,
+                  job.priority)
         if placed in last:
             if key not in steps:
                 steps[key] = fairness.STEP / fairness.weight_of(workspace_id, key)

@@ -78,3 +78,28 @@ def test_bootstrap_commands_print_working_credentials(db):
     runner = Caller(ws["workspace_id"], {"Authorization": f"Bearer {agent['token']}"})
     claim = runner.post(f"job-agents/{agent['job_agent_id']}/jobs/claim")
     assert claim.status_code == 200 and claim.json()["job"]["id"] == job["id"]
+
+
+def test_the_queued_list_pages_in_claim_order_with_fair_and_plain_jobs(world):
+    """The queued list's keyset (claim order: priority, COALESCE(fair_at, available_at),
+    created_at, id) followed page by page: every claimable job once, in the order a claim
+    takes them, ties on the place included."""
+    from jobqueue.models import Job
+
+    ws, agent = world.workspace, world.agent
+    for i in range(4):
+        lifecycle.create_job(workspace=ws, job_agent=agent, fairness_key="a")
+        lifecycle.create_job(workspace=ws, job_agent=agent, fairness_key="b")
+        lifecycle.create_job(workspace=ws, job_agent=agent, priority=i % 2)
+    Job.objects.filter(fairness_key="b").update(fair_at=Job.objects.filter(
+        fairness_key="a").order_by("fair_at").values("fair_at")[:1])  # ties
+    caller = world.agent_caller()
+    seen, url = [], f"job-agents/{agent.id}/jobs?page_size=5"
+    while url:
+        r = caller.get(url)
+        assert r.status_code == 200, r.content
+        seen += [j["id"] for j in r.json()["results"]]
+        url = r.json()["next"] and r.json()["next"].split(f"/workspaces/{ws.id}/", 1)[1]
+    expected = [str(j.id) for j in Job.objects.filter(job_agent=agent).in_claim_order()
+                .order_by("-priority", "claim_at", "created_at", "id")]
+    assert seen == expected and len(set(seen)) == 12

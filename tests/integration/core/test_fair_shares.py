@@ -208,3 +208,89 @@ def test_a_queue_nobody_claims_from_holds_back_no_others_share():
     _create(busy, "B", 40)
     keys = _drain(busy, 20)
     assert 9 <= keys.count("B") <= 10, keys  # one for one (A first on a tie), not B's 40 first
+
+
+def test_a_job_that_cannot_run_yet_takes_its_place_when_it_can():
+    """Delayed, released from hold, retried with a backoff: a fair job's place is no earlier
+    than when it can be claimed (so no claim reads past it, and it does not jump the queue
+    with a place it took long before)."""
+    import datetime as dt
+
+    agent = JobAgentFactory()
+    (delayed,) = _create(agent, "A", delay_seconds=3600)
+    delayed.refresh_from_db()
+    assert delayed.fair_at == delayed.available_at
+    (held,) = _create(agent, "B", hold=True)
+    Job.objects.filter(id=held.id).update(fair_at=Now() - dt.timedelta(hours=1))
+    lifecycle.dispatch_job(held.id, actor="test")
+    held.refresh_from_db()
+    assert held.status == states.QUEUED
+    assert held.fair_at >= held.created_at  # its release's time, not the hour-old place
+    (grant,) = lifecycle.claim_next(agent)
+    Job.objects.filter(id=grant.job.id).update(max_attempts=5, retry_backoff_seconds=600)
+    lifecycle.report_status(grant.job.id, grant.claim_id, states.FAILURE,
+                            job_agent_id=agent.id, retry=True)
+    retried = Job.objects.get(id=grant.job.id)
+    assert retried.status == states.QUEUED and retried.fair_at == retried.available_at
+
+
+@pytest.mark.postgres_only
+def test_a_claim_reads_no_fair_job_that_is_not_due():
+    """3,000 fair jobs delayed an hour: a claim of the plain job beside them reads one row."""
+    import json
+
+    from jobqueue.lifecycle.pg import claim_statement
+
+    agent = JobAgentFactory()
+    _create(agent, "A", 3000, delay_seconds=3600)
+    plain = lifecycle.create_job(workspace=agent.workspace, job_agent=agent).job
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE job")
+        cur.execute("BEGIN")
+        cur.execute("SET LOCAL enable_seqscan = off")  # a table this small: the index's way
+        cur.execute("SET LOCAL enable_sort = off")
+        try:
+            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_statement(1), {
+                "agent": agent.id, "limit": 1, "lease": 60, "kind": "claimed",
+                "actor": "test", "holder": "", "key": None})
+            (plan,) = cur.fetchone()
+        finally:
+            cur.execute("ROLLBACK")
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", ()):
+            yield from nodes(child)
+
+    found = list(nodes(plan[0]["Plan"]))
+    scan = next((n for n in found if n.get("Index Name") == "job_claim_order_idx"), found)
+    assert isinstance(scan, dict), [(n["Node Type"], n.get("Index Name")) for n in scan]
+    assert scan["Actual Rows"] == 1 and scan.get("Rows Removed by Filter", 0) == 0
+    assert lifecycle.claim_next(agent)[0].job.id == plain.id
+
+
+def test_priority_outranks_fairness_in_places_too():
+    """A key with a low-priority backlog: its high-priority job is placed among the
+    high-priority jobs, not after its own backlog."""
+    agent = JobAgentFactory()
+    _create(agent, "A", 100)
+    _create(agent, "C", 100, priority=5)
+    (urgent,) = _create(agent, "A", priority=5)
+    got = [g.job.id for g in lifecycle.claim_next(agent, limit=10)]
+    assert urgent.id in got[:3]
+
+
+def test_a_plain_job_waits_behind_no_more_than_max_lag_of_fair_jobs(monkeypatch):
+    """A key whose places lag the clock (it enqueues slower than a place a STEP): places are
+    never more than MAX_LAG behind it, so a plain job is not starved by its later jobs."""
+    import datetime as dt
+
+    monkeypatch.setattr(fairness, "MAX_LAG", dt.timedelta(seconds=0))
+    agent = JobAgentFactory()
+    _create(agent, "A", 5)
+    Job.objects.filter(fairness_key="A").update(fair_at=Now() - dt.timedelta(hours=1))
+    plain = lifecycle.create_job(workspace=agent.workspace, job_agent=agent).job
+    later = _create(agent, "A", 3)
+    got = [g.job.id for g in lifecycle.claim_next(agent, limit=20)]
+    assert got.index(plain.id) < min(got.index(j.id) for j in later)
