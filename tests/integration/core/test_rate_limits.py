@@ -493,3 +493,51 @@ def test_the_recheck_settles_a_held_key_without_a_timer_once_in_a_while(monkeypa
         assert settled == ["api"]
     finally:
         hub.close()
+
+
+def test_a_claim_is_answered_when_settling_its_key_fails(monkeypatch, caplog):
+    """The claim has committed: a failed settle after it is logged (the sweep settles the key
+    later), never turned into an error of the claim."""
+    agent = JobAgentFactory()
+    ratelimits.set_limit(agent.workspace_id, "api", 5, 3600)
+    (job,) = _jobs(agent)
+
+    def broken(keys):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(ratelimits, "settle_keys", broken)
+    (grant,) = _claim(agent)
+    assert grant.job.id == job.id
+    assert "settling rate limit keys after a claim failed" in caplog.text
+
+
+def test_a_key_another_transaction_holds_is_announced(monkeypatch):
+    """settle_keys: a key whose lock another transaction holds is announced for the hubs."""
+    from jobqueue import wakeups
+    from jobqueue.lifecycle.backends import backend
+
+    agent = JobAgentFactory()
+    announced = []
+    monkeypatch.setattr(type(backend()), "settle_rate", lambda self, ws, key: False)
+    monkeypatch.setattr(wakeups, "announce", lambda key, delay=0: announced.append(key))
+    ratelimits.settle_keys([(agent.workspace_id, "api")])
+    assert announced == [wakeups.rate_key(agent.workspace_id, "api")]
+
+
+def test_a_recheck_whose_rate_settle_fails_still_wakes_its_waiters(monkeypatch, caplog):
+    from jobqueue import wakeups
+
+    hub = wakeups.Hub()
+    woken = []
+    try:
+        monkeypatch.setattr(hub, "keys", lambda: ["j:00000000-0000-0000-0000-000000000000"])
+        monkeypatch.setattr(hub, "wake_key", woken.append)
+
+        def broken():
+            raise RuntimeError("the database went away")
+
+        monkeypatch.setattr(hub, "_settle_unwatched_rate_keys", broken)
+        hub.recheck()
+        assert "settling rate limit keys at the re-check failed" in caplog.text
+    finally:
+        hub.close()
