@@ -174,6 +174,10 @@ def test_the_weights_list_shows_each_weight_with_its_jobs(op_client, fair):
     assert "fairness_key=big" in html  # the queued count links the key's jobs
     response = op_client.get(reverse(WEIGHTS), {"q": "nope"})
     assert list(response.context["cl"].result_list) == []
+    fairness.set_weight(agent.workspace_id, "idle", 2)  # a weight with no job: 0, no link
+    response = op_client.get(reverse(WEIGHTS), {"q": "idle"})
+    assert [(r.key, r.queued) for r in response.context["cl"].result_list] == [("idle", 0)]
+    assert "fairness_key=idle" not in response.content.decode()
 
 
 def test_adding_a_weight_goes_through_set_weight_and_respaces_the_key(op_client, fair, spied):

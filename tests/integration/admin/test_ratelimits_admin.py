@@ -193,6 +193,7 @@ def test_adding_a_limit_goes_through_set_limit(op_client, spied):
     ("bell\x07", 1, 60, "key", "key must be 1 to 255 printable characters"),
     ("x" * 256, 1, 60, "key", "at most 255 characters"),
     ("dup", 1, 60, "__all__", "already exists"),
+    ("k", "", 60, "count", "required"),
 ])
 def test_a_limit_the_api_would_refuse_is_refused(op_client, spied, key, count, period, field,
                                                  says):

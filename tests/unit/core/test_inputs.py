@@ -205,3 +205,32 @@ def test_concurrency_defaults_the_limit_to_1_with_a_key_and_none_without():
 ])
 def test_concurrency_refuses_each_bad_value_naming_it(args, field):
     assert refused(inputs.concurrency, *args).context == {"field": field}
+
+
+def test_a_rate_limit_needs_its_count_and_its_period():
+    assert refused(inputs.rate_limit, None, 60).context == {"field": "count"}
+    assert refused(inputs.rate_limit, 5, None).context == {"field": "period_seconds"}
+    assert refused(inputs.rate_limit, 0, 60).context == {"field": "count"}
+    assert refused(inputs.rate_limit, 5, 86_401).context == {"field": "period_seconds"}
+    assert inputs.rate_limit(100_000, 86_400) == (100_000, 86_400)
+
+
+def test_a_fairness_weight_is_1_to_100_and_required():
+    assert refused(inputs.fairness_weight, None).context == {"field": "weight"}
+    assert refused(inputs.fairness_weight, 101).context == {"field": "weight"}
+    assert inputs.fairness_weight(100) == 100
+
+
+def test_flow_control_keys_are_1_to_255_printable_characters():
+    assert inputs.fairness_key(None) is None and inputs.rate_limit_key(None) is None
+    assert inputs.fairness_key("acme") == "acme"
+    for bad in ("", "x" * 256, "a\nb", 5):
+        assert refused(inputs.fairness_key, bad).context == {"field": "fairness_key"}
+        assert refused(inputs.rate_limit_key, bad).context == {"field": "rate_limit_key"}
+
+
+def test_the_rest_of_path_converter_gives_the_key_back_as_it_came():
+    from agents.urls import RestOfPath
+
+    assert RestOfPath().to_python("a/b c") == "a/b c"
+    assert RestOfPath().to_url("50% off") == "50% off"

@@ -82,3 +82,21 @@ def test_page_size_outside_its_bounds_is_refused(raw):
     with pytest.raises(ValidationError) as exc:
         KeysetPagination().get_page_size(request(page_size=raw))
     assert exc.value.detail == {"page_size": ["Must be an integer from 1 to 500."]}
+
+
+def test_a_by_key_cursor_names_an_integer_row():
+    """Rate limits and fairness keys page by an integer primary key: a signed cursor of this
+    listing whose row is not one (a UUID, text) is refused like a forged one."""
+    from agents.pagination import ByKey
+
+    path = "/v1/workspaces/w1/rate-limits"
+    pager = ByKey()
+    pager.request = request(path)
+    for row, ok in ((42, True), (uuid.uuid4(), False), ("4a", False)):
+        url = pager.encode_cursor("n", row)
+        [cursor] = parse_qs(urlsplit(url).query)["cursor"]
+        if ok:
+            assert ByKey().decode_cursor(request(path, cursor=cursor)) == ("n", 42)
+        else:
+            with pytest.raises(ValidationError):
+                ByKey().decode_cursor(request(path, cursor=cursor))
