@@ -55,34 +55,15 @@ OLD_LABEL_CLAIM = models.Index(
 NEW = (AGENT, AGENT_KEY, SET, SET_KEY)
 
 
+SWAPS = ((CLAIM, OLD_CLAIM), (LABEL_CLAIM, OLD_LABEL_CLAIM))
+
+
 def forwards(apps, schema_editor):
-    model = apps.get_model("jobqueue", "Job")
-    if schema_editor.connection.vendor == "postgresql":
-        _indexes.swap(model, schema_editor, CLAIM, OLD_CLAIM)
-        _indexes.swap(model, schema_editor, LABEL_CLAIM, OLD_LABEL_CLAIM)
-        for index in NEW:
-            _indexes.concurrently(model, schema_editor, index)
-        return
-    for old, new in ((OLD_CLAIM, CLAIM), (OLD_LABEL_CLAIM, LABEL_CLAIM)):
-        schema_editor.remove_index(model, old)
-        schema_editor.add_index(model, new)
-    for index in NEW:
-        schema_editor.add_index(model, index)
+    _indexes.rebuild(apps, schema_editor, SWAPS, NEW)
 
 
 def backwards(apps, schema_editor):
-    model = apps.get_model("jobqueue", "Job")
-    if schema_editor.connection.vendor == "postgresql":
-        for index in NEW:
-            schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{index.name}"')
-        _indexes.swap(model, schema_editor, OLD_LABEL_CLAIM, LABEL_CLAIM)
-        _indexes.swap(model, schema_editor, OLD_CLAIM, CLAIM)
-        return
-    for index in NEW:
-        schema_editor.remove_index(model, index)
-    for old, new in ((OLD_CLAIM, CLAIM), (OLD_LABEL_CLAIM, LABEL_CLAIM)):
-        schema_editor.remove_index(model, new)
-        schema_editor.add_index(model, old)
+    _indexes.unbuild(apps, schema_editor, SWAPS, NEW)
 
 
 class Migration(migrations.Migration):
