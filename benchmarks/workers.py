@@ -117,14 +117,17 @@ def _core_pipelined(agent, batch: int) -> None:
 
 
 # The statements the lifecycle sends for one claim-next and one terminal report (captured
-# with CaptureQueriesContext), replayed by hand with psycopg: same SQL shape, no Django.
+# with CaptureQueriesContext), replayed by hand with psycopg: same SQL shape, no Django. The
+# claim keeps to the claim rule (claimrule.py), so that it reads the claim index as the ORM does.
 RAW_CLAIM = [
     "SELECT id, workspace_id, job_agent_id, status, job_agent_config, dispatch_context, result, "
     "message, external_id, attempt, max_attempts, initial_max_attempts, priority, available_at, "
     "idempotency_key, idempotency_fingerprint, last_claim_id, created_at, started_at, "
     "completed_at, updated_at, STATEMENT_TIMESTAMP() FROM job WHERE job_agent_id = %s "
     "AND available_at <= STATEMENT_TIMESTAMP() AND status = 'queued' "
-    "ORDER BY priority DESC, available_at, created_at LIMIT 1 FOR UPDATE OF job SKIP LOCKED",
+    "AND concurrency_held IS NULL AND rate_held IS NULL "
+    "ORDER BY priority DESC, COALESCE(fair_at, available_at), created_at "
+    "LIMIT 1 FOR UPDATE OF job SKIP LOCKED",
     "UPDATE job SET status = 'in_progress', attempt = attempt + 1, last_claim_id = %s, "
     "started_at = %s, updated_at = %s WHERE id IN (%s) AND status = 'queued'",
     "INSERT INTO job_claim (job_id, job_agent_id, claim_id, attempt, lease_seconds, claimed_at, "

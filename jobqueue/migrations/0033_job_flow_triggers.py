@@ -1,5 +1,5 @@
 # One row trigger per event for flow control on PostgreSQL (#29 item 5: a plain job's core
-# cycle unchanged), in place of the eleven that 0027, 0029 and 0031 created.
+# cycle unchanged), five in place of the eleven that 0027, 0029 and 0031 created.
 #
 # A row trigger whose WHEN is false still costs each statement that writes the table: its
 # WHEN is read from the catalog's node text and compiled once per statement, then evaluated
@@ -12,14 +12,17 @@
 #
 #   job_flow_mark      BEFORE INSERT       held flags of a job created queued (0027, 0029)
 #   job_flow_inserted  AFTER INSERT        slot, place, permit (0027, 0031, 0029)
-#   job_flow_moved     AFTER UPDATE OF status, available_at, concurrency_held
+#   job_flow_moved     AFTER UPDATE OF status, available_at
 #                                          entered or left the queue or its run, moved its
-#                                          available_at, given its slot (0027, 0031, 0029)
+#                                          available_at (0027, 0031, 0029)
+#   job_flow_slotted   AFTER UPDATE OF concurrency_held, rate limited jobs only
+#                                          given its slot: its permit may come (0029)
 #   job_flow_deleted   AFTER DELETE        a slot or a permit freed (0027, 0029)
 #
-# The old column lists (UPDATE OF status, available_at for the moves, OF concurrency_held for
-# `slotted`) only pre-filtered: each old condition compares OLD and NEW values, so testing it
-# on any update of the three columns is the same. The helpers the triggers called
+# A trigger whose columns a statement does not set costs it a bitmap test, not its WHEN: a
+# claim or a report sets status, not concurrency_held, and the admission sets
+# concurrency_held, so `slotted` stays a trigger of its own whose WHEN skips the jobs that
+# have no rate limit key. The helpers the triggers called
 # (jobqueue_concurrency_try/announce, jobqueue_rate_try/announce) are unchanged. SQLite keeps
 # its triggers: it compiles them into each prepared statement once, not per execution.
 
@@ -46,13 +49,13 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION jobqueue_flow_changed() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
--- AFTER a keyed job was inserted, updated (status, available_at, concurrency_held) or
--- deleted. For a concurrency key (a rate limit key): when the job entered or left the queue
--- or its run, or moved its available_at while queued, mark it (held back in the queue, else
--- nothing), then give the key's free slots (permits) out, or, when another transaction holds
--- the key's lock, announce the key (the hubs settle it once this transaction committed). A
--- rate limited job is also settled when it was given its concurrency slot: its permit comes
--- only then. For a fairness key: a job that cannot be claimed yet is placed no earlier than
+-- AFTER a keyed job was inserted, updated (status or available_at: 'moved';
+-- concurrency_held: 'slotted') or deleted. For a concurrency key (a rate limit key): when
+-- the job entered or left the queue or its run, or moved its available_at while queued,
+-- mark it (held back in the queue, else nothing), then give the key's free slots (permits)
+-- out, or, when another transaction holds the key's lock, announce the key (the hubs settle
+-- it once this transaction committed). A rate limited job is also settled when it was given
+-- its concurrency slot: its permit comes only then. For a fairness key: a job that cannot be claimed yet is placed no earlier than
 -- when it can (its available_at; a release from pending: now), so a claim never reads past it.
 DECLARE
     j job;
@@ -73,6 +76,15 @@ BEGIN
                 AND OLD.status IN ('queued', 'in_progress');
         rate := OLD.rate_limit_key IS NOT NULL AND OLD.rate_held IS NULL
                 AND OLD.status = 'queued';
+    ELSIF TG_ARGV[0] = 'slotted' THEN
+        -- A rate limited job given its concurrency slot: its permit may come now.
+        j := NEW;
+        rate := NEW.rate_limit_key IS NOT NULL AND NEW.status = 'queued' AND NEW.rate_held
+                AND OLD.concurrency_held AND NEW.concurrency_held IS NULL;
+        IF rate AND NOT jobqueue_rate_try(j.workspace_id, j.rate_limit_key) THEN
+            PERFORM jobqueue_rate_announce(j.workspace_id, j.rate_limit_key, 0);
+        END IF;
+        RETURN NULL;
     ELSE
         j := NEW;
         conc := NEW.concurrency_key IS NOT NULL
@@ -118,11 +130,6 @@ BEGIN
             UPDATE job SET rate_held = NULL WHERE id = NEW.id;
         END IF;
     END IF;
-    IF NOT rate AND TG_OP = 'UPDATE' THEN
-        -- Given its concurrency slot ('slotted'): a held job's permit may come now.
-        rate := NEW.rate_limit_key IS NOT NULL AND NEW.status = 'queued' AND NEW.rate_held
-                AND OLD.concurrency_held AND NEW.concurrency_held IS NULL;
-    END IF;
     IF rate THEN
         IF NOT jobqueue_rate_try(j.workspace_id, j.rate_limit_key) THEN
             PERFORM jobqueue_rate_announce(j.workspace_id, j.rate_limit_key, 0);
@@ -156,11 +163,13 @@ CREATE TRIGGER job_flow_inserted AFTER INSERT ON job FOR EACH ROW
     WHEN (NEW.concurrency_key IS NOT NULL OR NEW.rate_limit_key IS NOT NULL
           OR NEW.fairness_key IS NOT NULL)
     EXECUTE FUNCTION jobqueue_flow_changed();
-CREATE TRIGGER job_flow_moved AFTER UPDATE OF status, available_at, concurrency_held ON job
-    FOR EACH ROW
+CREATE TRIGGER job_flow_moved AFTER UPDATE OF status, available_at ON job FOR EACH ROW
     WHEN (NEW.concurrency_key IS NOT NULL OR NEW.rate_limit_key IS NOT NULL
           OR NEW.fairness_key IS NOT NULL)
-    EXECUTE FUNCTION jobqueue_flow_changed();
+    EXECUTE FUNCTION jobqueue_flow_changed('moved');
+CREATE TRIGGER job_flow_slotted AFTER UPDATE OF concurrency_held ON job FOR EACH ROW
+    WHEN (NEW.rate_limit_key IS NOT NULL)
+    EXECUTE FUNCTION jobqueue_flow_changed('slotted');
 CREATE TRIGGER job_flow_deleted AFTER DELETE ON job FOR EACH ROW
     WHEN (OLD.concurrency_key IS NOT NULL OR OLD.rate_limit_key IS NOT NULL)
     EXECUTE FUNCTION jobqueue_flow_changed();
@@ -170,6 +179,7 @@ PG_DROP = """
 DROP TRIGGER IF EXISTS job_flow_mark ON job;
 DROP TRIGGER IF EXISTS job_flow_inserted ON job;
 DROP TRIGGER IF EXISTS job_flow_moved ON job;
+DROP TRIGGER IF EXISTS job_flow_slotted ON job;
 DROP TRIGGER IF EXISTS job_flow_deleted ON job;
 DROP FUNCTION IF EXISTS jobqueue_flow_changed();
 DROP FUNCTION IF EXISTS jobqueue_flow_mark();

@@ -380,3 +380,24 @@ def test_hot_path_keeps_djangos_error_wrapping_and_broken_transaction_check():
         lifecycle.claim_next_job(agent)
     connection.close()
     assert lifecycle.claim_next_job(agent) is not None  # a new connection, a new cursor
+
+
+@pytest.mark.postgres_only
+def test_a_plain_jobs_writes_meet_flow_controls_triggers_only_through_a_test_of_its_keys():
+    """Migration 0033: a row trigger's WHEN is compiled for every statement that sets its
+    columns, so flow control keeps one trigger per event whose WHEN only asks whether the row
+    carries a key (eleven longer ones cost a plain claim and report ~60 us each); the one on
+    concurrency_held is set by the admission only, never by a claim or a report."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+                    "WHERE tgrelid = 'job'::regclass AND NOT tgisinternal ORDER BY tgname")
+        triggers = dict(cur.fetchall())
+    assert sorted(triggers) == ["job_flow_deleted", "job_flow_inserted", "job_flow_mark",
+                                "job_flow_moved", "job_flow_slotted"]
+    key = r"(old|new)\.(concurrency_key|rate_limit_key|fairness_key) IS NOT NULL"
+    for name, definition in triggers.items():
+        when = definition.split(" WHEN ", 1)[1].split(" EXECUTE ", 1)[0]
+        tests = when.replace("(", "").replace(")", "").split(" OR ")
+        assert all(re.fullmatch(key, test) for test in tests), definition
+    assert "UPDATE OF status, available_at ON" in triggers["job_flow_moved"]
+    assert "UPDATE OF concurrency_held ON" in triggers["job_flow_slotted"]
