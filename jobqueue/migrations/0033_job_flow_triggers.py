@@ -79,10 +79,13 @@ BEGIN
     ELSIF TG_ARGV[0] = 'slotted' THEN
         -- A rate limited job given its concurrency slot: its permit may come now.
         j := NEW;
+        -- (NULL as in the old WHEN: no call. `IF NULL AND f()` would still call f.)
         rate := NEW.rate_limit_key IS NOT NULL AND NEW.status = 'queued' AND NEW.rate_held
                 AND OLD.concurrency_held AND NEW.concurrency_held IS NULL;
-        IF rate AND NOT jobqueue_rate_try(j.workspace_id, j.rate_limit_key) THEN
-            PERFORM jobqueue_rate_announce(j.workspace_id, j.rate_limit_key, 0);
+        IF rate THEN
+            IF NOT jobqueue_rate_try(j.workspace_id, j.rate_limit_key) THEN
+                PERFORM jobqueue_rate_announce(j.workspace_id, j.rate_limit_key, 0);
+            END IF;
         END IF;
         RETURN NULL;
     ELSE

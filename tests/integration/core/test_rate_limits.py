@@ -541,3 +541,29 @@ def test_a_recheck_whose_rate_settle_fails_still_wakes_its_waiters(monkeypatch, 
         assert "settling rate limit keys at the re-check failed" in caplog.text
     finally:
         hub.close()
+
+
+@pytest.mark.postgres_only
+def test_a_slot_update_of_a_job_holding_its_permit_runs_no_admission():
+    """job_flow_slotted (migration 0033) settles a rate limited job given its concurrency
+    slot only while the job is held for its permit: an update of concurrency_held on a job
+    that holds its permit (rate_held NULL) takes no key lock and announces nothing, as the
+    old trigger's WHEN did not fire (a NULL condition must not reach the admission)."""
+    from django.db import transaction
+
+    agent = JobAgentFactory()
+    ratelimits.set_limit(agent.workspace_id, "api", 1, 3600)
+    job, held = _jobs(agent, n=2)
+    assert _held([job, held]) == {job.id: None, held.id: True}
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("UPDATE job SET concurrency_held = NULL WHERE id = %s", [job.id])
+        cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND pid = pg_backend_pid()")
+        assert cur.fetchone()[0] == 0
+    with transaction.atomic(), connection.cursor() as cur:
+        # The held one given its slot: its key is settled (it stays held: no permit free).
+        cur.execute("UPDATE job SET concurrency_held = true WHERE id = %s", [held.id])
+        cur.execute("UPDATE job SET concurrency_held = NULL WHERE id = %s", [held.id])
+        cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND pid = pg_backend_pid()")
+        assert cur.fetchone()[0] == 1
