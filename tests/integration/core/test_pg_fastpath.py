@@ -395,7 +395,7 @@ def test_a_plain_jobs_writes_meet_flow_controls_triggers_only_through_a_test_of_
     assert sorted(triggers) == ["job_flow_deleted", "job_flow_inserted", "job_flow_mark",
                                 "job_flow_moved", "job_flow_slotted"]
     key = r"(old|new)\.(concurrency_key|rate_limit_key|fairness_key) IS NOT NULL"
-    for name, definition in triggers.items():
+    for definition in triggers.values():
         when = definition.split(" WHEN ", 1)[1].split(" EXECUTE ", 1)[0]
         tests = when.replace("(", "").replace(")", "").split(" OR ")
         assert all(re.fullmatch(key, test) for test in tests), definition
