@@ -114,12 +114,14 @@ def expire_overdue_jobs_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
     Job rows are taken with SKIP LOCKED (a claim in flight wins: it re-checks expires_at in
     its own WHERE and never claims an overdue job); the update repeats the guards."""
     with transaction.atomic():
-        workspaces = dict(
+        rows = list(
             Job.objects.overdue()
             .order_by()
             .select_for_update(skip_locked=True, of=("self",))
-            .values_list("id", "workspace_id")[:batch_size]
+            .values_list("id", "workspace_id", "attempt")[:batch_size]
         )
+        workspaces = {job_id: workspace_id for job_id, workspace_id, _attempt in rows}
+        attempts = {job_id: attempt for job_id, _workspace_id, attempt in rows}
         if not workspaces:
             return ReapResult()
         job_ids = list(workspaces)
@@ -130,7 +132,8 @@ def expire_overdue_jobs_once(batch_size: int, *, actor: str = REAPER) -> ReapRes
         if n != len(job_ids):  # pragma: no cover - impossible while the locks are held
             raise RuntimeError("reaper: job rows changed under their locks")
         JobEvent.objects.bulk_create(
-            event(job_id, JobEvent.DEADLINE_PASSED, actor=actor, clock="expires_at")
+            event(job_id, JobEvent.DEADLINE_PASSED, attempt=attempts[job_id], actor=actor,
+                  clock="expires_at")
             for job_id in job_ids
         )
         announce_finished(((job_id, workspaces[job_id], states.EXPIRED) for job_id in job_ids),

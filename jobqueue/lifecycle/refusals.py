@@ -51,10 +51,11 @@ class JobFacts:
     message: str | None = None  # the job's content, to tell a retry from a different report
     result: object = None
     external_id: str | None = None
-    # This claim's terminal report was taken (a status_reported event): read only for a
-    # retryable failure's repeat, whose job is queued again rather than terminal (a
-    # retryable failure's report is always stored, never read from the job row:
-    # jobqueue/timeline.py).
+    # This claim's report was a retryable failure (its status_reported event says
+    # `retry`: such a report is always stored, never read from the job row,
+    # jobqueue/timeline.py): read only for a failure's repeat, which repeats the report only
+    # with the same `retry` (docs/clocks.md, "Repeats"); a retryable failure's job is queued
+    # again, or failed on its last attempt.
     reported: bool = False
     live_deadline_passed: bool = False  # the live claim's deadline has passed
     # A clock ended the attempt of the claim asked about: its deadline passed while it is
@@ -118,10 +119,14 @@ def explain_refusal(facts: JobFacts | None, operation: str, claim_id: uuid.UUID,
         return DeadlineExceeded.code
     if operation == STATUS and status in states.TERMINAL and facts.last_claim_id == claim_id:
         # Its own final report again: a retry, unless it carries other content. A retryable
-        # failure's repeat finds the job queued again (or failed: it was the last attempt).
-        requeued = (content is not None and content.retry and facts.status == states.QUEUED
-                    and facts.reported)
+        # failure's repeat finds the job queued again (or failed: it was the last attempt);
+        # a failure's repeat with the other `retry` is other content.
+        retry = content is not None and content.retry
+        requeued = retry and facts.status == states.QUEUED and facts.reported
         if facts.status == status or requeued:
+            if (content is not None and status == states.FAILURE
+                    and retry != facts.reported):
+                return JobFinished.code
             return None if content is None or content.repeats(facts) else JobFinished.code
     if facts.status == states.CANCELLED:
         return JobCancelled.code
@@ -142,12 +147,13 @@ def load_facts(job_ids: Iterable[uuid.UUID], *, workspace_id=None,
 
 
 def _with_reports(facts, writes) -> dict:
-    """The facts of the retryable failures among `writes` [(job_id, claim_id)], with whether
-    that claim's report was taken: one query, on the refusal path only."""
+    """The facts of the failure reports among `writes` [(job_id, claim_id)] by the claim
+    that last held the job, with whether that claim's report taken was a retryable failure:
+    one query, on the refusal path only."""
     q = Q()
     for job_id, claim_id in writes:
         q |= Q(job_id=job_id, claim_id=claim_id)
-    taken = set(JobEvent.objects.filter(q, kind=JobEvent.STATUS_REPORTED)
+    taken = set(JobEvent.objects.filter(q, kind=JobEvent.STATUS_REPORTED, detail__retry=True)
                 .values_list("job_id", "claim_id"))
     return {job_id: replace(facts[job_id], reported=(job_id, claim_id) in taken)
             for job_id, claim_id in writes}
@@ -185,10 +191,11 @@ def refuse(writes: list[tuple], operation: str, *, actor: str = "", workspace_id
     (record_refusals) and counts every refusal of a job the caller can see."""
     facts = load_facts((w[0] for w in writes), workspace_id=workspace_id,
                        job_agent_id=job_agent_id)
-    retried = [(w[0], w[1]) for w in writes
-               if len(w) > 3 and w[3] is not None and w[3].retry and w[0] in facts]
-    if retried:
-        facts.update(_with_reports(facts, retried))
+    failures = [(w[0], w[1]) for w in writes
+                if len(w) > 3 and w[3] is not None and w[2] == states.FAILURE
+                and w[0] in facts and facts[w[0]].last_claim_id == w[1]]
+    if failures:
+        facts.update(_with_reports(facts, failures))
     facts.update(_with_deadlines(facts, [(w[0], w[1]) for w in writes if w[0] in facts]))
     codes, refused = {}, []
     for job_id, claim_id, status, *content in writes:

@@ -247,6 +247,19 @@ def test_a_waiting_job_past_expires_at_is_never_claimed_and_ends_expired(how):
     assert reaper.sweep(batch_size=10).expired == 0
 
 
+def test_the_deadline_passed_event_of_a_job_queued_for_a_retry_names_its_attempt():
+    # As every other event of the job does: attempt 1 ran, failed retryably, and the job
+    # waited for attempt 2 when its expires_at passed.
+    job, grant = claimed(expires_at=db_now() + dt.timedelta(seconds=60), max_attempts=3)
+    lifecycle.report_status(job.id, grant.claim_id, states.FAILURE, retry=True)
+    Job.objects.filter(id=job.id).update(expires_at=NowPlusSeconds(-1))
+    assert reaper.sweep(batch_size=10).expired == 1
+    job.refresh_from_db()
+    assert job.status == states.EXPIRED and job.attempt == 1
+    passed = last_event(job)
+    assert (passed.kind, passed.attempt) == (JobEvent.DEADLINE_PASSED, 1)
+
+
 def test_a_job_with_expires_at_ahead_is_claimed_with_the_lease_capped():
     job = new_job(expires_at=db_now() + dt.timedelta(seconds=20))
     grant = lifecycle.claim_next_job(job.job_agent)

@@ -158,6 +158,31 @@ def test_repeat_of_a_retry_gets_the_same_answer_until_the_job_is_claimed_again(b
         lifecycle.report_status(job.id, grant.claim_id, states.FAILURE, message="m", retry=True)
 
 
+@pytest.mark.parametrize("first_retry", [False, True])
+def test_a_failed_job_repeats_its_failure_only_with_the_same_retry(backoff, first_retry):
+    # docs/clocks.md, "Repeats": same claim_id, status, retry and content. A final failure
+    # and a retryable failure on the last attempt both leave the job `failure`; a repeat
+    # with the other `retry` is not the report taken (409 job_finished), single and batch.
+    job, grant = claimed_on_attempt(2, max_attempts=2)
+    first = lifecycle.report_status(job.id, grant.claim_id, states.FAILURE, message="m",
+                                    retry=first_retry)
+    assert first.status == states.FAILURE
+    events = JobEvent.objects.count()
+    same = lifecycle.report_status(job.id, grant.claim_id, states.FAILURE, message="m",
+                                   retry=first_retry)
+    assert (same.status, same.completed_at) == (states.FAILURE, first.completed_at)
+    with pytest.raises(JobFinished):
+        lifecycle.report_status(job.id, grant.claim_id, states.FAILURE, message="m",
+                                retry=not first_retry)
+    for retry, answer in ((first_retry, (True, None)),
+                          (not first_retry, (False, JobFinished.code))):
+        batch = lifecycle.report_many(job.job_agent_id, [lifecycle.ReportItem(
+            job.id, grant.claim_id, states.FAILURE, message="m", retry=retry)])
+        assert [(r.accepted, r.code) for r in batch.results] == [answer]
+    assert JobEvent.objects.exclude(kind=JobEvent.STALE_WRITE_REFUSED).count() == events
+    final_state_is_consistent()
+
+
 def test_a_retry_after_the_reaper_requeued_the_job_is_not_taken_for_a_repeat(backoff):
     job, grant = claimed_on_attempt(1)
     JobClaim.objects.filter(job=job).update(claim_expires_at=NowPlusSeconds(-1))
