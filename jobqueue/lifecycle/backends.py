@@ -22,6 +22,8 @@ effects.py, groups.py, jobqueue.wakeups) are written once:
     settle_rate(workspace_id, key)         give a rate limit key's free permits out now, and
                                            announce it for when its window opens (False:
                                            another transaction holds its lock)
+    rate_take_back(workspace_id, key)      a change of a key's limit: its lock, and the
+                                           permits its queued jobs were given back
     rate_keys_held()                       the (workspace_id, key) with held jobs
     notify(channel, payloads) / listener(hub)   wake-ups: NOTIFY/LISTEN, or the wake file
     now(), ping()                          the database's clock; a round trip

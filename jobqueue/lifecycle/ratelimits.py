@@ -68,10 +68,13 @@ def agent_resumed(job_agent_id) -> None:
 
 
 def set_limit(workspace_id, key: str, count: int, period_seconds: int) -> RateLimit:
-    """Set the key's limit (created or replaced; the caller validated it), and give out the
-    permits it frees (or hold back no more than it allows from now: permits already given
-    stay given). Answers the limit as stored."""
+    """Set the key's limit (created or replaced; the caller validated it), and deal the
+    key's permits again under its lock: its queued jobs give back the permits they were
+    given (none was claimed: a backlog queued before a first limit, or under a higher one,
+    would otherwise be claimed at once), and the permits the limit leaves free beside its
+    window go out in claim order. Answers the limit as stored."""
     with transaction.atomic():
+        backend().rate_take_back(workspace_id, key)
         limit, created = RateLimit.objects.get_or_create(
             workspace_id=workspace_id, key=key,
             defaults={"count": count, "period_seconds": period_seconds})

@@ -120,6 +120,12 @@ class SqliteBackend(OrmBackend):
             wakeups.announce(wakeups.rate_key(workspace_id, key), max(0.001, opens[0][0]))
         return True
 
+    def rate_take_back(self, workspace_id, key: str) -> None:
+        """A change of the key's limit: the permits its queued jobs were given go back (the
+        caller's transaction is the writer)."""
+        self._run(sql.rate_take_back, {"workspace": _hex(uuid.UUID(str(workspace_id))),
+                                       "key": key})
+
     def rate_keys_held(self) -> list[tuple]:
         """(workspace_id, key) of every rate limit key with held-back jobs."""
         return [(uuid.UUID(ws), key) for ws, key in self._run(sql.rate_keys_held, {})]

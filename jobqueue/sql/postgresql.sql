@@ -336,6 +336,26 @@ WHERE status = 'queued' AND concurrency_held
 SELECT jobqueue_rate_try(%(workspace)s::uuid, %(key)s::text)
 
 
+-- name: rate_key_lock
+-- Take a rate limit key's lock (jobqueue_rate_try's, migration 0029) until the transaction
+-- ends, waiting for it: a change of the key's limit deals its permits again under it.
+SELECT pg_advisory_xact_lock(hashtextextended(
+    'jobqueue.rate:' || %(workspace)s::uuid::text || ':' || %(key)s::text, 0))
+
+
+-- name: rate_take_back
+-- A change of a rate limit key's limit (lifecycle/ratelimits.py, under rate_key_lock): its
+-- queued jobs given a permit give it back, before jobqueue_rate_admit deals the permits the
+-- new limit leaves free in claim order (none of those jobs was claimed: a permit given
+-- before a first limit, or under a higher one, would let the backlog through at once).
+-- Passes over the rows a claim in flight holds (it moves its job into the window).
+UPDATE job SET rate_held = true WHERE id IN (
+    SELECT id FROM job
+    WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s AND status = 'queued'
+      AND rate_held IS NULL
+    FOR NO KEY UPDATE SKIP LOCKED)
+
+
 -- name: rate_keys_held
 -- The rate limit keys with held jobs (maintenance settles each): job_rate_held_idx.
 SELECT DISTINCT workspace_id, rate_limit_key FROM job

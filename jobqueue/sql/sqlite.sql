@@ -158,6 +158,15 @@ WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s AND status = 'qu
 LIMIT 1
 
 
+-- name: rate_take_back
+-- A change of a rate limit key's limit (lifecycle/ratelimits.py): its queued jobs given a
+-- permit give it back, before rate_admit deals the permits the new limit leaves free in
+-- claim order (PostgreSQL's rate_take_back).
+UPDATE job SET rate_held = 1
+WHERE workspace_id = %(workspace)s AND rate_limit_key = %(key)s AND status = 'queued'
+  AND rate_held IS NULL
+
+
 -- name: rate_hold_paused
 -- Before rate_admit, outside the triggers: the key's queued jobs given a permit that a claim
 -- cannot take (a paused agent's own; one whose concurrency slot was taken back) give it back

@@ -115,6 +115,14 @@ class PostgresBackend:
         window opens): False when another transaction holds the key's lock."""
         return bool(self._one(sql.rate_settle, {"workspace": workspace_id, "key": key})[0])
 
+    def rate_take_back(self, workspace_id, key: str) -> None:
+        """A change of the key's limit: take its lock (waiting for it; settle_rate then
+        holds it) and the permits its queued jobs were given, in the caller's transaction."""
+        params = {"workspace": workspace_id, "key": key}
+        self._one(sql.rate_key_lock, params)
+        with self.db.cursor() as cursor:
+            cursor.execute(sql.rate_take_back, params)
+
     def rate_keys_held(self) -> list[tuple]:
         """(workspace_id, key) of every rate limit key with held jobs."""
         with self.db.cursor() as cursor:

@@ -130,13 +130,33 @@ def test_setting_removing_and_raising_a_limit_gives_permits_out():
     assert list(_held(jobs).values()) == [None, True, True, True]
     ratelimits.set_limit(ws, "api", 3, 3600)  # raised: two more
     assert list(_held(jobs).values()) == [None, None, None, True]
-    ratelimits.set_limit(ws, "api", 1, 3600)  # lowered: permits given stay given
-    assert list(_held(jobs).values()) == [None, None, None, True]
-    assert len(_claim(agent, 10)) == 3
+    ratelimits.set_limit(ws, "api", 1, 3600)  # lowered: the queued jobs' permits dealt again
+    assert list(_held(jobs).values()) == [None, True, True, True]
+    assert len(_claim(agent, 10)) == 1
     assert ratelimits.delete_limit(ws, "api") is True  # no limit: every held job
-    assert list(_held(jobs).values())[3] is None
+    assert set(list(_held(jobs).values())[1:]) == {None}
     assert ratelimits.delete_limit(ws, "api") is False
     assert ratelimits.get_limit(ws, "api") is None
+
+
+@pytest.mark.parametrize("before", [None, 100])
+def test_a_limit_set_over_a_backlog_holds_it_back(before):
+    """A backlog queued before a first limit (every job given a permit: no limit limits
+    nothing), or under a higher one, is dealt the new limit's permits: the limit holds from
+    its PUT on, counting the claims already in its window."""
+    agent = JobAgentFactory()
+    ws = agent.workspace_id
+    if before:
+        ratelimits.set_limit(ws, "api", before, 3600)
+    jobs = _jobs(agent, n=5)
+    (first,) = _claim(agent)
+    assert first.job.id == jobs[0].id and set(_held(jobs[1:]).values()) == {None}
+    ratelimits.set_limit(ws, "api", 2, 3600)
+    assert list(_held(jobs[1:]).values()) == [None, True, True, True]
+    got = _claim(agent, 10)
+    assert [g.job.id for g in got] == [jobs[1].id]
+    assert _claim(agent, 10) == []
+    assert claimrule.unmet(jobs[2].id) == ["rate_permit"]
 
 
 def test_the_window_opens_for_the_sweep():
