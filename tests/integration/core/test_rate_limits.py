@@ -259,6 +259,30 @@ def test_a_job_with_both_keys_waits_for_both_without_a_deadlock():
     assert done == [j.id for j in jobs]
 
 
+@pytest.mark.parametrize("how", ["dispatched", "requeued"])
+def test_a_job_entering_the_queue_while_its_slot_is_taken_takes_no_permit(how):
+    """A job with both keys that enters the queue by an update while its concurrency key's
+    slot is taken is held for its slot before a permit is dealt: the permit goes to the
+    key's next job a claim can take (SQLite ran its rate trigger first: migration 0034)."""
+    agent = JobAgentFactory()
+    ws = agent.workspace
+    ratelimits.set_limit(ws.id, "api", 1, 3600)
+    slot = JobFactory(job_agent=agent, concurrency_key="c")
+    assert [g.job.id for g in _claim(agent)] == [slot.id]
+    both = lifecycle.create_job(workspace=ws, job_agent=agent, hold=True, concurrency_key="c",
+                                rate_limit_key="api").job
+    if how == "dispatched":
+        lifecycle.dispatch_job(both.id)
+    else:
+        lifecycle.cancel_job(both.id, actor="test")
+        lifecycle.requeue_job(both.id, actor="test")
+    assert Job.objects.values_list("status", "concurrency_held", "rate_held").get(
+        id=both.id) == (states.QUEUED, True, True)
+    (rated,) = _jobs(agent)
+    assert _held([rated]) == {rated.id: None}
+    assert [g.job.id for g in _claim(agent, 5)] == [rated.id]
+
+
 def test_sqlites_settle_statement_is_its_triggers():
     import importlib
     import re
