@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from jobqueue import history, lifecycle
 from jobqueue.db import Now
-from jobqueue.lifecycle import dependencies
+from jobqueue.lifecycle import dependencies, inputs
 from jobqueue.models import Job, JobAgent, JobClaim, Workspace
 
 from ..pagination import NewestFirst
@@ -85,7 +85,9 @@ class JobViewSet(ApiViewSet):
             jobs = jobs.filter(job_agent_id=agent_id)
         group = request.query_params.get("group")
         if group is not None:
-            jobs = jobs.filter(group=group)
+            # A name no job could have (a NUL, which PostgreSQL's text refuses, a "/") is a
+            # 400, as on create.
+            jobs = jobs.filter(group=inputs.group_name(group))
         return self.paginated(NewestFirst, jobs.only(*JOB_LIST_ONLY), JobSummarySerializer,
                               prepare=dependencies.load_parents)
 

@@ -73,6 +73,15 @@ def test_group_state_counts_every_status(world):
                               "pending": 0, "queued": 1, "successful": 1}
 
 
+@pytest.mark.parametrize("group", ["a%00b", "x%00", "a/b", "", "x" * 201, ".."])
+def test_a_list_by_a_group_no_job_could_have_is_a_400(world, group):
+    # A NUL reached PostgreSQL's text and was a 500 there (200 on SQLite).
+    r = world.producer().get(f"jobs?group={group}&status=queued")
+    assert r.status_code == 400
+    body = r.json()
+    assert body["code"] == "validation_error" and "group" in body["fields"]
+
+
 @pytest.mark.parametrize("path", ["groups/never", "groups/never/cancel", "groups/a%00b",
                                   "groups/a%00b/cancel", "groups/" + "y" * 201])
 def test_an_unknown_group_is_a_404(world, path):
