@@ -18,8 +18,10 @@ import uuid
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.db.models import Exists, Q
 from django.db.models.functions import Now
 
+from jobqueue.actors import agent_actor
 from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import LogRangeGap, NotFound, OutputTooLarge
@@ -78,13 +80,18 @@ def log_attempt(job_id: uuid.UUID, claim_id: uuid.UUID, *, workspace_id=None,
     if attempt is not None:
         return attempt
     grace = jobqueue_settings()["LOG_GRACE_SECONDS"]
-    attempt = (
-        _scoped(JobEvent.objects.filter(job_id=job_id, claim_id=claim_id,
-                                        kind__in=CLAIM_ENDINGS,
-                                        created_at__gt=NowPlusSeconds(-grace)),
-                "job__", workspace_id, job_agent_id)
-        .values_list("attempt", flat=True).first()
-    )
+    ended = _scoped(JobEvent.objects.filter(job_id=job_id, claim_id=claim_id,
+                                            kind__in=CLAIM_ENDINGS,
+                                            created_at__gt=NowPlusSeconds(-grace)),
+                    "job__", workspace_id, None)
+    if job_agent_id is not None:
+        # The claim's holder: the job's agent, or, for a labelled job another agent has
+        # claimed since, the agent whose `claimed` event names the claim (stored by the next
+        # claim: jobqueue/timeline.py).
+        ended = ended.filter(Q(job__job_agent_id=job_agent_id) | Exists(JobEvent.objects.filter(
+            job_id=job_id, claim_id=claim_id, kind=JobEvent.CLAIMED,
+            actor=agent_actor(job_agent_id))))
+    attempt = ended.values_list("attempt", flat=True).first()
     if attempt is not None:
         return attempt
     # Its end may be the agent's final report, read from the job row (jobqueue/timeline.py).

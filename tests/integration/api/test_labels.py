@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -15,7 +16,7 @@ from agents import credentials
 from jobqueue import lifecycle, states, wakeups
 from jobqueue.conf import jobqueue_settings
 from jobqueue.db import NowPlusSeconds
-from jobqueue.models import Job, JobAgent, JobClaim, JobLabelSet
+from jobqueue.models import Job, JobAgent, JobClaim, JobEvent, JobLabelSet
 
 from .conftest import Caller
 
@@ -421,3 +422,31 @@ def test_a_paused_agent_waits_without_taking_a_labelled_jobs_wake_up(world):
         t.join(10)
     assert answers["running"][0] == 200 and answers["running"][1] - created < 1.5
     assert answers["paused"][0] == 204
+
+
+def test_the_holder_of_a_labelled_job_another_agent_claimed_since_may_append_in_the_grace_period(
+        world):
+    # docs/outputs.md: a claim that ended may append its last lines for LOG_GRACE_SECONDS;
+    # the job's agent is by then the next claimer, not this holder.
+    first, first_caller = _agent(world, "gpu-1", ["gpu"])
+    second, _ = _agent(world, "gpu-2", ["gpu"])
+    body = _create(world, labels=["gpu"])
+    claim = first_caller.post(f"job-agents/{first.id}/jobs/claim").json()["claim"]["claim_id"]
+    lifecycle.requeue_job(body["id"], actor="test")
+    (grant,) = lifecycle.claim_next(second, limit=1)
+    assert grant.job.id == uuid.UUID(body["id"])
+
+    def append(caller, claim_id, data):
+        return caller.request("PATCH", f"jobs/{body['id']}/log", raw=data,
+                              content_type="text/plain", headers={"X-Claim-Id": claim_id})
+
+    r = append(first_caller, claim, b"last lines\n")
+    assert r.status_code == 202 and r.json() == {"attempt": 1, "length": 11}
+    # Another agent of the label set that never held that claim may not.
+    third, third_caller = _agent(world, "gpu-3", ["gpu"])
+    assert append(third_caller, claim, b"x").status_code in (404, 409)
+    # After the grace period, the holder's append is refused like any stale write.
+    JobEvent.objects.filter(job_id=body["id"], claim_id=claim).update(
+        created_at=NowPlusSeconds(-31))
+    r = append(first_caller, claim, b"too late\n")
+    assert r.status_code == 409 and r.json()["code"] == "claim_superseded"
