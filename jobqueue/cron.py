@@ -43,10 +43,14 @@ def fire_times(expr: str, tz: zoneinfo.ZoneInfo, after: dt.datetime) -> Iterator
     it = CronSim(expr, after.astimezone(tz))
     while True:
         try:
-            when = next(it)
+            when = next(it).astimezone(dt.UTC)
         except (StopIteration, OverflowError):
             return
-        yield when.astimezone(dt.UTC)
+        # Started in the second copy of a fall-back's repeated hour, cronsim answers a fixed
+        # time of that hour at its first copy, which has passed ("30 1 * * *" in New York
+        # from 01:10 EST: 01:30 EDT): that fire time came before `after`.
+        if when > after:
+            yield when
 
 
 def check(expr: str, tz: zoneinfo.ZoneInfo, now: dt.datetime) -> str:

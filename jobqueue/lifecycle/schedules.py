@@ -290,6 +290,11 @@ def _fire(schedule: Schedule, now: dt.datetime) -> list[str] | None:
     while upcoming is not None and upcoming <= now and len(times) < MAX_FIRES_PER_PASS:
         times.append(upcoming)
         upcoming = next(following, None)
+    # A fire time handled already (recorded) is not handled again: its record would break
+    # schedule_fire_once and roll back the whole batch's fires, every pass.
+    recorded = set(ScheduleFire.objects.filter(schedule_id=schedule.id, fire_time__in=times)
+                   .values_list("fire_time", flat=True))
+    times = [t for t in times if t not in recorded]
     # The conditional advance: only the loop that reads the current next_fire_at moves it.
     advanced = Schedule.objects.filter(
         id=schedule.id, next_fire_at=schedule.next_fire_at, paused_at__isnull=True,
@@ -316,6 +321,8 @@ def _fire(schedule: Schedule, now: dt.datetime) -> list[str] | None:
     kept = dt.timedelta(days=jobqueue_settings()["RETENTION_FAILED_DAYS"])
     ScheduleFire.objects.filter(schedule_id=schedule.id, fire_time__lt=now - kept).delete()
     outcomes = [r.outcome for r in records]
+    if not times:
+        return outcomes
     Schedule.objects.filter(id=schedule.id).update(
         last_fire_at=times[-1], last_job_id=last_job_id,
         **{o: F(o) + outcomes.count(o) for o in ScheduleFire.OUTCOMES if o in outcomes})

@@ -171,6 +171,24 @@ def test_a_paused_schedule_fires_nothing_and_resumes_from_now():
     assert not Job.objects.exists() and not ScheduleFire.objects.exists()
 
 
+def test_a_fire_time_handled_already_is_not_handled_again_and_stops_no_other_schedule():
+    # A next fire time that was handled already (a resume in a fall-back's repeated hour once
+    # put it there: jobqueue/cron.py) broke schedule_fire_once and rolled back every
+    # schedule's fires, every pass.
+    stuck, other = _schedule(name="stuck", cron_expr=YEARLY), _schedule(name="other",
+                                                                          cron_expr=YEARLY)
+    when = _recent(stuck)
+    assert service.run_once()["schedules"] == 1
+    Schedule.objects.filter(id=stuck.id).update(next_fire_at=when)
+    other_when = _recent(other)
+    assert service.run_once()["schedules"] == 2
+    assert _fires(stuck) == [(when, ScheduleFire.FIRED)]
+    assert _fires(other) == [(other_when, ScheduleFire.FIRED)]
+    stuck.refresh_from_db()
+    assert stuck.next_fire_at > db_now() and stuck.last_fire_at == when and stuck.fired == 1
+    assert Job.objects.filter(schedule_id=stuck.id).count() == 1
+
+
 def test_a_fire_whose_job_is_refused_is_recorded_skipped_with_the_reason():
     agent = JobAgentFactory()
     schedule = _schedule(agent, job={"group": "nightly"}, overlap="allow")

@@ -39,6 +39,22 @@ def test_a_fixed_time_in_the_repeated_hour_fires_once_at_the_fall_back():
                      _utc(2026, 10, 27, 1, 30)]
 
 
+@pytest.mark.parametrize("expr,zone,after,first", [
+    # From the second copy of the repeated hour (01:10 EST, 02:10 CET), the fixed time's
+    # first copy has passed: the next is the next day's, never one before `after`.
+    ("30 1 * * *", "America/New_York", _utc(2026, 11, 1, 6, 10), _utc(2026, 11, 2, 6, 30)),
+    ("30 2 * * *", "Europe/Berlin", _utc(2026, 10, 25, 1, 10), _utc(2026, 10, 26, 1, 30)),
+    ("0,30 2 * * *", "Europe/Berlin", _utc(2026, 10, 25, 1, 10), _utc(2026, 10, 26, 1, 0)),
+    # A wildcard hour still fires in the second copy.
+    ("30 * * * *", "America/New_York", _utc(2026, 11, 1, 6, 10), _utc(2026, 11, 1, 6, 30)),
+])
+def test_fire_times_from_the_repeated_hour_are_after_the_start(expr, zone, after, first):
+    times = _times(expr, zone, after, 3)
+    assert times[0] == first
+    assert all(t > after for t in times) and times == sorted(set(times))
+    assert cron.next_after(expr, cron.timezone(zone), after) == first
+
+
 def test_an_hourly_schedule_fires_every_real_hour_across_both_changes():
     # Spring forward: 01:00 CET, then 03:00 CEST (no 02:00 that day): one hour apart in UTC.
     spring = _times("0 * * * *", "Europe/Berlin", _utc(2026, 3, 28, 23, 30), 4)
