@@ -251,10 +251,19 @@ class Heartbeater(threading.Thread):
             log_event("lease_lost", level=logging.WARNING, job=lease.job_id,
                       attempt=lease.attempt, code=code, via="heartbeat")
 
-    @staticmethod
-    def _transient(lease: Lease, exc: ApiError) -> None:
-        delay = lease.retry_soon()
+    def _transient(self, lease: Lease, exc: ApiError) -> None:
         remaining = lease.deadline - time.monotonic()
+        if remaining <= 0:
+            # No heartbeat got through before the lease ran out (the network, the server,
+            # or a credential it no longer takes): the reaper may give the job to another
+            # agent, so it is no longer ours (docs/api.md, "Choosing the heartbeat interval",
+            # 3): the child is stopped and nothing is published.
+            if not lease.finished and lease.mark_lost("lease_expired"):  # pragma: no branch
+                log_event("lease_lost", level=logging.WARNING, job=lease.job_id,
+                          attempt=lease.attempt, code="lease_expired", via="local_deadline",
+                          last_error=exc.code, status=exc.status or None)
+            return
+        delay = lease.retry_soon()
         log_event("heartbeat_retry", level=logging.WARNING, job=lease.job_id,
                   attempt=lease.attempt, code=exc.code, status=exc.status or None,
                   url=exc.url, retry_in=delay, lease_left=remaining)

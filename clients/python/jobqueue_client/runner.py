@@ -19,7 +19,8 @@ Guarantees the agent keeps:
   says the lease is lost (claim_superseded, lease_expired, job_cancelled, job_finished) it stops
   the child (SIGTERM, then SIGKILL after a grace period) and publishes nothing for that job;
 - network errors, 5xx and 429 are retried with jittered backoff while the lease allows;
-  heartbeats continue meanwhile; a terminal report is retried after a lost response (the server
+  heartbeats continue meanwhile; a lease whose heartbeats all failed until it ran out (by this
+  machine's monotonic clock, from the server's numbers) is lost: the child is stopped; a terminal report is retried after a lost response (the server
   answers 200 again to an identical retry);
 - dispatch_context reaches the child only through a 0600 file named by JOB_CONTEXT_FILE, and is
   never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children,

@@ -377,6 +377,28 @@ def test_batch_heartbeat_errors_are_retried_and_refusals_stop_the_job(start, cap
     assert server.requests(STATUS) == [] and server.requests(REPORTS) == []
 
 
+@pytest.mark.parametrize("answer", [
+    (503, {"code": "unavailable", "detail": "x"}),
+    (401, {"code": "not_authenticated", "detail": "x"}),
+    httpx.ConnectError("cut off"),
+])
+def test_a_lease_whose_heartbeats_all_fail_until_it_runs_out_stops_the_job(start, caplog,
+                                                                           answer):
+    # docs/api.md, "Choosing the heartbeat interval", 3: past the local deadline without a
+    # renewal the job is no longer ours (the reaper may hand it to another agent): the child
+    # is stopped and nothing is published, whatever the heartbeats' error.
+    server = Api(["sleep", "30"], lease_seconds=1)
+    server.rules.append(
+        (lambda m, path, b: answer if HEARTBEAT.search(path) else None)
+        if isinstance(answer, Exception) else always(HEARTBEAT, *answer))
+    run = start(server)
+    logged(caplog, "event=lease_lost job=job1 attempt=1 code=lease_expired via=local_deadline")
+    logged(caplog, "event=abandoned job=job1 attempt=1 code=lease_expired child_stopped=True")
+    assert run.stop() == 0
+    assert server.requests(STATUS) == [] and server.requests(REPORTS) == []
+    assert "event=heartbeat_retry job=job1" in caplog.text
+
+
 def test_a_heartbeat_answered_404_stops_the_job(start, caplog):
     server = Api(["sleep", "30"], lease_seconds=1)
     server.rules.append(always(HEARTBEAT, 404, {"code": "not_found", "detail": "x"}))
