@@ -85,7 +85,9 @@ class ChildOutcome:
 
 def fit_message(text: str, limit: int = MESSAGE_MAX_BYTES) -> str:
     """`text` within `limit` UTF-8 bytes: unchanged when it fits, else its start (the first
-    line says what happened) and its end (the last output), joined by a mark."""
+    line says what happened) and its end (the last output), joined by a mark. A NUL (binary
+    output), which the service refuses in any string, becomes U+FFFD."""
+    text = text.replace("\x00", "\ufffd")
     data = text.encode("utf-8", "replace")
     if len(data) <= limit:
         return text

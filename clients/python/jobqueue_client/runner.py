@@ -19,9 +19,11 @@ Guarantees the agent keeps:
   says the lease is lost (claim_superseded, lease_expired, job_cancelled, job_finished) it stops
   the child (SIGTERM, then SIGKILL after a grace period) and publishes nothing for that job;
 - network errors, 5xx and 429 are retried with jittered backoff while the lease allows;
-  heartbeats continue meanwhile; a lease whose heartbeats all failed until it ran out (by this
-  machine's monotonic clock, from the server's numbers) is lost: the child is stopped; a terminal report is retried after a lost response (the server
-  answers 200 again to an identical retry);
+  heartbeats continue meanwhile; a lease whose heartbeats all failed until it ran out (by
+  this machine's monotonic clock, from the server's numbers) is lost: the child is stopped; a
+  terminal report is retried after a lost response (the server answers 200 again to an
+  identical retry); a report the server refuses as invalid (too large, a result it cannot
+  store) is sent once more as a failure without a result, saying why;
 - dispatch_context reaches the child only through a 0600 file named by JOB_CONTEXT_FILE, and is
   never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children,
   nor the claim_id: the child reaches the job's effect ledger through the agent
@@ -367,6 +369,7 @@ class Agent:
         message = fit_message(message)
         backoff = Backoff(0.2, 5.0)
         started = time.monotonic()
+        fallback = False  # the report sent is the agent's own failure, after a refusal
         while True:
             try:
                 with lease.wire:
@@ -380,15 +383,18 @@ class Agent:
                           attempt=claim.attempt, code=exc.code, published="nothing")
                 return
             except InvalidRequest as exc:
-                if result is None and status == "failure":
+                if fallback:  # the agent's own short failure was refused too: a bug
                     log_event("report_invalid", level=logging.ERROR, job=claim.job_id,
                               attempt=claim.attempt, code=exc.code)
                     return
-                # e.g. payload_too_large: report the failure without the result.
+                # e.g. payload_too_large, a result or a message the service cannot store:
+                # report the failure without the result, saying why (a retryable failure
+                # stays retryable), so that the job does not wait for the reaper.
                 log_event("report_invalid", level=logging.WARNING, job=claim.job_id,
                           attempt=claim.attempt, code=exc.code, fallback="failure")
-                status, result = "failure", None
-                message = f"the report was refused ({exc.code}): {exc.detail}"[:1000]
+                status, result, fallback = "failure", None, True
+                message = fit_message(
+                    f"the report was refused ({exc.code}): {exc.detail}"[:1000])
                 continue
             except ApiError as exc:
                 if isinstance(exc, TransportError | ServerError):

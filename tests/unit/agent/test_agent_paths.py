@@ -227,13 +227,35 @@ def test_a_result_the_server_refuses_is_reported_as_failure_without_it(start, ca
         in caplog.text
 
 
-def test_a_failure_report_the_server_refuses_is_given_up(start, caplog):
+def test_a_failure_report_the_server_refuses_is_sent_once_more_then_given_up(start, caplog):
     server = Api(["false"])
     server.rules.append(always(STATUS, 400, {"code": "validation_error", "detail": "x"}))
     run = start(server)
-    logged(caplog, "event=report_invalid job=job1 attempt=1 code=validation_error")
+    logged(caplog, "event=report_invalid job=job1 attempt=1 code=validation_error "
+                   "fallback=failure")
+    logged(caplog, "event=report_invalid job=job1 attempt=1 code=validation_error\n")
     assert run.stop() == 0
-    assert len(server.requests(STATUS)) == 1
+    first, second = [b for _, _, b in server.requests(STATUS)]
+    assert second == {"claim_id": "claim-job1", "status": "failure",
+                      "message": "the report was refused (validation_error): x"}
+
+
+@pytest.mark.parametrize("exit_status", [0, 1, 75])
+def test_binary_output_is_reported_without_a_nul(start, caplog, exit_status):
+    # The service refuses a NUL in any string: the output's NULs become U+FFFD, and the job's
+    # report (its result too) is taken.
+    server = Api(["sh", "-c", 'printf "a\\000b\\n"; echo \'{"ok": 1}\' > "$JOB_RESULT_FILE"; '
+                  f"exit {exit_status}"])
+    server.rules.append(lambda m, path, b: (400, {"code": "validation_error", "detail": "nul"})
+                        if STATUS.search(path) and "\\u0000" in json.dumps(b) else None)
+    run = start(server)
+    logged(caplog, "event=reported job=job1 attempt=1")
+    assert run.stop() == 0
+    (body,) = [b for _, _, b in server.requests(STATUS)]
+    assert "a\ufffdb" in body["message"] and "\x00" not in body["message"]
+    assert body["result"] == {"ok": 1}
+    assert body["status"] == ("successful" if exit_status == 0 else "failure")
+    assert body.get("retry", False) is (exit_status == 75)
 
 
 @pytest.mark.parametrize(("status", "code"), [(404, "not_found"), (401, "not_authenticated")])
