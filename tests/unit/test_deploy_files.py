@@ -117,3 +117,17 @@ def test_systemd_accepts_the_units(tmp_path):
         out = subprocess.run([analyze, "verify", str(tmp_path / unit)], capture_output=True,
                              text=True, timeout=60)
         assert (out.returncode, out.stdout + out.stderr) == (0, ""), unit
+
+
+def test_the_agent_unit_lets_running_jobs_finish_or_be_released():
+    """systemd SIGTERMs the agent alone (KillMode=mixed: control-group would SIGTERM every
+    job's child at once, and each would end `failure`), and waits for its whole shutdown:
+    the drain, the kill grace and the releases (the agent's defaults)."""
+    from jobqueue_client.runner import AgentOptions
+
+    service = dict(line.split("=", 1) for line in deploy_file("jobqueue-agent.service", {})
+                   .splitlines() if "=" in line and not line.startswith("#"))
+    assert service["KillMode"] == "mixed" and service["KillSignal"] == "SIGTERM"
+    defaults = AgentOptions()
+    assert int(service["TimeoutStopSec"]) > (
+        defaults.drain_timeout + defaults.kill_grace + defaults.release_timeout)
