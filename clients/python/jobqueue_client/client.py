@@ -229,6 +229,9 @@ class AgentClient(ApiClient):
         # Sent with every claim ("" sends none); operators see it in the admin, nobody else.
         self.holder = (default_holder() if holder is None else holder)[:HOLDER_MAX]
         self.claim_sends = max(1, int(claim_sends))
+        # (the body, the Idempotency-Key) of a claim request whose every send's answer was
+        # lost: the next claim request with that body sends that key again.
+        self._pending_claim: tuple[dict | None, str | None] = (None, None)
         self.agent_id = str(agent_id)
 
     def __repr__(self) -> str:  # never print the token
@@ -273,16 +276,29 @@ class AgentClient(ApiClient):
     def _claim_next_request(self, body: dict, *, wait: float = 0) -> httpx.Response:
         """POST jobs/claim with one Idempotency-Key for every send: a send whose answer was
         lost (transport error, 5xx) is repeated with the same key, and the server answers
-        the claim(s) the first one made instead of handing out more jobs."""
-        headers = {"Idempotency-Key": f"claim-{uuid.uuid4().hex}"}
+        the claim(s) the first one made instead of handing out more jobs. When every send's
+        answer is lost (a restart of the server, a network outage), the key is kept for the
+        next claim request with the same body, until one is answered: the claims the lost
+        sends made are handed back then, not left to wait for their leases to run out (the
+        server keeps a key while its claims live; after that, it claims anew)."""
+        key = self._pending_claim[1] if self._pending_claim[0] == body else None
+        headers = {"Idempotency-Key": key or f"claim-{uuid.uuid4().hex}"}
         for send in range(1, self.claim_sends + 1):
             try:
-                return self._request("POST", self._agent_path("jobs/claim"),
-                                     json=self._with_holder(body), headers=headers, wait=wait)
+                response = self._request("POST", self._agent_path("jobs/claim"),
+                                         json=self._with_holder(body), headers=headers,
+                                         wait=wait)
             except (TransportError, ServerError):
                 if send == self.claim_sends:
+                    self._pending_claim = (dict(body), headers["Idempotency-Key"])
                     raise
                 time.sleep(0.05 * send)
+            except ApiError:
+                self._pending_claim = (None, None)  # answered: that key made no claim
+                raise
+            else:
+                self._pending_claim = (None, None)
+                return response
         raise AssertionError("unreachable")  # pragma: no cover -- the loop returns or raises
 
     def claim(self, job_id: str, *, expected_attempt: int | None = None) -> Claim:

@@ -363,6 +363,33 @@ def test_a_claim_answer_lost_every_time_raises_after_the_last_send(monkeypatch):
     assert all(body["limit"] == 2 for _, _, body in server.seen)
 
 
+@pytest.mark.parametrize("how", ["claim_next", "claim_batch"])
+def test_a_claim_key_whose_answers_were_all_lost_is_sent_again_until_one_is_answered(
+        monkeypatch, how):
+    # A restart of the server longer than the sends: the claim the first send may have made
+    # is handed back by the next request (the same key), not left until its lease runs out.
+    monkeypatch.setattr(api.time, "sleep", lambda s: None)
+    lost = (503, {"code": "unavailable", "detail": "x"})
+    client, server = make_recording(*[lost] * (2 * api.CLAIM_SENDS), (204, None), (204, None))
+    claim = getattr(client, how)
+    args = (2,) if how == "claim_batch" else ()
+    for _ in range(2):
+        with pytest.raises(api.ServerError):
+            claim(*args)
+    claim(*args)  # answered
+    keys = [h["idempotency-key"] for h in server.headers]
+    assert len(set(keys[:-1])) == 1 and len(keys) == 2 * api.CLAIM_SENDS + 1
+    # Answered, the key is spent: the next claim request has a new one.
+    claim(*args)
+    assert server.headers[-1]["idempotency-key"] != keys[0]
+    # A request with another body does not take a lost key.
+    client2, server2 = make_recording(*[lost] * api.CLAIM_SENDS, (204, None))
+    with pytest.raises(api.ServerError):
+        client2.claim_next()
+    client2.claim_next(wait_seconds=5)
+    assert server2.headers[-1]["idempotency-key"] != server2.headers[0]["idempotency-key"]
+
+
 def test_the_default_holder_is_host_and_pid_and_empty_sends_none():
     import os
 
