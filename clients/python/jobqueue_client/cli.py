@@ -215,10 +215,25 @@ def register_main(argv: list[str]) -> int:
     return 0
 
 
+def not_dumpable() -> bool:
+    """Make this process non-dumpable (Linux `prctl(PR_SET_DUMPABLE, 0)`): its
+    /proc/<pid>/environ (the token, when it came from the environment), memory and ptrace
+    are then closed to the jobs' children, which run as the same user but are dumpable again
+    once they exec. False where the system has no prctl (nothing else changes)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):  # pragma: no cover -- not Linux
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["register"]:
         return register_main(argv[1:])
+    not_dumpable()
     parser = build_parser()
     args = parser.parse_args(argv)
     config = None

@@ -89,3 +89,19 @@ def test_wait_seconds_must_be_a_non_negative_integer(text, error):
     with pytest.raises(argparse.ArgumentTypeError, match=error):
         cli._non_negative_int(text)
     assert cli._non_negative_int("0") == 0
+
+
+def test_the_agent_is_not_dumpable_and_its_jobs_children_are():
+    """The agent closes its /proc/<pid>/environ, memory and ptrace to the jobs' children,
+    which run as its user (PR_SET_DUMPABLE 0); a child is dumpable again once it execs."""
+    import subprocess
+    import sys
+
+    get = "import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))"  # PR_GET_DUMPABLE
+    code = ("import subprocess, sys; from jobqueue_client.cli import not_dumpable; "
+            f"assert not_dumpable(); {get}; "
+            f"print(subprocess.run([sys.executable, '-c', {get!r}], capture_output=True, "
+            "text=True, check=True).stdout.strip())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.split() == ["0", "1"]
