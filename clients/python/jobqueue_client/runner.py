@@ -28,8 +28,9 @@ Guarantees the agent keeps:
   never logged; the agent's own credentials (JOBQUEUE_* variables) are not passed to children,
   nor the claim_id, and the agent is not dumpable (cli.not_dumpable: a child cannot read its
   /proc/<pid>/environ or memory); a child runs as the agent's user all the same, so a
-  --config file the agent can rewrite (token rotation) is readable to it (docs/cli.md): the child reaches the job's effect ledger through the agent
-  (JOB_EFFECT_SOCKET, effect_server.py), which calls the service with the current claim;
+  --config file the agent can rewrite (token rotation) is readable to it (the README). The
+  child reaches the job's effect ledger through the agent (JOB_EFFECT_SOCKET,
+  effect_server.py), which calls the service with the current claim;
 - what the child leaves in its directory is read only by workdir.read_child_file (no link
   followed, nothing that blocks, regular files only, at most the cap + 1 byte), so no result
   file can wedge the agent or exhaust its memory; job directories of dead agents are removed
