@@ -314,6 +314,8 @@ JOBQUEUE = {
     # keeps: a report over either is refused (400 validation_error) and changes nothing.
     "MAX_MESSAGE_BYTES": _env(env.int, "MAX_MESSAGE_BYTES"),
     "MAX_RESULT_BYTES": _env(env.int, "MAX_RESULT_BYTES"),
+    # A job's effect ledger: most entries (keys) it holds; a begin of one more is 413.
+    "MAX_EFFECTS_PER_JOB": _env(env.int, "MAX_EFFECTS_PER_JOB"),
 }
 
 # --- HTTP API (agents app) --------------------------------------------------------------

@@ -43,6 +43,7 @@ DEFAULTS = {
     "MAX_ARTIFACTS_PER_ATTEMPT": 100,
     "MAX_MESSAGE_BYTES": 64 * 1024,
     "MAX_RESULT_BYTES": 1024 * 1024,
+    "MAX_EFFECTS_PER_JOB": 1000,  # a job's effect ledger: entries (docs/effects.md)
     # Retention (prune_jobs): days a finished job is kept; 0 keeps it forever.
     "RETENTION_DAYS": 14,  # successful and cancelled
     "RETENTION_FAILED_DAYS": 30,  # failure and expired

@@ -34,13 +34,15 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
+from jobqueue.conf import jobqueue_settings
 from jobqueue.exceptions import (
     ClaimSuperseded,
     EffectAlreadyCommitted,
     EffectNotBegun,
     InvalidInput,
+    OutputTooLarge,
 )
-from jobqueue.models import JobEffect
+from jobqueue.models import Job, JobEffect
 
 from .backends import backend
 from .inputs import report_content
@@ -101,6 +103,17 @@ def _locked(job_id, key) -> JobEffect | None:
     return JobEffect.objects.select_for_update().filter(job_id=job_id, key=key).first()
 
 
+def _room_for_one_more(job_id) -> None:
+    """A new key's entry fits the job's ledger (JOBQUEUE_MAX_EFFECTS_PER_JOB), else 413
+    output_too_large. Counted under the job row's lock (FOR NO KEY UPDATE: a claim, a
+    report of the job wait for it; SQLite: the transaction's write lock), so that racing
+    begins of new keys never pass the cap."""
+    cap = jobqueue_settings()["MAX_EFFECTS_PER_JOB"]
+    list(Job.objects.select_for_update(no_key=True).filter(id=job_id).values_list("id"))
+    if JobEffect.objects.filter(job_id=job_id).count() >= cap:
+        raise OutputTooLarge(f"A job's effect ledger holds at most {cap} entries.")
+
+
 def _refuse(job_id, claim_id, workspace_id, job_agent_id):
     refuse_one(job_id, claim_id, EFFECT, workspace_id=workspace_id, job_agent_id=job_agent_id)
     raise ClaimSuperseded()  # pragma: no cover - refuse_one raises for an effect write
@@ -119,6 +132,7 @@ def begin_effect(job_id: uuid.UUID, claim_id: uuid.UUID, key: str, *, workspace_
         if attempt is not None:
             row = _locked(job_id, key)
             if row is None:
+                _room_for_one_more(job_id)
                 try:
                     with transaction.atomic():
                         row = JobEffect.objects.create(job_id=job_id, key=key,

@@ -55,6 +55,27 @@ def test_begin_commit_and_begin_again(world):
         "result": {"charge": "ch_1"}}
 
 
+def test_a_ledger_holds_at_most_its_cap_of_entries(world, settings):
+    # JOBQUEUE_MAX_EFFECTS_PER_JOB: a begin of one more key is 413 and records nothing; the
+    # keys already there are answered as always, by this attempt and the next.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_EFFECTS_PER_JOB": 3}
+    job = JobFactory(job_agent=world.agent, max_attempts=3, initial_max_attempts=3)
+    claim = _claim(world, job)
+    for key in ("a", "b", "c"):
+        assert _begin(world, job, claim, key).status_code == 201
+    r = _begin(world, job, claim, "d")
+    assert r.status_code == 413 and r.json()["code"] == "output_too_large"
+    assert "at most 3" in r.json()["detail"]
+    assert JobEffect.objects.count() == 3 and not JobEffect.objects.filter(key="d").exists()
+    assert _begin(world, job, claim, "a").status_code == 201
+    assert _commit(world, job, claim, {"ok": 1}, key="b").status_code == 200
+    lifecycle.requeue_job(job.id, actor="test")
+    claim = _claim(world, job)
+    assert _begin(world, job, claim, "c").json()["state"] == "unknown"
+    assert _begin(world, job, claim, "e").status_code == 413
+    assert JobEffect.objects.count() == 3
+
+
 @pytest.mark.parametrize("ending", ["release", "reap", "requeue", "retry"])
 def test_an_earlier_attempts_begun_effect_is_unknown_to_the_next(world, ending):
     job = JobFactory(job_agent=world.agent, max_attempts=3, retry_backoff_seconds=1)

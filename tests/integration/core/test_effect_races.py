@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 
 from jobqueue import lifecycle
-from jobqueue.exceptions import ClaimSuperseded, EffectAlreadyCommitted
+from jobqueue.exceptions import ClaimSuperseded, EffectAlreadyCommitted, OutputTooLarge
 from jobqueue.lifecycle import effects
 from jobqueue.models import JobEffect
 from tests.factories import JobAgentFactory, JobFactory
@@ -170,3 +170,27 @@ def test_the_claims_end_waits_for_an_effect_commit_in_flight():
     _, (was_committed, answer) = run_threads(racer, 2)
     assert was_committed, "the requeue ended the claim while its effect commit was open"
     assert (answer.state, answer.attempt, answer.result) == (effects.COMMITTED, 1, "first")
+
+
+def test_racing_begins_of_new_keys_never_pass_the_ledgers_cap(settings):
+    """JOBQUEUE_MAX_EFFECTS_PER_JOB is counted under the job row's lock: of 8 begins of 8
+    new keys at once by the current attempt, exactly the cap's worth are started."""
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_EFFECTS_PER_JOB": 3}
+    agent = JobAgentFactory()
+    jobs = [JobFactory(job_agent=agent) for _ in range(5)]
+    claims = [lifecycle.claim_job(agent, job.id).claim_id for job in jobs]
+
+    def begin(i, barrier):
+        outcomes = []
+        for job, claim_id in zip(jobs, claims, strict=True):
+            barrier.wait()
+            try:
+                outcomes.append(effects.begin_effect(job.id, claim_id, f"key-{i}").state)
+            except OutputTooLarge:
+                outcomes.append("full")
+        return outcomes
+
+    results = run_threads(begin, 8)
+    for n in range(len(jobs)):
+        assert sorted(r[n] for r in results) == ["full"] * 5 + ["started"] * 3
+        assert JobEffect.objects.filter(job_id=jobs[n].id).count() == 3
