@@ -1046,6 +1046,26 @@ class JobLogChunk(models.Model):
         return f"bytes {self.offset}-{self.end} of log {self.log_id}"
 
 
+class ArtifactFileDeletion(models.Model):
+    """The file of a pruned job's artifact, still to be deleted from the artifact storage.
+
+    Retention deletes a batch's artifact rows with their jobs and records their files here in
+    the same transaction (lifecycle/prune.py); each is deleted from the storage once that
+    transaction commits, and its row with it. A file the storage failed to delete then (an
+    outage, S3's SlowDown) keeps its row, and the artifact cleaner (clean_artifacts) tries it
+    again on each run: no pruned file is forgotten."""
+
+    id = models.BigAutoField(primary_key=True)
+    storage_key = models.CharField(max_length=500, db_index=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "artifact_file_deletion"
+
+    def __str__(self):
+        return f"file {self.storage_key} to delete"
+
+
 class JobArtifact(models.Model):
     """A file an attempt uploaded. `uploading` while its bytes stream to storage, `staged`
     once complete (one per name per claim: a new upload of the name replaces it, and the old

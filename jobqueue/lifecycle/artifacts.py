@@ -38,7 +38,7 @@ from django.db.models.functions import Now
 from jobqueue import states
 from jobqueue.conf import jobqueue_settings
 from jobqueue.exceptions import InvalidInput, NotFound, OutputTooLarge
-from jobqueue.models import JobArtifact, JobClaim
+from jobqueue.models import ArtifactFileDeletion, JobArtifact, JobClaim
 
 from .records import fetch_job, scoped_jobs
 from .refusals import refuse_one
@@ -254,32 +254,75 @@ def unpublished_garbage():
         Q(state=JobArtifact.REPLACED) | ~Exists(live))
 
 
+def _deleted_from_storage(keys) -> list[str]:
+    """Delete each file from the artifact storage: the keys it deleted. One it fails to
+    delete (an outage, a throttled request) is logged and left: the others are still
+    tried."""
+    storage, done = artifact_storage(), []
+    for key in keys:
+        try:
+            storage.delete(key)
+        except Exception:  # noqa: BLE001 - its record stays: the cleaner tries it again
+            logger.warning("artifact: could not delete the file %s yet", key, exc_info=True)
+            continue
+        done.append(key)
+    return done
+
+
+def delete_files(keys) -> int:
+    """Delete the files `keys` of pruned artifacts (their artifact_file_deletion records),
+    and the records of those the storage deleted: how many."""
+    done = _deleted_from_storage(keys)
+    if done:
+        ArtifactFileDeletion.objects.filter(storage_key__in=done).delete()
+    return len(done)
+
+
 def clean_artifacts(batch_size: int, *, max_batches: int | None = None,
                     dry_run: bool = False,
                     on_batch: Callable[[int, int], None] | None = None) -> CleanResult:
-    """Delete the files, then the rows, of unpublished_garbage(), `batch_size` at a time;
-    `on_batch(batches, deleted)` after each batch.
+    """Delete the files, then the rows, of unpublished_garbage(), and the files of pruned
+    artifacts still recorded in artifact_file_deletion (lifecycle/prune.py), `batch_size`
+    at a time; `on_batch(batches, deleted)` after each batch.
 
     No transaction is held across the storage: a row found here can never become published
     (its claim is gone), so it is read, its file deleted, then the row deleted. A crash in
-    between leaves the row, and the next run deletes the (missing) file again."""
+    between leaves the row, and the next run deletes the (missing) file again. A file the
+    storage fails to delete keeps its row for the next run; each run tries it once."""
     if dry_run:
-        return CleanResult(deleted=unpublished_garbage().count())
+        return CleanResult(deleted=unpublished_garbage().count()
+                           + ArtifactFileDeletion.objects.count())
     deleted = batches = 0
-    storage = artifact_storage()
-    while max_batches is None or batches < max_batches:
-        rows = list(unpublished_garbage().order_by("id").values_list("id", "storage_key")
-                    [:batch_size])
-        if not rows:
-            break
-        batches += 1
-        for _id, key in rows:
-            storage.delete(key)
-        n, _ = JobArtifact.objects.filter(id__in=[r[0] for r in rows],
-                                          published_at__isnull=True).delete()
-        deleted += n
-        if on_batch is not None:
-            on_batch(batches, deleted)
-        if len(rows) < batch_size:
-            break
+    for source in (_unpublished_batch, _pruned_batch):
+        after = 0
+        while max_batches is None or batches < max_batches:
+            rows = source(after, batch_size)
+            if not rows:
+                break
+            batches += 1
+            deleted += _forget(source, rows, _deleted_from_storage([k for _id, k in rows]))
+            after = rows[-1][0]
+            if on_batch is not None:
+                on_batch(batches, deleted)
+            if len(rows) < batch_size:
+                break
     return CleanResult(deleted=deleted, batches=batches)
+
+
+def _unpublished_batch(after: int, size: int) -> list[tuple[int, str]]:
+    return list(unpublished_garbage().filter(id__gt=after).order_by("id")
+                .values_list("id", "storage_key")[:size])
+
+
+def _pruned_batch(after: int, size: int) -> list[tuple[int, str]]:
+    return list(ArtifactFileDeletion.objects.filter(id__gt=after).order_by("id")
+                .values_list("id", "storage_key")[:size])
+
+
+def _forget(source, rows, done_keys) -> int:
+    """Delete the rows of `rows` whose files the storage deleted: how many."""
+    done = set(done_keys)
+    ids = [row_id for row_id, key in rows if key in done]
+    if source is _unpublished_batch:
+        return JobArtifact.objects.filter(id__in=ids, published_at__isnull=True).delete()[0]
+    return ArtifactFileDeletion.objects.filter(id__in=ids).delete()[0]

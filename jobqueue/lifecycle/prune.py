@@ -10,8 +10,10 @@ is one BEGIN IMMEDIATE transaction, serialized against every other writer.
 Every table that refers to a job (events, the claim, and whatever a later table adds: attempts,
 logs, artifacts, deliveries) is emptied of the batch's rows first, in the same transaction:
 such a relation must be on_delete=CASCADE (a test checks that every one is). The files of the
-batch's artifacts are deleted from their storage once the batch has committed (a crash in
-between leaves orphaned files, never a row without its file).
+batch's artifacts are recorded in artifact_file_deletion in the same transaction and deleted
+from their storage once it has committed; a file the storage fails to delete then, or one a
+crash in between left, keeps its record, and the artifact cleaner deletes it later
+(lifecycle/artifacts.py, delete_files): never a row without its file, and no file forgotten.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from django.db import transaction
 
 from jobqueue import states
 from jobqueue.db import NowPlusSeconds
-from jobqueue.models import Job, JobArtifact
+from jobqueue.models import ArtifactFileDeletion, Job, JobArtifact
 
-from .artifacts import artifact_storage
+from .artifacts import delete_files
 
 
 def prunable(statuses: Iterable[str], older_than_seconds: int):
@@ -59,11 +61,7 @@ def prune_finished_once(statuses: Iterable[str], older_than_seconds: int,
         if deleted != len(ids):  # pragma: no cover - the rows are locked
             raise RuntimeError("prune: job rows changed under their locks")
         if files:
-            transaction.on_commit(lambda: _delete_files(files))
+            ArtifactFileDeletion.objects.bulk_create(
+                ArtifactFileDeletion(storage_key=key) for key in files)
+            transaction.on_commit(lambda: delete_files(files))
     return Counter(status for _job_id, status in rows)
-
-
-def _delete_files(keys: list[str]) -> None:
-    storage = artifact_storage()
-    for key in keys:
-        storage.delete(key)

@@ -16,7 +16,14 @@ from jobqueue.db import NowPlusSeconds
 from jobqueue.exceptions import JobNotClaimable, NotFound
 from jobqueue.lifecycle import artifacts
 from jobqueue.maintenance import pruner
-from jobqueue.models import Job, JobArtifact, JobClaim, JobEvent, MaintenanceRun
+from jobqueue.models import (
+    ArtifactFileDeletion,
+    Job,
+    JobArtifact,
+    JobClaim,
+    JobEvent,
+    MaintenanceRun,
+)
 from tests.factories import JobAgentFactory, JobFactory, claimed_job
 from tests.utils import run_threads
 
@@ -83,6 +90,38 @@ def test_pruning_a_job_deletes_its_artifacts_files_from_the_storage():
     assert pruner.run_once().jobs == 1
     assert not storage.exists(keys[old.id]) and storage.exists(keys[young.id])
     assert list(JobArtifact.objects.values_list("job_id", flat=True)) == [young.id]
+
+
+def test_a_file_the_storage_fails_to_delete_is_deleted_by_the_next_clean_up(monkeypatch):
+    """A storage that refuses a delete (an outage, S3's SlowDown): the pruner still tries
+    every other file, its run is recorded, and the refused file's record
+    (artifact_file_deletion) stays until the artifact cleaner deletes it."""
+    old, grant = claimed_job()
+    for name in ("one.txt", "two.txt", "three.txt"):
+        artifacts.upload_artifact(old.id, grant.claim_id, name, io.BytesIO(b"payload"))
+    lifecycle.report_status(old.id, grant.claim_id, states.SUCCESSFUL)
+    Job.objects.filter(id=old.id).update(completed_at=NowPlusSeconds(-15 * DAY))
+    keys = sorted(JobArtifact.objects.values_list("storage_key", flat=True))
+    real = artifacts.artifact_storage()
+
+    class Refusing:
+        def delete(self, key):
+            if key == keys[0]:
+                raise OSError("503 SlowDown")
+            real.delete(key)
+
+    monkeypatch.setattr(artifacts, "artifact_storage", lambda: Refusing())
+    runs = MaintenanceRun.objects.count()
+    assert pruner.service_run()[0]["jobs"] == 1
+    assert MaintenanceRun.objects.count() == runs + 1
+    assert not Job.objects.filter(id=old.id).exists() and not JobArtifact.objects.exists()
+    assert [real.exists(key) for key in keys] == [True, False, False]
+    assert list(ArtifactFileDeletion.objects.values_list("storage_key", flat=True)) == [keys[0]]
+    assert artifacts.clean_artifacts(10).deleted == 0  # refused again: kept for the next
+    assert artifacts.clean_artifacts(10, dry_run=True).deleted == 1
+    monkeypatch.undo()
+    assert artifacts.clean_artifacts(10).deleted == 1
+    assert not real.exists(keys[0]) and not ArtifactFileDeletion.objects.exists()
 
 
 def test_dry_run_counts_and_deletes_nothing_and_older_than_applies_to_every_status():
