@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from jobqueue_client import (
     FencingTokenError,
     FencingUnavailable,
+    fenced_store,
     fetch_jwks,
     verify_fencing_token,
 )
@@ -441,6 +442,45 @@ def test_the_fenced_store_refuses_a_lower_attempt_and_accepts_equal_or_higher(ke
     store.write(fencing.token_for(grant(1)), "other", "x")
     # The store's tokens are old (T0): it does not look at exp, the attempt order fences.
     assert store.read("missing") is None
+
+
+def test_the_fenced_store_fetches_the_key_set_again_for_a_rotated_key_at_most_once_a_while(
+        tmp_path, settings, monkeypatch):
+    old = pem_file(tmp_path / "old.pem")
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(old)]}
+    fetched = []
+
+    def refresh():
+        fetched.append(1)
+        return fencing.jwks()
+
+    store = FencedStore(fencing.jwks(), workspace_id=WS, refresh=refresh)
+    settings.JOBQUEUE = {**settings.JOBQUEUE,
+                         "FENCING_KEY_FILES": [str(pem_file(tmp_path / "new.pem")), str(old)]}
+    job = uuid.uuid4()
+    # Signed by the service's new key, which the store's set does not hold yet.
+    assert store.write(fencing.token_for(grant(2, job)), "out", "x").attempt == 2
+    assert len(fetched) == 1
+    # A token of a key nobody publishes: the set was fetched just now, so not again.
+    published = settings.JOBQUEUE["FENCING_KEY_FILES"]
+    stranger = pem_file(tmp_path / "stranger.pem")
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(stranger)]}
+    forged = fencing.token_for(grant(3, job))
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": published}
+    with pytest.raises(FencingTokenError) as exc:
+        store.write(forged, "out", "y")
+    assert exc.value.reason == "unknown_key" and len(fetched) == 1
+    # A while later it is fetched again (and still does not hold it).
+    monkeypatch.setattr(fenced_store, "REFRESH_SECONDS", 0.0)
+    with pytest.raises(FencingTokenError):
+        store.write(forged, "out", "y")
+    assert len(fetched) == 2 and store.read("out").value == "x"
+    # Without `refresh`, a store keeps the set it was given.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": [str(old)]}
+    fixed = FencedStore(fencing.jwks(), workspace_id=WS)
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FENCING_KEY_FILES": published}
+    with pytest.raises(FencingTokenError):
+        fixed.write(fencing.token_for(grant(1)), "k", 1)
 
 
 def test_the_fenced_store_refuses_bad_tokens(keyfiles):

@@ -8,9 +8,11 @@ an outside resource (a bucket, a database, a payment API) cannot ask the service
 write. It does not need to: every claim carries a fencing token signed by the service, and
 its `attempt` only grows for a job. The store keeps, per job, the highest attempt it has
 seen, and refuses a write with a lower one. The key set is fetched once, at start; after
-that the store never contacts the service.
+that the store contacts the service only when a token names a key it does not hold (the
+service's keys were rotated: `refresh`, at most once every REFRESH_SECONDS).
 
-    store = FencedStore(fetch_jwks("https://jobs.example"), workspace_id="...")
+    store = FencedStore(fetch_jwks("https://jobs.example"), workspace_id="...",
+                        refresh=lambda: fetch_jwks("https://jobs.example"))
     store.write(claim.fencing_token, "report.csv", data)   # or raises StaleAttempt
 
 `python -m jobqueue_client.fenced_store --server URL --port 8765` serves one over HTTP
@@ -25,6 +27,8 @@ import argparse
 import json
 import signal
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -34,6 +38,9 @@ from .fencing import FencingClaims, FencingTokenError, fetch_jwks, verify_fencin
 
 # A write's body is read whole: more than this is refused (413) without reading it.
 MAX_BODY_BYTES = 1024 * 1024
+# A token signed by a key the store does not hold fetches the key set again at most this
+# often (a forged kid must not make the store hammer the service).
+REFRESH_SECONDS = 60.0
 
 
 class StaleAttempt(Exception):
@@ -67,18 +74,47 @@ class FencedStore:
     refused; the attempt order fences without any clock."""
 
     def __init__(self, jwks: dict, *, workspace_id: str | None = None,
-                 issuer: str | None = "jobqueue", check_expiry: bool = False):
+                 issuer: str | None = "jobqueue", check_expiry: bool = False,
+                 refresh: Callable[[], dict] | None = None):
         self.jwks = jwks
         self.workspace_id = workspace_id
         self.issuer = issuer
         self.check_expiry = check_expiry
+        self.refresh = refresh
         self._lock = threading.Lock()
         self._highest: dict[str, int] = {}
         self._data: dict[str, Stored] = {}
+        self._refreshed_at: float | None = None
 
     def verify(self, token: str) -> FencingClaims:
+        try:
+            return self._verify(token)
+        except FencingTokenError as exc:
+            # A key the set does not hold: the service may have rotated its keys since the
+            # set was fetched. Fetch it again (not more than once every REFRESH_SECONDS),
+            # then verify once more; any other refusal stands.
+            if exc.reason != "unknown_key" or not self._refreshed():
+                raise
+        return self._verify(token)
+
+    def _verify(self, token: str) -> FencingClaims:
         return verify_fencing_token(token, self.jwks, workspace_id=self.workspace_id,
                                     issuer=self.issuer, check_expiry=self.check_expiry)
+
+    def _refreshed(self) -> bool:
+        """Fetch the key set again if `refresh` is given and it was not fetched within
+        REFRESH_SECONDS: whether it was."""
+        if self.refresh is None:
+            return False
+        with self._lock:
+            now = time.monotonic()
+            if self._refreshed_at is not None and now - self._refreshed_at < REFRESH_SECONDS:
+                return False
+            self._refreshed_at = now
+        jwks = self.refresh()
+        with self._lock:
+            self.jwks = jwks
+        return True
 
     def write(self, token: str, key: str, value: Any) -> FencingClaims:
         """Store `value` under `key` for the token's claim; raises FencingTokenError (the
@@ -175,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args(argv)
-    store = FencedStore(fetch_jwks(args.server), workspace_id=args.workspace)
+    store = FencedStore(fetch_jwks(args.server), workspace_id=args.workspace,
+                        refresh=lambda: fetch_jwks(args.server))
     httpd = serve(store, args.host, args.port)
     # SIGINT (ctrl-c) and SIGTERM (a supervisor) both stop it cleanly, with status 0. Set
     # here, not left to Python's default: a process started in the background of a script
