@@ -19,7 +19,13 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from jobqueue import lifecycle
-from jobqueue.admin.common import describe_age, name_or_id_search, operator_actor, row_db_now
+from jobqueue.admin.common import (
+    OfferedFiltersOnly,
+    describe_age,
+    name_or_id_search,
+    operator_actor,
+    row_db_now,
+)
 from jobqueue.exceptions import InvalidInput
 from jobqueue.lifecycle import inputs
 from jobqueue.models import JobAgent, Workspace
@@ -49,14 +55,9 @@ class RevokedFilter(admin.SimpleListFilter):
         return queryset
 
 
-class HashedSecretAdmin(admin.ModelAdmin):
+class HashedSecretAdmin(OfferedFiltersOnly):
     """A model holding a secret's hash (credentials, registration tokens): the stored hash is
-    never filterable from the query string (a guessing oracle)."""
-
-    def lookup_allowed(self, lookup, value, request=None):
-        if lookup.split("__", 1)[0] == "secret_hash":
-            return False
-        return super().lookup_allowed(lookup, value, request)
+    never filterable from the query string (a guessing oracle; no list_filter offers it)."""
 
 
 class CredentialAdmin(HashedSecretAdmin):
@@ -283,7 +284,7 @@ class JobAgentForm(forms.ModelForm):
 
 
 @admin.register(JobAgent)
-class JobAgentAdmin(admin.ModelAdmin):
+class JobAgentAdmin(OfferedFiltersOnly):
     form = JobAgentForm
     list_display = [
         "name",

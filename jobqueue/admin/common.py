@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.contrib import admin
+from django.core.exceptions import FieldDoesNotExist
 from django.db.models import Q
+from django.db.models.constants import LOOKUP_SEP
 from django.utils.html import avoid_wrapping
 from django.utils.timesince import timesince
 from django.utils.translation import ngettext
@@ -89,3 +92,31 @@ def id_or(queryset, search_term, q_for_term):
 def name_or_id_search(queryset, search_term):
     """Name contains the term, or the id equals it."""
     return id_or(queryset, search_term, lambda term: Q(name__icontains=term))
+
+
+class OfferedFiltersOnly(admin.ModelAdmin):
+    """A list page filters by what its list_filter offers, and by nothing else from the query
+    string. Django allows any lookup on a model's own field (`?secret__regex=^whsec_a`,
+    `?message__startswith=`, a JSON path into `job` or `payload`): a view-only operator could
+    read a secret, or text the pages redact, one character at a time from the row count. A
+    lookup on a field (or relation) of the model is allowed only when a list_filter entry
+    names that field (its first part: `workspace` for `workspace__id__exact`), and then as
+    Django allows it; a SimpleListFilter's parameter (not a field) is its own to read."""
+
+    def lookup_allowed(self, lookup, value, request=None):
+        first = lookup.split(LOOKUP_SEP, 1)[0]
+        offered, own = set(), set()
+        for item in self.get_list_filter(request):
+            name = item[0] if isinstance(item, tuple | list) else item
+            if isinstance(name, str):
+                offered.add(name.split(LOOKUP_SEP, 1)[0])
+            elif getattr(name, "parameter_name", None):  # a SimpleListFilter
+                own.add(name.parameter_name)
+        if lookup in own:  # the filter reads it itself (an exact match)
+            return super().lookup_allowed(lookup, value, request)
+        try:
+            self.model._meta.get_field(first)
+        except FieldDoesNotExist:  # not a field: Django's ChangeList refuses what no
+            return super().lookup_allowed(lookup, value, request)  # filter reads
+        return first in offered and super().lookup_allowed(lookup, value, request)
+

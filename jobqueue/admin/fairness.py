@@ -23,6 +23,8 @@ from jobqueue.keystats import busiest_fairness_keys, queued_weights, with_fairne
 from jobqueue.lifecycle import fairness, inputs
 from jobqueue.models import FairnessKey, Workspace
 
+from .common import OfferedFiltersOnly
+
 # The keys the page lists, at most (the most queued first).
 FAIRNESS_ROWS = 100
 
@@ -156,7 +158,7 @@ class FairnessKeyForm(forms.ModelForm):
 
 
 @admin.register(FairnessKey)
-class FairnessKeyAdmin(admin.ModelAdmin):
+class FairnessKeyAdmin(OfferedFiltersOnly):
     """A workspace's weights: each saved or deleted through jobqueue.lifecycle.fairness (a
     weight set, changed or removed respaces the key's queued jobs at once), never by a plain
     save or delete of the row."""

@@ -21,7 +21,6 @@ import json
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import F, Q
-from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Now
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -34,7 +33,15 @@ from jobqueue.lifecycle import dependencies, fairness, logs, ratelimits
 from jobqueue.models import Job, JobArtifact, JobDependency, JobEffect, JobEvent
 from jobqueue.redaction import redact_text, redact_value, secret_strings
 
-from .common import claim_of, describe_age, describe_lease, id_or, operator_actor, row_db_now
+from .common import (
+    OfferedFiltersOnly,
+    claim_of,
+    describe_age,
+    describe_lease,
+    id_or,
+    operator_actor,
+    row_db_now,
+)
 from .concurrency import ConcurrencyFilter, ConcurrencyKeyFilter, ConcurrencyViews, key_jobs_url
 from .fairness import FairnessFilter, FairnessKeyFilter, FairnessViews, fair_key_jobs_url
 from .groups import GroupFilter, confirm_cancel_groups
@@ -89,7 +96,7 @@ class JobChangeList(ChangeList):
 
 @admin.register(Job)
 class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, RateLimitViews, FairnessViews,
-               admin.ModelAdmin):
+               OfferedFiltersOnly):
     list_display = [
         "id",
         "job_agent",
@@ -113,14 +120,8 @@ class JobAdmin(LiveJobViews, RecoveryViews, ConcurrencyViews, RateLimitViews, Fa
                         "rate limit key or fairness key (exact).")
     actions = ["requeue_jobs", "cancel_jobs", "mark_jobs_failed", "cancel_groups"]
     show_full_result_count = False
-    # Never filterable from the query string: a `?dispatch_context__key__startswith=` would
-    # be a character-by-character oracle on a secret (and the same for the claim id).
-    hidden_lookups = frozenset({"dispatch_context", "last_claim_id", "idempotency_fingerprint"})
-
-    def lookup_allowed(self, lookup, value, request=None):
-        if lookup.split(LOOKUP_SEP, 1)[0] in self.hidden_lookups:
-            return False
-        return super().lookup_allowed(lookup, value, request)
+    # The query string filters by list_filter's fields only (OfferedFiltersOnly): never
+    # `?dispatch_context__key__startswith=`, a character-by-character oracle on a secret.
 
     fields = [
         "id",

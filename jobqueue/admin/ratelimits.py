@@ -23,6 +23,8 @@ from jobqueue.keystats import busiest_rate_keys, with_rate_stats
 from jobqueue.lifecycle import inputs, ratelimits
 from jobqueue.models import RateLimit, Workspace
 
+from .common import OfferedFiltersOnly
+
 # The keys the page lists, at most (the most held back first).
 RATE_LIMIT_ROWS = 100
 
@@ -158,7 +160,7 @@ class RateLimitForm(forms.ModelForm):
 
 
 @admin.register(RateLimit)
-class RateLimitAdmin(admin.ModelAdmin):
+class RateLimitAdmin(OfferedFiltersOnly):
     """A workspace's limits: each saved or deleted through jobqueue.lifecycle.ratelimits (a
     limit set, raised or removed gives the key's permits out at once), never by a plain save
     or delete of the row."""

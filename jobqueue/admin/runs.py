@@ -5,12 +5,14 @@ from django.contrib import admin
 
 from jobqueue.models import MaintenanceRun, ReaperRun
 
+from .common import OfferedFiltersOnly
+
 
 def run_duration(run: ReaperRun) -> str:
     return "—" if run.duration_seconds is None else f"{run.duration_seconds:.3f} s"
 
 
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(OfferedFiltersOnly):
     """A record of runs: read-only, with the duration and whether it failed."""
 
     def has_add_permission(self, request):

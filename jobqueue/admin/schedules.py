@@ -13,13 +13,13 @@ from jobqueue.db import db_now
 from jobqueue.lifecycle import schedules
 from jobqueue.models import Schedule
 
-from .common import operator_actor
+from .common import OfferedFiltersOnly, operator_actor
 
 RECENT_FIRES = 20
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(OfferedFiltersOnly):
     list_display = ["name", "workspace", "cron", "timezone", "overlap", "paused",
                     "last_fire_at", "next_fire_at", "fired", "skipped", "missed"]
     list_select_related = ["workspace"]

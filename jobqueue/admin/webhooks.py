@@ -13,9 +13,11 @@ from jobqueue.maintenance import webhooks
 from jobqueue.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from jobqueue.redaction import secret_strings
 
+from .common import OfferedFiltersOnly
+
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(OfferedFiltersOnly):
     list_display = ["id", "workspace", "url", "events", "created_at"]
     list_filter = ["workspace"]
     search_fields = ["url"]
@@ -43,7 +45,7 @@ class AttemptInline(admin.TabularInline):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(OfferedFiltersOnly):
     list_display = ["id", "event", "status", "attempts", "last_status_code", "job_id",
                     "group", "endpoint", "created_at", "next_attempt_at"]
     list_select_related = ["group", "endpoint"]

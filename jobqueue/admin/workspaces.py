@@ -3,11 +3,11 @@ from django.db.models import Count
 
 from jobqueue.models import Workspace
 
-from .common import name_or_id_search
+from .common import OfferedFiltersOnly, name_or_id_search
 
 
 @admin.register(Workspace)
-class WorkspaceAdmin(admin.ModelAdmin):
+class WorkspaceAdmin(OfferedFiltersOnly):
     list_display = ["name", "id", "agent_count", "created_at"]
     search_fields = ["name", "=id"]
     readonly_fields = ["id", "created_at"]

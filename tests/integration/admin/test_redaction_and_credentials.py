@@ -145,6 +145,11 @@ def test_issue_form_names_agents_with_their_workspace(op_client, agent):
         "/admin/agents/agenttoken/?secret_hash__startswith=a",
         "/admin/agents/workspaceapikey/?secret_hash__startswith=a",
         "/admin/agents/registrationtoken/?secret_hash__startswith=a",
+        "/admin/jobqueue/webhookendpoint/?secret__regex=%5Ewhsec_",
+        "/admin/jobqueue/schedule/?job__dispatch_context__api_key__startswith=h",
+        "/admin/jobqueue/job/?message__regex=hunter",
+        "/admin/jobqueue/job/?result__echo__regex=hunter",
+        "/admin/jobqueue/webhookdelivery/?payload__job__message__regex=hunter",
     ],
 )
 def test_query_string_cannot_probe_secrets(viewer_client, url):
@@ -154,6 +159,38 @@ def test_query_string_cannot_probe_secrets(viewer_client, url):
     response = viewer_client.get(url)
     assert response.status_code == 400
     assert SECRET.encode() not in response.content
+
+
+def test_no_admin_list_filters_by_a_field_its_page_does_not_offer(viewer_client):
+    """Django allows a lookup on any of a model's own fields: `?secret__regex=^whsec_a` on
+    the webhook endpoints, a JSON path into a schedule's `job` (its dispatch_context),
+    `?message__regex=` on jobs (text the pages redact) would each read a secret out one
+    character at a time from the row count. Every admin of ours refuses a lookup on a field
+    its list_filter does not offer, and keeps the ones it does."""
+    from django.contrib import admin
+
+    JobFactory(dispatch_context={"api_key": SECRET})
+    checked = 0
+    for model, model_admin in admin.site._registry.items():
+        if model._meta.app_label not in ("jobqueue", "agents"):
+            continue
+        url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        offered = {(f[0] if isinstance(f, tuple) else f).split("__")[0]
+                   for f in model_admin.list_filter if not isinstance(f, type)}
+        for field in model._meta.concrete_fields:
+            name = field.name
+            lookup = (f"{name}__isnull" if field.is_relation
+                      else f"{name}__regex" if field.get_internal_type() in (
+                          "CharField", "TextField") else f"{name}__isnull")
+            r = viewer_client.get(url, {lookup: "^x" if lookup.endswith("regex") else "True"})
+            assert r.status_code == (200 if name in offered else 400), (url, lookup)
+            checked += 1
+    assert checked > 100
+    # The filters the pages link to still work.
+    for url in ("/admin/jobqueue/job/?status__exact=queued",
+                "/admin/jobqueue/webhookdelivery/?status__exact=pending",
+                "/admin/jobqueue/schedule/?paused_at__isempty=1"):
+        assert viewer_client.get(url).status_code == 200, url
 
 
 def test_a_dispatch_context_that_is_not_an_object_shows_only_its_type(op_client, agent):
