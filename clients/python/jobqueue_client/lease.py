@@ -92,9 +92,15 @@ class Lease:
             self.backoff.reset()
 
     def retry_soon(self) -> float:
+        """Schedule the next try of a failed heartbeat: after the backoff, but a last one
+        just before the local deadline rather than after it."""
         with self.lock:
+            now = time.monotonic()
             delay = self.backoff.next()
-            self.next_due = time.monotonic() + delay
+            left = self.deadline - now
+            if left > 0.1:
+                delay = min(delay, max(0.05, left - 0.25))
+            self.next_due = now + delay
             return delay
 
     def mark_lost(self, code: str) -> bool:

@@ -74,6 +74,19 @@ TERMINAL_REPORT_CAP_SECONDS = 600.0
 MAX_CLAIM_BATCH = 100
 # Job directories left by dead agents are removed at start and this often afterwards.
 STALE_DIR_SWEEP_SECONDS = 900.0
+# How much of a claim answer's round trip may come after the server claimed the job and read
+# its clock (claim.server_time): sending the answer back. A held claim (long-poll) claims at
+# the end of its wait.
+CLAIM_ANSWER_MARGIN = 1.0
+
+
+def claim_started(sent_at: float, received_at: float) -> float:
+    """The monotonic moment a claim's `lease_remaining` counts from: no earlier than it was
+    sent (its lease cannot have started before), and for a claim the server held for a
+    while (long-poll), CLAIM_ANSWER_MARGIN before its answer arrived: counted from the send,
+    a claim that waited W seconds would believe its lease W seconds shorter than it is, and
+    the first failed heartbeat past that would abandon a job whose lease is still good."""
+    return max(sent_at, received_at - CLAIM_ANSWER_MARGIN)
 
 
 @dataclass
@@ -247,12 +260,15 @@ class Agent:
         return box["claims"]
 
     def _claim_now(self, free: int) -> list[tuple[Claim, float]]:
+        """Claim now (held up to wait_seconds): each claim with the moment its lease's
+        `lease_remaining` is counted from (claim_started)."""
         while self.batch:
             limit = min(free, self._batch_cap)
             sent_at = time.monotonic()
             try:
-                return [(c, sent_at) for c in self.client.claim_batch(
-                    limit, wait_seconds=self.wait_seconds)]
+                claims = self.client.claim_batch(limit, wait_seconds=self.wait_seconds)
+                started = claim_started(sent_at, time.monotonic())
+                return [(c, started) for c in claims]
             except Unsupported:
                 self.batch = False
                 log_event("batch_claim_unsupported", level=logging.WARNING, fallback="single")
@@ -268,7 +284,7 @@ class Agent:
                           next_limit=self._batch_cap if self.batch else None)
         sent_at = time.monotonic()
         claim = self.client.claim_next(wait_seconds=self.wait_seconds)
-        return [(claim, sent_at)] if claim else []
+        return [(claim, claim_started(sent_at, time.monotonic()))] if claim else []
 
     def _start(self, item: tuple[Claim, float]) -> None:
         claim, sent_at = item

@@ -421,6 +421,33 @@ def test_a_lease_whose_heartbeats_all_fail_until_it_runs_out_stops_the_job(start
     assert "event=heartbeat_retry job=job1" in caplog.text
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])  # claim-next, batch claim
+def test_a_claim_held_for_a_while_counts_its_lease_from_its_answer(start, caplog,
+                                                                  concurrency):
+    # A long-poll the server held 3.5 s, a lease of 3 s: counted from the send, the agent
+    # would think its lease over before its first heartbeat, and one 503 there would
+    # abandon a job whose lease is good. Counted from the answer (less a margin), it retries
+    # and the job ends as it should.
+    server = Api(["sleep", "1.5"], lease_seconds=3)
+    held = []
+
+    def hold_the_claim(m, path, body):
+        if (CLAIM_NEXT.search(path) or path.endswith("/jobs/claim")) and not held:
+            held.append(1)
+            time.sleep(3.5)
+
+    server.holds.append(hold_the_claim)
+    beat = AGENT_HEARTBEAT if concurrency > 1 else HEARTBEAT
+    server.rules.append(answer_once(beat, 503, {"code": "unavailable", "detail": "x"}))
+    run = start(server, concurrency=concurrency, wait_seconds=5)
+    logged(caplog, "event=reported job=job1 attempt=1 status=successful")
+    assert run.stop() == 0
+    assert "event=heartbeat_retry job=job1" in caplog.text
+    assert "event=lease_lost" not in caplog.text
+    assert runner.claim_started(10.0, 10.2) == 10.0  # a prompt answer: from the send
+    assert runner.claim_started(10.0, 15.0) == 15.0 - runner.CLAIM_ANSWER_MARGIN
+
+
 def test_a_heartbeat_answered_404_stops_the_job(start, caplog):
     server = Api(["sleep", "30"], lease_seconds=1)
     server.rules.append(always(HEARTBEAT, 404, {"code": "not_found", "detail": "x"}))
