@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from jobqueue import claimrule, lifecycle, states
+from jobqueue.lifecycle import concurrency
 from jobqueue.lifecycle.inputs import ReportItem
 from jobqueue.models import Job
 from tests.factories import JobAgentFactory, JobFactory
@@ -184,6 +185,11 @@ def test_racing_claimers_never_run_more_than_the_limit():
                     running = cur.fetchone()[0]
                 with lock:
                     seen.append(running)
+                if not grants:
+                    # A report whose trigger found the key's lock taken announced the key
+                    # for the wake-up hubs, which this test does not run: settle it as the
+                    # maintenance sweep does (a busy machine made this test wait for good).
+                    concurrency.settle_held_keys()
                 for g in grants:
                     lifecycle.report_status(g.job.id, g.claim_id, states.SUCCESSFUL,
                                             job_agent_id=agent.id)
