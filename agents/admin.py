@@ -346,6 +346,17 @@ class JobAgentAdmin(OfferedFiltersOnly):
         form.clean_max_runtime_seconds = _lease_bounds_validator("max_runtime_seconds")
         return form
 
+    def save_model(self, request, obj, form, change):
+        """A change writes the fields the form changed, and nothing else: a full-row save
+        would write back the paused_at and last_seen_at this request read, undoing a pause
+        (or resume) that committed in between, without its slot and permit bookkeeping."""
+        if not change:
+            return super().save_model(request, obj, form, change)
+        changed = [name for name in form.changed_data if name in form._meta.fields]
+        if changed:
+            obj.save(update_fields=changed)
+        return None
+
     def get_queryset(self, request):
         # The same health numbers as the API's job-agent detail (agents.health).
         return with_health(super().get_queryset(request)).annotate(db_now=Now())

@@ -262,3 +262,20 @@ def test_an_operator_changes_an_agents_labels_in_the_admin(op_client, agent):
     assert _change_agent(op_client, agent, "").status_code == 302
     agent.refresh_from_db()
     assert agent.labels == []
+
+
+def test_a_change_of_an_agent_writes_only_the_fields_the_form_changed(op_client, agent):
+    """Not paused_at or last_seen_at as the request read them: a pause committed between
+    the page's read and its save would be undone."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert _change_agent(op_client, agent, "gpu").status_code == 302
+    updates = [q["sql"] for q in queries.captured_queries
+               if q["sql"].startswith('UPDATE "job_agent"')]
+    assert len(updates) == 1 and '"labels"' in updates[0]
+    assert "paused_at" not in updates[0] and "last_seen_at" not in updates[0]
+    agent.refresh_from_db()
+    assert agent.labels == ["gpu"]
+
