@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -88,6 +89,8 @@ def _non_negative_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):  # inf, nan: no wait or interval is that
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError("must not be negative")
     return value

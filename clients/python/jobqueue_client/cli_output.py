@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
@@ -184,10 +185,20 @@ def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
+def _visible(text: str) -> str:
+    """`text` with its control characters but line breaks and tabs written out (`\\x1b`):
+    an agent's message or a job's field is somebody else's text, and an escape sequence in
+    it must not reach the terminal (clear the screen, set the clipboard, hide a line)."""
+    return "".join(c if c in "\n\t" or unicodedata.category(c) != "Cc"
+                   else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   for c in text)
+
+
 def _rows(pairs: Iterable[tuple[str, Any]]) -> str:
     pairs = [(k, v) for k, v in pairs if v not in (None, "", [], {})]
     width = max((len(k) for k, _ in pairs), default=0)
-    return "\n".join(f"{k.ljust(width)}  " + str(v).replace("\n", "\n" + " " * (width + 2))
+    return "\n".join(f"{k.ljust(width)}  "
+                     + _visible(str(v)).replace("\n", "\n" + " " * (width + 2))
                      for k, v in pairs)
 
 
@@ -200,7 +211,7 @@ def _head(text: str, lines: int = MESSAGE_LINES) -> str:
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[str(c) if c not in (None, "") else "-" for c in row] for row in rows]
+    cells = [[_visible(str(c)) if c not in (None, "") else "-" for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     lines = [headers, *cells]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()

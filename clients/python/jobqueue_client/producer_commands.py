@@ -35,7 +35,8 @@ from .cli_output import (
     schedule_text,
     schedules_table,
 )
-from .producer import TERMINAL_STATUSES, LogChunk, ProducerClient, WaitTimeout
+from .errors import ApiError, Throttled
+from .producer import TERMINAL_STATUSES, LogChunk, ProducerClient, WaitTimeout, _backoff
 
 MAX_PAGE_SIZE = 500  # the API's largest page_size
 
@@ -46,19 +47,33 @@ def read_object(value: str, option: str, *, inline: bool = False) -> dict:
     if inline and value.lstrip().startswith("{"):
         text, where = value, "the value"
     elif value == "-":
-        text, where = sys.stdin.read(), "stdin"
+        where = "stdin"
+        binary = getattr(sys.stdin, "buffer", None)  # None: a text stream put in its place
+        try:
+            text = (binary.read().decode("utf-8-sig") if binary is not None
+                    else sys.stdin.read())
+        except UnicodeDecodeError:
+            raise UsageError(f"{option}: stdin is not UTF-8 text") from None
     else:
         try:
-            text = Path(value).read_text(encoding="utf-8")
+            text = Path(value).read_text(encoding="utf-8-sig")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"{option}: cannot read {value!r}: "
                              f"{getattr(exc, 'strerror', None) or exc}") from None
         where = repr(value)
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):  # an argument's undecodable bytes
+        raise UsageError(f"{option}: {where} is not UTF-8 text")
+
+    def not_json(constant):
+        raise ValueError(f"{constant} is not a JSON number")
+
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=not_json)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{option}: {where} is not JSON (line {exc.lineno}, column "
                          f"{exc.colno}: {exc.msg})") from None
+    except ValueError as exc:  # NaN, Infinity: JSON has no such numbers
+        raise UsageError(f"{option}: {where} is not JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise UsageError(f"{option}: {where} holds a JSON {type(obj).__name__}; it must be an "
                          "object ({…})")
@@ -205,11 +220,14 @@ def cmd_logs(client, args, out) -> int:
     long-poll GET jobs/{id}?wait_seconds paces the reads and answers at once at the end),
     going on to each later attempt's log unless --attempt names one."""
     attempt, offset, printed = args.attempt, 0, False
-    job = client.get(args.id) if args.follow else None
+    # Following, a read that a later try may not meet (network, 5xx, 429) is tried again
+    # with wait()'s backoff, as `jobs wait` does: a server restart does not end the follow.
+    again = _retrying if args.follow else (lambda call, *a, **k: call(*a, **k))
+    job = again(client.get, args.id) if args.follow else None
     whole = bytearray()  # --json without --follow: one document, however many reads
     try:
         while True:
-            chunk = client.read_log(args.id, attempt=attempt, offset=offset)
+            chunk = again(client.read_log, args.id, attempt=attempt, offset=offset)
             attempt = chunk.attempt if attempt is None else attempt
             if chunk.data:
                 printed = True
@@ -227,21 +245,40 @@ def cmd_logs(client, args, out) -> int:
                     out.document(log_document(args.id, LogChunk(bytes(whole), chunk.attempt,
                                                                 0, chunk.length)))
                 return EXIT_OK
-            if job["status"] in TERMINAL_STATUSES or (args.attempt and job["attempt"] > attempt):
-                return outcome(job) if job["status"] in TERMINAL_STATUSES else EXIT_OK
+            # A later attempt first: the job may have retried and ended within one wait,
+            # and the later attempt's log is read to its end before the job's end is told.
             if args.attempt is None and job["attempt"] > attempt:
                 attempt, offset = job["attempt"], 0
                 if printed:
                     out.note(f"--- attempt {attempt} ---")
                 continue
+            if job["status"] in TERMINAL_STATUSES or (args.attempt and job["attempt"] > attempt):
+                return outcome(job) if job["status"] in TERMINAL_STATUSES else EXIT_OK
             started = time.monotonic()
-            job = client.get(args.id, wait_seconds=min(client.max_wait_seconds,
-                                                       max(1, round(args.interval))))
+            job = again(client.get, args.id, wait_seconds=min(client.max_wait_seconds,
+                                                              max(1, round(args.interval))))
             if job["status"] not in TERMINAL_STATUSES:  # a server at its cap answers early
                 time.sleep(max(0.0, args.interval - (time.monotonic() - started)))
     except KeyboardInterrupt:
         raise CommandFailed("stopped following the log; the job goes on", EXIT_INTERRUPTED,
                             "interrupted") from None
+
+
+def _retrying(call, *args, **kwargs):
+    """call(*args, **kwargs), tried again after a transient error (network, 5xx, 429: the
+    server's Retry-After, else ProducerClient.wait's backoff) for as long as it takes."""
+    failures = 0
+    while True:
+        try:
+            return call(*args, **kwargs)
+        except ApiError as exc:
+            if not exc.transient:
+                raise
+            failures += 1
+            pause = _backoff(failures)
+            if isinstance(exc, Throttled) and exc.retry_after is not None:
+                pause = exc.retry_after
+            time.sleep(pause)
 
 
 def cmd_artifacts(client, args, out) -> int:
@@ -276,7 +313,11 @@ def cmd_artifacts(client, args, out) -> int:
             raise CommandFailed(f"the server named an artifact {name!r}, which is not a file "
                                 "name: not saved", EXIT_UNAVAILABLE, "invalid_response")
         path = target / name
-        info = client.download_artifact(args.id, name, path)
+        try:
+            info = client.download_artifact(args.id, name, path)
+        except OSError as exc:  # a directory of that name, no room, no write permission
+            raise UsageError(f"--download: cannot write {str(path)!r}: "
+                             f"{exc.strerror or exc}") from None
         saved.append({**info, "path": str(path)})
         out.note(f"saved {path} ({info['size']} bytes, sha256 {info['sha256']})")
     if out.machine:

@@ -993,3 +993,79 @@ def test_fairness_keys_list_follows_the_pages_up_to_the_limit(env, capsys):
     assert run(["fairness-keys", "list"], (200, empty))[0] == 0
     out = capsys.readouterr()
     assert out.out == "" and "no fairness key weights" in out.err
+
+
+# --- what a demanding user met (a review, 2026-12-05) ----------------------------------------
+
+
+def test_logs_follow_reads_a_later_attempt_that_ended_within_one_wait(env, capsysbinary):
+    # Attempt 1 retried, attempt 2 ran and the job ended, all within one long-poll: attempt
+    # 2's log is read to its end before the job's end is told.
+    code, _ = run(["jobs", "logs", "j1", "--follow", "--interval", "0.01"],
+                  (200, job(status="in_progress", attempt=1)),
+                  log(b"one\n", 1, 4),
+                  (200, job(status="successful", attempt=2)),
+                  log(b"", 1, 4),
+                  log(b"two\n", 2, 4))
+    assert code == 0 and capsysbinary.readouterr().out == b"one\ntwo\n"
+
+
+def test_logs_follow_rides_out_a_server_restart(env, capsysbinary, monkeypatch):
+    monkeypatch.setattr("jobqueue_client.producer_commands.time.sleep", lambda s: None)
+    down = (503, {"code": "unavailable", "detail": "restarting"})
+    code, _ = run(["jobs", "logs", "j1", "--follow", "--interval", "0.01"],
+                  (200, job(status="in_progress", attempt=1)),
+                  log(b"one\n", 1, 4),
+                  *[down] * 4,  # the long-poll, sent again and again (3 sends each)
+                  (200, job(status="successful", attempt=1)),
+                  *[down] * 3,
+                  log(b"two\n", 1, 8))
+    assert code == 0 and capsysbinary.readouterr().out == b"one\ntwo\n"
+
+
+def test_a_jobs_text_reaches_the_terminal_without_its_control_characters(env, capsys):
+    evil = "done\x1b]52;c;ZXZpbA==\x07\x1b[2J\x9b"
+    detail = job(status="failure", attempt=1, message=evil, claim=None,
+                 attempts=[{"number": 1, "claimed_at": "t1", "ended_at": "t2",
+                            "outcome": "failure", "message": evil}])
+    run(["jobs", "get", "j1"], (200, detail))
+    text = capsys.readouterr().out
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert "done\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J\\x9b" in text
+    # --json keeps the text exact (JSON escapes it).
+    run(["jobs", "get", "j1", "--json"], (200, detail))
+    assert json.loads(capsys.readouterr().out)["message"] == evil
+
+
+@pytest.mark.parametrize(("stdin", "config", "says"), [
+    (None, '{"x": NaN}', "NaN is not a JSON number"),
+    (None, '{"x": -Infinity}', "-Infinity is not a JSON number"),
+    (b'{"x": "\xff"}', "-", "stdin is not UTF-8 text"),
+    (b'\xef\xbb\xbf{"x": 1}', "-", None),  # a byte order mark is fine
+])
+def test_a_config_that_is_not_json_or_not_utf8_is_a_usage_error(env, capsys, monkeypatch,
+                                                                stdin, config, says):
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code, server = run(["jobs", "create", "--agent", "ag", "--config", config], (201, JOB))
+    if says is None:
+        assert code == 0 and server.body()["job_agent_config"] == {"x": 1}
+    else:
+        assert code == 2 and server.seen == [] and says in capsys.readouterr().err
+
+
+def test_a_download_onto_a_directory_of_that_name_is_a_usage_error(env, capsys, tmp_path):
+    (tmp_path / "out" / "a.txt").mkdir(parents=True)
+    listed = {"results": [{"name": "a.txt", "size": 1, "sha256": "x", "attempt": 1}]}
+    code, _ = run(["jobs", "artifacts", "j1", "--download", tmp_path / "out"],
+                  (200, listed), (200, b"x", {"Content-Length": "1"}))
+    assert code == 2
+    assert "--download: cannot write" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["jobs", "wait", "j1", "--timeout", "inf"],
+                                  ["jobs", "logs", "j1", "--follow", "--interval", "nan"]])
+def test_a_wait_or_an_interval_that_is_not_finite_is_a_usage_error(env, capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        producer_cli.main(argv)
+    assert exc.value.code == 2 and "not a finite number" in capsys.readouterr().err
