@@ -9,6 +9,7 @@ effects.py, groups.py, jobqueue.wakeups) are written once:
     claim, heartbeat, heartbeat_many, report, report_many   the hot transitions
     lock_claim_key(job_agent_id, key)      serialize one agent's claims with one idempotency key
     lock_unique_key(workspace_id, key)     serialize one workspace's creates with one unique_key
+    lock_effect_ledger(job_id)             serialize the begins of new keys in a job's ledger
     save_checkpoint(job_id, claim_id, data, job_agent_id, workspace_id)   if the claim is current
     hold_group(workspace_id, name)         hold a group's row until commit: (cancelled_at,
                                            finished_at), or None

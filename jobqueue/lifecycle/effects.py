@@ -42,7 +42,7 @@ from jobqueue.exceptions import (
     InvalidInput,
     OutputTooLarge,
 )
-from jobqueue.models import Job, JobEffect
+from jobqueue.models import JobEffect
 
 from .backends import backend
 from .inputs import report_content
@@ -105,11 +105,12 @@ def _locked(job_id, key) -> JobEffect | None:
 
 def _room_for_one_more(job_id) -> None:
     """A new key's entry fits the job's ledger (JOBQUEUE_MAX_EFFECTS_PER_JOB), else 413
-    output_too_large. Counted under the job row's lock (FOR NO KEY UPDATE: a claim, a
-    report of the job wait for it; SQLite: the transaction's write lock), so that racing
-    begins of new keys never pass the cap."""
+    output_too_large. Counted under the ledger's lock (backend.lock_effect_ledger: an
+    advisory lock on PostgreSQL, not the job row's, which a report or the reaper takes
+    before the claim row this begin holds; SQLite: the transaction's write lock), so that
+    racing begins of new keys never pass the cap."""
     cap = jobqueue_settings()["MAX_EFFECTS_PER_JOB"]
-    list(Job.objects.select_for_update(no_key=True).filter(id=job_id).values_list("id"))
+    backend().lock_effect_ledger(job_id)
     if JobEffect.objects.filter(job_id=job_id).count() >= cap:
         raise OutputTooLarge(f"A job's effect ledger holds at most {cap} entries.")
 

@@ -52,6 +52,10 @@ class SqliteBackend(OrmBackend):
         """Nothing to lock: the create's transaction is BEGIN IMMEDIATE already, so its read
         of the live jobs with the key and its write are one writer's."""
 
+    def lock_effect_ledger(self, job_id) -> None:
+        """Nothing to lock: the begin's count and insert are one writer's (the caller's
+        transaction holds the write lock)."""
+
     def save_checkpoint(self, job_id, claim_id, data: str, job_agent_id, workspace_id) -> bool:
         """The read and the write below see and change the same state: the caller's
         transaction holds the write lock."""

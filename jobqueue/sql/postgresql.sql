@@ -362,6 +362,15 @@ SELECT DISTINCT workspace_id, rate_limit_key FROM job
 WHERE status = 'queued' AND rate_held
 
 
+-- name: effect_ledger_lock
+-- Serialize the begins of new keys in the effect ledger of %(job)s until the transaction
+-- ends (lifecycle/effects.py): each counts the job's entries after the one before it
+-- committed, so racing begins never pass JOBQUEUE_MAX_EFFECTS_PER_JOB. An advisory lock, not
+-- the job row's: the begin holds its claim row FOR SHARE already, and a report, a requeue or
+-- the reaper lock the job row and then the claim row (the other order would deadlock).
+SELECT pg_advisory_xact_lock(hashtextextended('jobqueue.effects:' || %(job)s::text, 0))
+
+
 -- name: unique_key_lock
 -- Serialize the creates of one workspace with one unique_key until the transaction ends
 -- (jobqueue/lifecycle/create.py): each finds the live jobs with the key after the one before

@@ -77,6 +77,11 @@ class PostgresBackend:
         commits."""
         self._one(sql.unique_key_lock, {"workspace": workspace_id, "key": key})
 
+    def lock_effect_ledger(self, job_id) -> None:
+        """Serialize the begins of new keys in the job's effect ledger until the caller
+        commits (an advisory lock: no job or claim row)."""
+        self._one(sql.effect_ledger_lock, {"job": job_id})
+
     def save_checkpoint(self, job_id, claim_id, data: str, job_agent_id, workspace_id) -> bool:
         return self._one(sql.checkpoint_save_if_current, {
             "data": data, "job": job_id, "claim": claim_id, "agent": job_agent_id,

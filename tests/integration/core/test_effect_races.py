@@ -12,7 +12,12 @@ import pytest
 from django.db import connection, transaction
 
 from jobqueue import lifecycle
-from jobqueue.exceptions import ClaimSuperseded, EffectAlreadyCommitted, OutputTooLarge
+from jobqueue.exceptions import (
+    ClaimSuperseded,
+    EffectAlreadyCommitted,
+    JobFinished,
+    OutputTooLarge,
+)
 from jobqueue.lifecycle import effects
 from jobqueue.models import JobEffect
 from tests.factories import JobAgentFactory, JobFactory
@@ -194,3 +199,30 @@ def test_racing_begins_of_new_keys_never_pass_the_ledgers_cap(settings):
     for n in range(len(jobs)):
         assert sorted(r[n] for r in results) == ["full"] * 5 + ["started"] * 3
         assert JobEffect.objects.filter(job_id=jobs[n].id).count() == 3
+
+
+def test_a_begin_of_a_new_key_racing_the_claims_end_never_deadlocks():
+    """The cap's lock is the ledger's own (an advisory lock), not the job row's: a begin
+    holds its claim row, and a report ends the claim by locking the job row and then the
+    claim row. Each race ends with the report taken and the begin before it or refused."""
+    agent = JobAgentFactory()
+    jobs = [JobFactory(job_agent=agent) for _ in range(ROUNDS)]
+    claims = [lifecycle.claim_job(agent, job.id).claim_id for job in jobs]
+
+    def race(i, barrier):
+        outcomes = []
+        for job, claim_id in zip(jobs, claims, strict=True):
+            barrier.wait()
+            if i == 0:
+                try:
+                    outcomes.append(effects.begin_effect(job.id, claim_id, "charge").state)
+                except (ClaimSuperseded, JobFinished):
+                    outcomes.append("refused")
+            else:
+                lifecycle.report_status(job.id, claim_id, "successful")
+                outcomes.append("reported")
+        return outcomes
+
+    begins, reports = run_threads(race, 2)
+    assert set(reports) == {"reported"} and set(begins) <= {"started", "refused"}
+    assert JobEffect.objects.count() == begins.count("started")
