@@ -254,17 +254,28 @@ def unpublished_garbage():
         Q(state=JobArtifact.REPLACED) | ~Exists(live))
 
 
+# Failures in a row after which a run stops asking the storage (it is down: each further
+# try would wait out its timeout); what is left is tried on the next run.
+STORAGE_FAILURES_IN_A_ROW = 5
+
+
 def _deleted_from_storage(keys) -> list[str]:
     """Delete each file from the artifact storage: the keys it deleted. One it fails to
-    delete (an outage, a throttled request) is logged and left: the others are still
-    tried."""
-    storage, done = artifact_storage(), []
+    delete (a throttled request, a missing permission) is logged and left, and the others
+    are still tried, until STORAGE_FAILURES_IN_A_ROW fail in a row (an outage)."""
+    storage, done, failed = artifact_storage(), [], 0
     for key in keys:
         try:
             storage.delete(key)
         except Exception:  # noqa: BLE001 - its record stays: the cleaner tries it again
             logger.warning("artifact: could not delete the file %s yet", key, exc_info=True)
+            failed += 1
+            if failed >= STORAGE_FAILURES_IN_A_ROW:
+                logger.warning("artifact: the storage refused %d deletions in a row: the "
+                               "rest wait for the next clean-up", failed)
+                break
             continue
+        failed = 0
         done.append(key)
     return done
 
@@ -288,23 +299,28 @@ def clean_artifacts(batch_size: int, *, max_batches: int | None = None,
     No transaction is held across the storage: a row found here can never become published
     (its claim is gone), so it is read, its file deleted, then the row deleted. A crash in
     between leaves the row, and the next run deletes the (missing) file again. A file the
-    storage fails to delete keeps its row for the next run; each run tries it once."""
+    storage fails to delete keeps its row for the next run; each run tries it once, unless
+    the storage refuses STORAGE_FAILURES_IN_A_ROW in a row (then the run stops asking).
+    `max_batches` bounds each kind (unpublished artifacts, pruned files) on its own."""
     if dry_run:
         return CleanResult(deleted=unpublished_garbage().count()
                            + ArtifactFileDeletion.objects.count())
     deleted = batches = 0
-    for source in (_unpublished_batch, _pruned_batch):
-        after = 0
-        while max_batches is None or batches < max_batches:
+    for source in (_unpublished_batch, _pruned_batch):  # max_batches: each kind's
+        after = of_source = 0
+        while max_batches is None or of_source < max_batches:
             rows = source(after, batch_size)
             if not rows:
                 break
             batches += 1
-            deleted += _forget(source, rows, _deleted_from_storage([k for _id, k in rows]))
+            of_source += 1
+            keys = [k for _id, k in rows]
+            done = _deleted_from_storage(keys)
+            deleted += _forget(source, rows, done)
             after = rows[-1][0]
             if on_batch is not None:
                 on_batch(batches, deleted)
-            if len(rows) < batch_size:
+            if len(rows) < batch_size or (not done and keys):  # the storage is down
                 break
     return CleanResult(deleted=deleted, batches=batches)
 

@@ -98,8 +98,8 @@ class Lease:
             now = time.monotonic()
             delay = self.backoff.next()
             left = self.deadline - now
-            if left > 0.1:
-                delay = min(delay, max(0.05, left - 0.25))
+            if left > 0.5:
+                delay = min(delay, max(0.25, left - 0.25))
             self.next_due = now + delay
             return delay
 
@@ -207,8 +207,8 @@ class Heartbeater(threading.Thread):
                 by_job = {r.job_id: r for r in renewals}
                 for lease in due:
                     renewal = by_job.get(lease.job_id)
-                    if renewal is None:
-                        lease.retry_soon()
+                    if renewal is None:  # left out of the answer: asked again soon
+                        self._retry_or_lose(lease, "not_in_answer", None)
                     elif renewal.renewed:
                         lease.renewed(sent_at, renewal.lease_remaining)
                     else:
@@ -258,21 +258,27 @@ class Heartbeater(threading.Thread):
                       attempt=lease.attempt, code=code, via="heartbeat")
 
     def _transient(self, lease: Lease, exc: ApiError) -> None:
-        remaining = lease.deadline - time.monotonic()
-        if remaining <= 0:
-            # No heartbeat got through before the lease ran out (the network, the server,
-            # or a credential it no longer takes): the reaper may give the job to another
-            # agent, so it is no longer ours (docs/api.md, "Choosing the heartbeat interval",
-            # 3): the child is stopped and nothing is published.
-            if not lease.finished and lease.mark_lost("lease_expired"):  # pragma: no branch
-                log_event("lease_lost", level=logging.WARNING, job=lease.job_id,
-                          attempt=lease.attempt, code="lease_expired", via="local_deadline",
-                          last_error=exc.code, status=exc.status or None)
-            return
-        delay = lease.retry_soon()
-        log_event("heartbeat_retry", level=logging.WARNING, job=lease.job_id,
-                  attempt=lease.attempt, code=exc.code, status=exc.status or None,
-                  url=exc.url, retry_in=delay, lease_left=remaining)
+        if self._retry_or_lose(lease, exc.code, exc.status or None):
+            log_event("heartbeat_retry", level=logging.WARNING, job=lease.job_id,
+                      attempt=lease.attempt, code=exc.code, status=exc.status or None,
+                      url=exc.url, retry_in=max(0.0, lease.next_due - time.monotonic()),
+                      lease_left=lease.deadline - time.monotonic())
+
+    @staticmethod
+    def _retry_or_lose(lease: Lease, code: str, status: int | None) -> bool:
+        """A heartbeat that renewed nothing: try again soon (True), or, past the lease's
+        local deadline, lose it (False). No heartbeat got through before the lease ran out
+        (the network, the server, or a credential it no longer takes): the reaper may give
+        the job to another agent, so it is no longer ours (docs/api.md, "Choosing the
+        heartbeat interval", 3): the child is stopped and nothing is published."""
+        if lease.deadline - time.monotonic() > 0:
+            lease.retry_soon()
+            return True
+        if not lease.finished and lease.mark_lost("lease_expired"):  # pragma: no branch
+            log_event("lease_lost", level=logging.WARNING, job=lease.job_id,
+                      attempt=lease.attempt, code="lease_expired", via="local_deadline",
+                      last_error=code, status=status)
+        return False
 
 
 def _request_timeout(interval: float) -> float:

@@ -124,6 +124,29 @@ def test_a_file_the_storage_fails_to_delete_is_deleted_by_the_next_clean_up(monk
     assert not real.exists(keys[0]) and not ArtifactFileDeletion.objects.exists()
 
 
+def test_a_storage_that_is_down_is_asked_a_few_times_a_run_not_for_every_file(monkeypatch):
+    old, grant = claimed_job()
+    for n in range(8):
+        artifacts.upload_artifact(old.id, grant.claim_id, f"f{n}.txt", io.BytesIO(b"x"))
+    lifecycle.report_status(old.id, grant.claim_id, states.SUCCESSFUL)
+    Job.objects.filter(id=old.id).update(completed_at=NowPlusSeconds(-15 * DAY))
+    asked = []
+
+    class Down:
+        def delete(self, key):
+            asked.append(key)
+            raise OSError("503")
+
+    monkeypatch.setattr(artifacts, "artifact_storage", lambda: Down())
+    assert pruner.run_once().jobs == 1
+    assert len(asked) == artifacts.STORAGE_FAILURES_IN_A_ROW
+    assert artifacts.clean_artifacts(3).deleted == 0
+    assert len(asked) == 2 * artifacts.STORAGE_FAILURES_IN_A_ROW - 2  # one batch of 3: stop
+    assert ArtifactFileDeletion.objects.count() == 8
+    monkeypatch.undo()
+    assert artifacts.clean_artifacts(3).deleted == 8 and not ArtifactFileDeletion.objects.exists()
+
+
 def test_dry_run_counts_and_deletes_nothing_and_older_than_applies_to_every_status():
     agent = JobAgentFactory()
     ids = {finished(states.SUCCESSFUL, 3, agent), finished(states.FAILURE, 3, agent),

@@ -421,6 +421,18 @@ def test_a_lease_whose_heartbeats_all_fail_until_it_runs_out_stops_the_job(start
     assert "event=heartbeat_retry job=job1" in caplog.text
 
 
+def test_a_lease_a_batch_heartbeat_always_leaves_out_is_lost_at_its_deadline(start, caplog):
+    server = Api(["sleep", "30"], ["sleep", "30"], lease_seconds=1)
+    server.rules.append(lambda m, path, b: (200, {"server_time": stamp(), "results": []})
+                        if AGENT_HEARTBEAT.search(path) else None)
+    run = start(server, concurrency=2)
+    wait_for(lambda: caplog.text.count("event=abandoned") == 2, 30, "both jobs abandoned",
+             on_fail=lambda: caplog.text[-3000:])
+    assert run.stop() == 0
+    assert caplog.text.count("code=lease_expired via=local_deadline last_error=not_in_answer") == 2
+    assert server.requests(STATUS) == [] and server.requests(REPORTS) == []
+
+
 @pytest.mark.parametrize("concurrency", [1, 2])  # claim-next, batch claim
 def test_a_claim_held_for_a_while_counts_its_lease_from_its_answer(start, caplog,
                                                                   concurrency):
