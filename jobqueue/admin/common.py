@@ -108,9 +108,9 @@ class OfferedFiltersOnly(admin.ModelAdmin):
         offered, own = set(), set()
         for item in self.get_list_filter(request):
             name = item[0] if isinstance(item, tuple | list) else item
-            if isinstance(name, str):
+            if isinstance(name, str):  # a field, or (a field, its FieldListFilter)
                 offered.add(name.split(LOOKUP_SEP, 1)[0])
-            elif getattr(name, "parameter_name", None):  # a SimpleListFilter
+            else:  # a SimpleListFilter
                 own.add(name.parameter_name)
         if lookup in own:  # the filter reads it itself (an exact match)
             return super().lookup_allowed(lookup, value, request)

@@ -65,7 +65,7 @@ class TokenRotator:
 
     def _run(self) -> None:
         retry = RETRY_MIN_SECONDS
-        while not self._stop.is_set():
+        while True:  # each wait below returns at once, True, once stop() was called
             due = self.config.rotate_after()
             if due is None:  # pragma: no cover -- a rotated token that no longer expires
                 return

@@ -188,9 +188,14 @@ def test_no_admin_list_filters_by_a_field_its_page_does_not_offer(viewer_client)
     assert checked > 100
     # The filters the pages link to still work.
     for url in ("/admin/jobqueue/job/?status__exact=queued",
+                "/admin/jobqueue/job/?group=run-1&lease=expired",
                 "/admin/jobqueue/webhookdelivery/?status__exact=pending",
                 "/admin/jobqueue/schedule/?paused_at__isempty=1"):
         assert viewer_client.get(url).status_code == 200, url
+    # A parameter that is neither a field nor a filter's: Django's own answer (the list
+    # again, with ?e=1), never a filter.
+    r = viewer_client.get("/admin/jobqueue/job/?nonsense=1")
+    assert r.status_code == 302 and r["Location"].endswith("?e=1")
 
 
 def test_a_dispatch_context_that_is_not_an_object_shows_only_its_type(op_client, agent):

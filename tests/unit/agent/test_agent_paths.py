@@ -421,6 +421,23 @@ def test_a_lease_whose_heartbeats_all_fail_until_it_runs_out_stops_the_job(start
     assert "event=heartbeat_retry job=job1" in caplog.text
 
 
+def test_no_heartbeat_crosses_its_claims_report_on_the_wire(start, caplog, tmp_path):
+    # The report is held on the wire for longer than a heartbeat interval: the heartbeat
+    # falls due meanwhile and waits for the report's answer instead of being sent (it would
+    # be refused as stale once the report is taken).
+    server = Api(["true"], lease_seconds=1)
+    gate = hold_first_report(server, tmp_path / "go")
+    run = start(server)
+    wait_for(lambda: (tmp_path / "go").exists(), 30, "the report on the wire")
+    beats = len(server.requests(HEARTBEAT))
+    time.sleep(1.0)  # three heartbeat intervals
+    assert len(server.requests(HEARTBEAT)) == beats
+    gate.set()
+    logged(caplog, "event=reported job=job1 attempt=1 status=successful")
+    assert run.stop() == 0
+    assert "event=lease_lost" not in caplog.text
+
+
 def test_a_lease_a_batch_heartbeat_always_leaves_out_is_lost_at_its_deadline(start, caplog):
     server = Api(["sleep", "30"], ["sleep", "30"], lease_seconds=1)
     server.rules.append(lambda m, path, b: (200, {"server_time": stamp(), "results": []})
