@@ -283,4 +283,8 @@ def test_a_change_of_an_agent_writes_only_the_fields_the_form_changed(op_client,
     assert "paused_at" not in updates[0] and "last_seen_at" not in updates[0]
     agent.refresh_from_db()
     assert agent.labels == ["gpu"]
+    # Saved again unchanged: nothing is written.
+    with CaptureQueriesContext(connection) as queries:
+        assert _change_agent(op_client, agent, "gpu").status_code == 302
+    assert not [q for q in queries.captured_queries if q["sql"].startswith('UPDATE "job_agent"')]
 

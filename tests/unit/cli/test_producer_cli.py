@@ -1054,6 +1054,26 @@ def test_a_config_that_is_not_json_or_not_utf8_is_a_usage_error(env, capsys, mon
         assert code == 2 and server.seen == [] and says in capsys.readouterr().err
 
 
+def test_an_argument_with_bytes_that_are_not_utf8_is_a_usage_error(env, capsys):
+    # A shell passes such bytes as lone surrogates (the file system's encoding).
+    code, server = run(["jobs", "create", "--agent", "ag", "--config", '{"x": "\udcff"}'])
+    assert code == 2 and server.seen == []
+    assert "--config: the value is not UTF-8 text" in capsys.readouterr().err
+
+
+def test_logs_follow_waits_out_a_throttle_and_stops_at_a_refusal(env, capsysbinary,
+                                                                 monkeypatch):
+    slept = []
+    monkeypatch.setattr("jobqueue_client.producer_commands.time.sleep", slept.append)
+    code, _ = run(["jobs", "logs", "j1", "--follow", "--interval", "0.01"],
+                  (200, job(status="in_progress", attempt=1)),
+                  log(b"one\n", 1, 4),
+                  (429, {"code": "throttled", "detail": "slow down"}, {"Retry-After": "7"}),
+                  (404, {"code": "not_found", "detail": "No such job."}))
+    assert code == 3 and capsysbinary.readouterr().out == b"one\n"  # 3: not found
+    assert 7.0 in slept  # the server's Retry-After, not the backoff
+
+
 def test_a_download_onto_a_directory_of_that_name_is_a_usage_error(env, capsys, tmp_path):
     (tmp_path / "out" / "a.txt").mkdir(parents=True)
     listed = {"results": [{"name": "a.txt", "size": 1, "sha256": "x", "attempt": 1}]}
