@@ -203,15 +203,9 @@ def _delete_replaced(rows) -> None:
     attempt's cap holds on disk too. A replaced row can never be published (publication
     takes staged rows only, under the job row's lock), so no transaction is needed; one the
     storage fails to delete is left for clean_artifacts."""
-    storage = artifact_storage()
-    for pk, key in rows:
-        try:
-            storage.delete(key)
-        except Exception:  # noqa: BLE001 - the upload succeeded; clean-up retries the file
-            logger.warning("artifact: could not delete the replaced file %s yet", key,
-                           exc_info=True)
-            continue
-        JobArtifact.objects.filter(pk=pk, state=JobArtifact.REPLACED).delete()
+    done = set(_deleted_from_storage([key for _pk, key in rows], "replaced file"))
+    JobArtifact.objects.filter(pk__in=[pk for pk, key in rows if key in done],
+                               state=JobArtifact.REPLACED).delete()
 
 
 def publish(job_id: uuid.UUID, claim_id: uuid.UUID) -> None:
@@ -259,7 +253,7 @@ def unpublished_garbage():
 STORAGE_FAILURES_IN_A_ROW = 5
 
 
-def _deleted_from_storage(keys) -> list[str]:
+def _deleted_from_storage(keys, what: str = "file") -> list[str]:
     """Delete each file from the artifact storage: the keys it deleted. One it fails to
     delete (a throttled request, a missing permission) is logged and left, and the others
     are still tried, until STORAGE_FAILURES_IN_A_ROW fail in a row (an outage)."""
@@ -268,7 +262,8 @@ def _deleted_from_storage(keys) -> list[str]:
         try:
             storage.delete(key)
         except Exception:  # noqa: BLE001 - its record stays: the cleaner tries it again
-            logger.warning("artifact: could not delete the file %s yet", key, exc_info=True)
+            logger.warning("artifact: could not delete the %s %s yet", what, key,
+                           exc_info=True)
             failed += 1
             if failed >= STORAGE_FAILURES_IN_A_ROW:
                 logger.warning("artifact: the storage refused %d deletions in a row: the "
