@@ -211,10 +211,10 @@ def _prunable(c):
 
 def _agent_finished(c):
     from jobqueue import states
-    from jobqueue.models import Job
+    from jobqueue.lifecycle.records import agent_jobs
 
-    # agents/views/job_agents.py poll with ?status=failure; the agent deletion's PROTECT check
-    return Job.objects.filter(job_agent_id=c.small_agent_id, status=states.FAILURE)
+    # agents/views/job_agents.py poll with ?status=failure (and GET jobs?job_agent_id=)
+    return agent_jobs(c.workspace_id, c.small_agent_id, states.FAILURE)
 
 
 def _idempotent_create(c):
@@ -252,6 +252,9 @@ READERS = (
            _newest_first),
     Reader("job_workspace_status_idx", "the producers' list of one status (GET jobs?status=), "
            "a rare one", _by_status),
+    Reader("job_workspace_status_idx", "an agent's poll of a finished status (GET "
+           "job-agents/{id}/jobs?status=failure), GET jobs?job_agent_id= (migration 0036: "
+           "job_agent_id has no index of its own)", _agent_finished),
     Reader("job_external_id_idx", "the admin's search by external id or idempotency key (a "
            "BitmapOr with `job_idempotency_key_unique`)", _external_id,
            also=("job_idempotency_key_unique",)),
@@ -260,9 +263,6 @@ READERS = (
            _overdue),
     Reader("job_finished_idx", "retention: prune_jobs' batches of jobs finished before the cutoff",
            _prunable),
-    Reader("job_job_agent_id_4652756e", "an agent's poll of a finished status (GET "
-           "job-agents/{id}/jobs?status=failure); an agent's deletion (PROTECT) check",
-           _agent_finished),
     Reader("job_idempotency_key_unique", "a create retried with its Idempotency-Key (POST jobs)",
            _idempotent_create),
     Reader("job_unique_key_idx", "a create with a unique_key finds the live job with it (POST "

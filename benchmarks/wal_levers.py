@@ -14,7 +14,8 @@ that cut them (`no_events`) are gone with them.
 
     as shipped           the statements and the schema of this checkout
     indexes              job_workspace_status_idx partial on live jobs (a finished job's
-                         version leaves it), the plain job_agent_id index dropped
+                         version leaves it; the plain job_agent_id index is gone since
+                         migration 0036, which made job_agent_id this index's third column)
     indexes_gate         and no FOR SHARE gate on the agent row (its row lock)
     indexes_fk           the index changes, and no foreign key from job_claim to job (the
                          KEY SHARE lock its check takes on the job row a claim just wrote)
@@ -31,10 +32,9 @@ PATHS = ("single", "batch")
 BATCH = 10
 
 _DROP_INDEXES = [
-    "DROP INDEX IF EXISTS job_job_agent_id_4652756e",
     "DROP INDEX IF EXISTS job_workspace_status_idx",
-    "CREATE INDEX IF NOT EXISTS job_workspace_status_idx ON job (workspace_id, status) "
-    "WHERE completed_at IS NULL",
+    "CREATE INDEX IF NOT EXISTS job_workspace_status_idx ON job (workspace_id, status, "
+    "job_agent_id) WHERE completed_at IS NULL",
 ]
 
 

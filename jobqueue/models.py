@@ -157,8 +157,10 @@ class Job(models.Model):
     )
     # The agent the job targets; for a labelled job, the agent that claimed it last (None
     # until its first claim). A labelled job is routed by label_set, never by this.
+    # Not indexed on its own (migration 0036): job_workspace_status_idx ends with it, and an
+    # agent's readers name its workspace and statuses (lifecycle/records.py, agent_jobs).
     job_agent = models.ForeignKey(JobAgent, on_delete=models.PROTECT, related_name="jobs",
-                                  null=True, blank=True)
+                                  null=True, blank=True, db_index=False)
     # A labelled job's target (docs/api.md, "Labels and routing"): any agent of its workspace
     # whose labels include all of these may claim it. None for a job that targets one agent
     # (both None for such a job: no bytes in its row). Never changes once the job exists.
@@ -393,7 +395,11 @@ class Job(models.Model):
                 name="job_fair_set_key_idx",
             ),
             models.Index(fields=["workspace", "-created_at"], name="job_workspace_created_idx"),
-            models.Index(fields=["workspace", "status"], name="job_workspace_status_idx"),
+            # The producers' list of one status (GET jobs?status=) and an agent's list of its
+            # jobs (of one status, or of all: agent_jobs names them), one index for both: each
+            # version of a job's row writes an entry in it (migration 0036).
+            models.Index(fields=["workspace", "status", "job_agent"],
+                         name="job_workspace_status_idx"),
             models.Index(
                 fields=["workspace", "external_id"],
                 condition=~Q(external_id=""),

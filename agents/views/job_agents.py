@@ -17,6 +17,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from jobqueue import claimrule, fencing, lifecycle, states
+from jobqueue.lifecycle import records
 from jobqueue.models import Job, JobAgent, Workspace
 
 from .. import health
@@ -164,7 +165,7 @@ class JobAgentViewSet(ApiViewSet):
         if status_value == states.QUEUED:  # what its claims would take, but for a pause
             jobs = Job.objects.filter(claimrule.routed_to(agent)).claimable()
         else:
-            jobs = Job.objects.filter(job_agent_id=agent.id, status=status_value)
+            jobs = records.agent_jobs(agent.workspace_id, agent.id, status_value)
         return self.paginated(
             ClaimOrder, jobs.only(*LIST_ITEM_FIELDS), JobListItemSerializer
         )

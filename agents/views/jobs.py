@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from jobqueue import history, lifecycle
 from jobqueue.db import Now
-from jobqueue.lifecycle import dependencies, inputs
+from jobqueue.lifecycle import dependencies, inputs, records
 from jobqueue.models import Job, JobAgent, JobClaim, Workspace
 
 from ..pagination import NewestFirst
@@ -73,16 +73,18 @@ class JobViewSet(ApiViewSet):
         responses={200: JobPage, **errors(400, *COMMON)},
     )
     def list(self, request, workspace_id):
-        jobs = Job.objects.filter(workspace_id=self.principal.workspace_id)
+        workspace_id = self.principal.workspace_id
         status_value = status_filter(request)
-        if status_value:
-            jobs = jobs.filter(status=status_value)
         raw_agent_id = request.query_params.get("job_agent_id")
         if raw_agent_id is not None:
             agent_id = parse_uuid(raw_agent_id)
             if agent_id is None:
                 raise ValidationError({"job_agent_id": ["Must be a valid UUID."]})
-            jobs = jobs.filter(job_agent_id=agent_id)
+            jobs = records.agent_jobs(workspace_id, agent_id, status_value)
+        else:
+            jobs = Job.objects.filter(workspace_id=workspace_id)
+            if status_value:
+                jobs = jobs.filter(status=status_value)
         group = request.query_params.get("group")
         if group is not None:
             # A name no job could have (a NUL, which PostgreSQL's text refuses, a "/") is a

@@ -18,8 +18,8 @@ def test_every_index_on_job_names_its_reader():
     with connection.cursor() as cur:
         cur.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'job'")
         on_table = {name for (name,) in cur.fetchall()}
-    named = [r.index for r in READERS]
-    assert len(named) == len(set(named))
+    named = [r.index for r in READERS]  # an index may serve more than one reader
+    assert len({(r.index, r.query) for r in READERS}) == len(READERS)
     assert set(named) == on_table, (
         f"indexes without a reader in benchmarks/readers.py: {sorted(on_table - set(named))}; "
         f"readers of indexes that do not exist: {sorted(set(named) - on_table)}")
@@ -59,9 +59,8 @@ def test_each_readers_query_can_be_served_by_its_index_alone():
     for r in READERS:
         try:
             with transaction.atomic(), connection.cursor() as cur:
-                for other in READERS:
-                    if other.index != r.index and other.index not in r.also:
-                        _drop(cur, other.index)
+                for name in {other.index for other in READERS} - {r.index, *r.also}:
+                    _drop(cur, name)
                 cur.execute("SET LOCAL enable_seqscan = off")
                 qs = r.query(ctx)
                 list(qs)
@@ -77,3 +76,20 @@ def test_the_plan_walk_finds_nested_index_names():
         {"Node Type": "Bitmap Heap Scan", "Plans": [{"Index Name": "b"}]}]}}]
     assert indexes_in_plan(plan) == {"a", "b"}
     assert indexes_in_plan([{"Plan": {"Node Type": "Seq Scan"}}]) == set()
+
+
+def test_a_job_on_the_hot_path_writes_entries_in_four_indexes():
+    """What a claim and a report cost in index entries (#26 item 4, docs/performance.md, "What
+    a job costs the database"): neither is a HOT update (each changes `status`), so each new
+    version of the row enters every index whose predicate it meets. A plain job's claim
+    (status in_progress) meets only the full indexes; its report those and
+    job_finished_idx. job_agent_id has no index of its own (migration 0036): an agent's
+    readers use job_workspace_status_idx, which ends with it. An index added here costs
+    every job an entry at each transition: it needs a predicate, or a reader worth it."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'job'")
+        defs = dict(cur.fetchall())
+    full = {name for name, text in defs.items() if " WHERE " not in text}
+    assert full == {"job_pkey", "job_workspace_created_idx", "job_workspace_status_idx"}
+    assert defs["job_workspace_status_idx"].endswith("(workspace_id, status, job_agent_id)")
+    assert not [text for text in defs.values() if text.endswith("(job_agent_id)")]

@@ -1,0 +1,59 @@
+# #26 item 4: an index entry fewer on each version of a job's row. The producers' list of one
+# status and an agent's list of its jobs are served by one index, job_workspace_status_idx
+# extended with job_agent_id as its third column, and the plain index on job_agent_id (the
+# foreign key's) goes: a job's claim and its report each wrote an entry in both. The agent
+# readers name the agent's workspace and statuses (lifecycle/records.py, agent_jobs). What
+# no longer has an index: an agent's deletion, whose PROTECT check and foreign key check
+# scan `job` (rare; docs/performance.md, "Who reads each index on job").
+# On PostgreSQL the new index is built CONCURRENTLY beside the old one and swapped in under
+# its name (indexes.swap), and the old FK index dropped CONCURRENTLY. On SQLite (whose
+# writers are serialized) plainly, by name: an AlterField would rebuild the table and drop
+# its triggers.
+
+from django.db import migrations, models
+
+from jobqueue import indexes as _indexes
+
+STATUS = models.Index(fields=["workspace", "status", "job_agent"],
+                      name="job_workspace_status_idx")
+OLD_STATUS = models.Index(fields=["workspace", "status"], name="job_workspace_status_idx")
+AGENT = models.Index(fields=["job_agent"], name="job_job_agent_id_4652756e")
+
+
+def forwards(apps, schema_editor):
+    _indexes.rebuild(apps, schema_editor, [(STATUS, OLD_STATUS)], [])
+    concurrently = " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
+    schema_editor.execute(f'DROP INDEX{concurrently} IF EXISTS "{AGENT.name}"')
+
+
+def backwards(apps, schema_editor):
+    model = apps.get_model("jobqueue", "Job")
+    if schema_editor.connection.vendor == "postgresql":
+        _indexes.concurrently(model, schema_editor, AGENT)
+    else:
+        schema_editor.add_index(model, AGENT)
+    _indexes.unbuild(apps, schema_editor, [(STATUS, OLD_STATUS)], [])
+
+
+class Migration(migrations.Migration):
+    atomic = False  # CREATE INDEX CONCURRENTLY runs outside a transaction
+
+    dependencies = [
+        ("jobqueue", "0035_artifact_file_deletion"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            database_operations=[migrations.RunPython(forwards, backwards)],
+            state_operations=[
+                migrations.AlterField(
+                    model_name="job", name="job_agent",
+                    field=models.ForeignKey(blank=True, db_index=False, null=True,
+                                            on_delete=models.deletion.PROTECT,
+                                            related_name="jobs", to="jobqueue.jobagent"),
+                ),
+                migrations.RemoveIndex(model_name="job", name="job_workspace_status_idx"),
+                migrations.AddIndex(model_name="job", index=STATUS),
+            ],
+        ),
+    ]
