@@ -156,6 +156,8 @@ def measure(n: int) -> dict:
                 "parts": sorted(((k, rel, b / n) for (k, rel), (b, _c, _f) in parts.items()),
                                 key=lambda p: -p[2])[:8],
             }
+    connection.close()
+    migrate()  # the shipped schema again, for the scenarios run after this one
     return {"jobs": n, "variants": out}
 
 
