@@ -154,23 +154,12 @@ def claimable() -> Q:
     return q
 
 
-def _on_job(q: Q, prefix: str) -> Q:
-    """An agent condition, written from the job's side (job_agent__...)."""
-    return Q(*((_on_job(c, prefix) if isinstance(c, Q) else (f"{prefix}{c[0]}", c[1]))
-               for c in q.children), _connector=q.connector, _negated=q.negated)
-
-
 def agent_may_claim() -> Q:
     """The agent conditions, on job_agent rows."""
     q = Q()
     for condition in AGENT_CONDITIONS:
         q &= condition.q()
     return q
-
-
-def jobs_agent_may_claim() -> Q:
-    """The agent conditions, from the job's side (for a query on jobs)."""
-    return _on_job(agent_may_claim(), "job_agent__")
 
 
 def agents_with_claimable_jobs(agent_ids: Iterable) -> list:
@@ -183,9 +172,12 @@ def agents_with_claimable_jobs(agent_ids: Iterable) -> list:
     from jobqueue.models import Job, JobAgent, JobLabelSet
 
     agent_ids = list(agent_ids)
-    ready = set(Job.objects.filter(claimable(), jobs_agent_may_claim(),
-                                   job_agent_id__in=agent_ids, label_set__isnull=True)
-                .values_list("job_agent_id", flat=True).distinct())
+    # One probe of job_claim_order_idx an agent (EXISTS stops at the first job), not every
+    # claimable job of the agents read and made DISTINCT.
+    ready = set(JobAgent.objects.filter(agent_may_claim(), id__in=agent_ids)
+                .filter(Exists(Job.objects.filter(claimable(), job_agent_id=OuterRef("id"),
+                                                  label_set__isnull=True)))
+                .values_list("id", flat=True))
     labelled = [a for a in JobAgent.objects.filter(agent_may_claim(), id__in=agent_ids)
                 .only("id", "workspace_id", "labels") if a.labels and a.id not in ready]
     sets = {a.id: label_sets_for(a) for a in labelled}

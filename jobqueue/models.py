@@ -157,8 +157,9 @@ class Job(models.Model):
     )
     # The agent the job targets; for a labelled job, the agent that claimed it last (None
     # until its first claim). A labelled job is routed by label_set, never by this.
-    # Not indexed on its own (migration 0036): job_workspace_status_idx ends with it, and an
-    # agent's readers name its workspace and statuses (lifecycle/records.py, agent_jobs).
+    # Not indexed on its own on PostgreSQL (migration 0036): job_workspace_status_idx ends
+    # with it, and an agent's readers name its workspace and statuses (lifecycle/records.py,
+    # agent_jobs). SQLite keeps the index the foreign key had (the migration says why).
     job_agent = models.ForeignKey(JobAgent, on_delete=models.PROTECT, related_name="jobs",
                                   null=True, blank=True, db_index=False)
     # A labelled job's target (docs/api.md, "Labels and routing"): any agent of its workspace

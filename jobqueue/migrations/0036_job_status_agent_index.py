@@ -6,9 +6,11 @@
 # no longer has an index: an agent's deletion, whose PROTECT check and foreign key check
 # scan `job` (rare; docs/performance.md, "Who reads each index on job").
 # On PostgreSQL the new index is built CONCURRENTLY beside the old one and swapped in under
-# its name (indexes.swap), and the old FK index dropped CONCURRENTLY. On SQLite (whose
-# writers are serialized) plainly, by name: an AlterField would rebuild the table and drop
-# its triggers.
+# its name (indexes.swap), and the old FK index dropped CONCURRENTLY. On SQLite the new
+# index is built plainly (its writers are serialized) and the FK index stays: SQLite writes
+# no WAL that the drop would save, and its planner reads that index where PostgreSQL's
+# reads job_workspace_status_idx whole (an agent's health, the admin's agent filter, a
+# pause). By name, not an AlterField: that would rebuild the table and drop its triggers.
 
 from django.db import migrations, models
 
@@ -22,16 +24,13 @@ AGENT = models.Index(fields=["job_agent"], name="job_job_agent_id_4652756e")
 
 def forwards(apps, schema_editor):
     _indexes.rebuild(apps, schema_editor, [(STATUS, OLD_STATUS)], [])
-    concurrently = " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
-    schema_editor.execute(f'DROP INDEX{concurrently} IF EXISTS "{AGENT.name}"')
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{AGENT.name}"')
 
 
 def backwards(apps, schema_editor):
-    model = apps.get_model("jobqueue", "Job")
     if schema_editor.connection.vendor == "postgresql":
-        _indexes.concurrently(model, schema_editor, AGENT)
-    else:
-        schema_editor.add_index(model, AGENT)
+        _indexes.concurrently(apps.get_model("jobqueue", "Job"), schema_editor, AGENT)
     _indexes.unbuild(apps, schema_editor, [(STATUS, OLD_STATUS)], [])
 
 
