@@ -3,8 +3,9 @@
 # extended with job_agent_id as its third column, and the plain index on job_agent_id (the
 # foreign key's) goes: a job's claim and its report each wrote an entry in both. The agent
 # readers name the agent's workspace and statuses (lifecycle/records.py, agent_jobs). What
-# no longer has an index: an agent's deletion, whose PROTECT check and foreign key check
-# scan `job` (rare; docs/performance.md, "Who reads each index on job").
+# has no index of its own now: an agent's deletion, whose PROTECT and foreign key checks
+# read all of job_workspace_status_idx (rare; docs/performance.md, "What reaching the WAL
+# target takes").
 # On PostgreSQL the new index is built CONCURRENTLY beside the old one and swapped in under
 # its name (indexes.swap), and the old FK index dropped CONCURRENTLY. On SQLite the new
 # index is built plainly (its writers are serialized) and the FK index stays: SQLite writes
